@@ -1,0 +1,77 @@
+// GCC 12's AVX-512 headers self-initialise their "undefined" vectors and then warn about them
+// (GCC PR105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cmath>
+
+#include "amx/activation.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+// exp(x) = 2^n * e^r with n = round(x / ln2) and |r| <= ln2/2; e^r from Cephes' expf
+// polynomial (about 1e-7 relative). ln2 is split in two so that r keeps its low bits, and
+// VSCALEFPS applies 2^n with correct overflow to +inf and gradual underflow to 0.
+inline __m512 exp_avx512(__m512 x) {
+  // Clamped so that n stays small enough for scalef; min/max take the constant first so that a
+  // NaN in x comes through.
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __m512 silu_mul(__m512 g, __m512 u) {
+  __m512 s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+  // -inf / (1 + inf) is NaN; the limit is -0.
+  const __mmask16 minus_inf = _mm512_cmp_ps_mask(g, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+  s = _mm512_mask_mov_ps(s, minus_inf, _mm512_set1_ps(-0.0f));
+  return _mm512_mul_ps(s, u);
+}
+
+// Bit-identical to tilemoe::float_to_bf16 (VCVTNEPS2BF16 would flush denormals to zero).
+inline __m256i to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  rounded = _mm512_mask_mov_epi32(rounded, nan, quiet);
+  return _mm512_cvtepi32_epi16(rounded);
+}
+
+}  // namespace
+
+void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
+                          bf16* h, std::size_t ldh) {
+  for (int i = 0; i < m; ++i) {
+    const float* gi = gate + i * ldg;
+    const float* ui = up + i * ldu;
+    bf16* hi = h + i * ldh;
+    int j = 0;
+    for (; j + 16 <= n; j += 16) {
+      const __m512 v = silu_mul(_mm512_loadu_ps(gi + j), _mm512_loadu_ps(ui + j));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j), to_bf16(v));
+    }
+    if (j < n) {
+      const __mmask16 mask = static_cast<__mmask16>((1u << (n - j)) - 1u);
+      const __m512 v = silu_mul(_mm512_maskz_loadu_ps(mask, gi + j), _mm512_maskz_loadu_ps(mask, ui + j));
+      _mm256_mask_storeu_epi16(hi + j, mask, to_bf16(v));
+    }
+  }
+}
+
+}  // namespace tilemoe::kernels

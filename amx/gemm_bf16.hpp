@@ -1,0 +1,54 @@
+#pragma once
+// BF16 GEMM micro-kernels over the packed layout (pack_bf16.hpp), one signature for every ISA:
+//
+//   C[i][j] (= or +=) sum_k A[i][k] * W[panel_begin*16 + j][k]
+//                   + sum_q A2[i][q] * W2[panel_begin*16 + j][q]
+//
+// for rows i in [0, m) and the panels [panel_begin, panel_end), accumulated in f32. The second
+// product is optional (LoRA: A2 = scaled x·Aᵀ, W2 = LoRA B) and lands in the same accumulators.
+// Kernels are pure: no heap allocation, no threads; callers split panels and rows over threads.
+//
+// Contract (not checked in the kernels, which are the hot path):
+//  - A has m rows at stride lda >= k_padded; each row has k_padded readable elements and zeros
+//    in [k, k_padded). Rows >= m are never read. No alignment is required.
+//  - packed_b is the whole packed matrix with k_padded == PackedShape::k_padded; only panels
+//    [panel_begin, panel_end) are read; panel_end > panel_begin (any count, odd too).
+//  - When packed_b2 != nullptr and k2_padded > 0: the same rules hold for a2/lda2/k2_padded/
+//    packed_b2, which must have the same panel count as packed_b.
+//  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns,
+//    ldc >= that. Only rows < m and those columns are written.
+#include <cstddef>
+
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe::kernels {
+
+struct GemmBf16Args {
+  const bf16* a;
+  std::size_t lda;
+  int m;
+  int k_padded;  // multiple of 32 (0 allowed: the product is then zero)
+  const bf16* packed_b;
+  int panel_begin, panel_end;
+  const bf16* a2 = nullptr;
+  std::size_t lda2 = 0;
+  int k2_padded = 0;
+  const bf16* packed_b2 = nullptr;
+  float* c;
+  std::size_t ldc;
+  bool accumulate = false;  // false: C = ...; true: C += ...
+};
+
+using GemmBf16Fn = void (*)(const GemmBf16Args&);
+
+void gemm_bf16_portable(const GemmBf16Args& args);
+void gemm_bf16_avx512(const GemmBf16Args& args);  // only where isa_available(Isa::avx512_bf16)
+void gemm_bf16_amx(const GemmBf16Args& args);     // only where isa_available(Isa::amx_bf16)
+
+// Returns this thread's AMX tile registers to their initial state. A thread that keeps tiles
+// configured carries 8 KiB of extra state through every context switch and can keep its core
+// out of deep C-states, so a worker should call this when it runs out of AMX work (e.g. before
+// it sleeps). The next gemm_bf16_amx call configures the tiles again. Only where AMX is available.
+void release_amx_tiles();
+
+}  // namespace tilemoe::kernels

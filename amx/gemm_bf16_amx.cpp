@@ -1,0 +1,251 @@
+// AMX-BF16 GEMM: the prefill hot path (m >= ~8 rows per expert).
+//
+// Tile registers (palette 1, every row 64 bytes), 2×2 blocking = 32 rows × 32 columns:
+//   tmm0: C rows [0,16)  × panel p      tmm1: C rows [0,16)  × panel p+1     (16 f32 a row)
+//   tmm2: C rows [16,32) × panel p      tmm3: C rows [16,32) × panel p+1
+//   tmm4: A rows [0,16)  × one k-block  tmm5: A rows [16,32) × one k-block   (32 bf16 a row)
+//   tmm6: B panel p, one k-block        tmm7: B panel p+1, one k-block       (16 k-pairs × 16 cols × 2)
+// A packed block is exactly one B tile, so B loads are contiguous 1 KiB reads; each k-block
+// costs 2 A + 2 B tile loads for 4 TDPBF16PS. One panel left over uses tmm0/2/4/5/6 only.
+//
+// m tail: rows are never padded or copied. Whole 32-row blocks run with a 16/16-row tile
+// configuration; the last m % 32 rows run in a second pass with a configuration whose C and A
+// tiles have exactly that many rows (16 + r or r alone), so tile loads never read a row >= m and
+// tile stores never write one. C tiles load and store straight from/to C (a C tile row is one
+// panel's 16 floats), so no stack buffer is needed for any ldc or alignment.
+//
+// The configuration changes only between those two passes; panels are processed in groups
+// whose weights stay in L2 so that the tail pass re-reads them from L2, not memory. Within a
+// pass, K is swept in chunks (kChunkBlocks) shared by all 32-row blocks of a panel pair.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "amx/gemm_bf16.hpp"
+#include "amx/isa.hpp"
+#include "amx/pack_bf16.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+// The 64-byte operand of LDTILECFG/STTILECFG (Intel SDM, palette 1: 8 tiles of at most
+// 16 rows × 64 bytes). Reserved bytes must be zero or LDTILECFG faults.
+struct alignas(64) TileConfig {
+  std::uint8_t palette_id;
+  std::uint8_t start_row;
+  std::uint8_t reserved0[14];
+  std::uint16_t colsb[8];  // bytes per row of tmm0..7
+  std::uint8_t reserved1[16];
+  std::uint8_t rows[8];  // rows of tmm0..7
+  std::uint8_t reserved2[8];
+};
+static_assert(sizeof(TileConfig) == 64);
+static_assert(offsetof(TileConfig, colsb) == 16 && offsetof(TileConfig, rows) == 48);
+
+constexpr int kTileRows = 16;
+constexpr int kBlockRows = 2 * kTileRows;
+constexpr int kTileRowBytes = 64;
+// B blocks are prefetched this many k-blocks ahead on the first pass over a panel pair (later
+// passes find them in L2); 4 KiB per panel is about one memory latency of work.
+constexpr int kPrefetchBlocks = 4;
+// Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
+constexpr std::size_t kGroupBytes = 512 * 1024;
+// K is swept in chunks of this many k-blocks (0: all of K at once), every 32-row block taking
+// the same chunk in turn, so that a panel pair's chunk of B (2 × 8 KiB) is re-read from L1
+// rather than L2; partial sums wait in C, which costs 4 C tile loads and stores per chunk.
+constexpr int kChunkBlocks = 8;
+
+// rows0: rows of the first row tile (tmm0, tmm1, tmm4); rows1: of the second (tmm2, tmm3, tmm5).
+TileConfig make_config(int rows0, int rows1) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = kTileRowBytes;
+  cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<std::uint8_t>(rows0);
+  cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = static_cast<std::uint8_t>(rows1);
+  cfg.rows[6] = cfg.rows[7] = kTileRows;  // B: 16 k-pairs
+  return cfg;
+}
+
+// LDTILECFG is costly and zeroes every tile, so it runs only when the thread's live
+// configuration differs. The live one is read back with STTILECFG rather than remembered in a
+// thread_local: other AMX code on this thread (oneDNN, release_amx_tiles) may have changed it.
+// GCC's intrinsics declare an 8-byte memory operand, so compiler barriers make the whole
+// 64 bytes visible on both sides.
+void ensure_tile_config(const TileConfig& wanted) {
+  TileConfig live;
+  _tile_storeconfig(&live);
+  __asm__ volatile("" ::: "memory");
+  if (std::memcmp(&live, &wanted, sizeof wanted) != 0) {
+    __asm__ volatile("" ::: "memory");
+    _tile_loadconfig(&wanted);
+  }
+}
+
+struct Operand {
+  const bf16* a;
+  std::size_t lda;
+  long lda_bytes;
+  const bf16* packed;
+  std::size_t panel_stride;  // elements between consecutive panels
+  int kblocks;
+};
+
+inline void prefetch_block(const bf16* block) {
+  const char* p = reinterpret_cast<const char*>(block);
+  for (int line = 0; line < kBlockElements * 2; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
+// k-blocks [kb_begin, kb_end) of one operand into the C tiles.
+template <bool TwoRowTiles, bool TwoPanels>
+inline void k_sweep(const Operand& op, int row0, int panel, int kb_begin, int kb_end, bool prefetch_b) {
+  const bf16* a0 = op.a + row0 * op.lda;
+  const bf16* b0 = op.packed + panel * op.panel_stride;
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    const bf16* bk = b0 + static_cast<std::size_t>(kb) * kBlockElements;
+    if (prefetch_b) {
+      prefetch_block(bk + kPrefetchBlocks * kBlockElements);
+      if constexpr (TwoPanels) prefetch_block(bk + op.panel_stride + kPrefetchBlocks * kBlockElements);
+    }
+    const bf16* ak = a0 + static_cast<std::size_t>(kb) * kBlockK;
+    _tile_loadd(6, bk, kTileRowBytes);
+    if constexpr (TwoPanels) _tile_loadd(7, bk + op.panel_stride, kTileRowBytes);
+    _tile_loadd(4, ak, op.lda_bytes);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (TwoPanels) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (TwoRowTiles) {
+      _tile_loadd(5, ak + kTileRows * op.lda, op.lda_bytes);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (TwoPanels) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+}
+
+struct Job {
+  Operand first, second;
+  bool has_second;
+  float* c;
+  long ldc_bytes;
+  std::size_t ldc;
+  int panel_begin;
+  bool accumulate;
+};
+
+// Rows [row0, row0 + configured rows) × panels p (and p+1), k-steps [step_begin, step_end) of
+// the two products laid end to end: C tiles in, K sweeps, C tiles out.
+template <bool TwoRowTiles, bool TwoPanels>
+void tile_block(const Job& job, int row0, int panel, int step_begin, int step_end, bool prefetch_b) {
+  float* c0 = job.c + row0 * job.ldc + (panel - job.panel_begin) * kPanelColumns;
+  float* c1 = nullptr;  // second row tile's C, formed only when those rows exist
+  if constexpr (TwoRowTiles) c1 = c0 + kTileRows * job.ldc;
+  if (job.accumulate || step_begin > 0) {  // later chunks continue the partial sums in C
+    _tile_loadd(0, c0, job.ldc_bytes);
+    if constexpr (TwoPanels) _tile_loadd(1, c0 + kPanelColumns, job.ldc_bytes);
+    if constexpr (TwoRowTiles) {
+      _tile_loadd(2, c1, job.ldc_bytes);
+      if constexpr (TwoPanels) _tile_loadd(3, c1 + kPanelColumns, job.ldc_bytes);
+    }
+  } else {
+    _tile_zero(0);
+    if constexpr (TwoPanels) _tile_zero(1);
+    if constexpr (TwoRowTiles) {
+      _tile_zero(2);
+      if constexpr (TwoPanels) _tile_zero(3);
+    }
+  }
+  const int split = job.first.kblocks;
+  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, step_begin, std::min(step_end, split), prefetch_b);
+  if (job.has_second && step_end > split) {
+    k_sweep<TwoRowTiles, TwoPanels>(job.second, row0, panel, std::max(step_begin - split, 0), step_end - split,
+                                    prefetch_b);
+  }
+  _tile_stored(0, c0, job.ldc_bytes);
+  if constexpr (TwoPanels) _tile_stored(1, c0 + kPanelColumns, job.ldc_bytes);
+  if constexpr (TwoRowTiles) {
+    _tile_stored(2, c1, job.ldc_bytes);
+    if constexpr (TwoPanels) _tile_stored(3, c1 + kPanelColumns, job.ldc_bytes);
+  }
+}
+
+template <bool TwoRowTiles>
+void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_end, bool first_pass) {
+  const int steps = job.first.kblocks + (job.has_second ? job.second.kblocks : 0);
+  const int chunk = kChunkBlocks > 0 ? kChunkBlocks : std::max(steps, 1);
+  for (int p = p_begin; p < p_end; p += 2) {
+    int s = 0;
+    do {  // at least once, so that k_padded == 0 still writes C
+      const int e = std::min(steps, s + chunk);
+      for (int row = row_begin; row < row_end; row += kBlockRows) {
+        const bool prefetch_b = first_pass && row == row_begin;
+        if (p + 1 < p_end) {
+          tile_block<TwoRowTiles, true>(job, row, p, s, e, prefetch_b);
+        } else {
+          tile_block<TwoRowTiles, false>(job, row, p, s, e, prefetch_b);
+        }
+      }
+      s = e;
+    } while (s < steps);
+  }
+}
+
+Operand make_operand(const bf16* a, std::size_t lda, const bf16* packed, int k_padded) {
+  const int kblocks = k_padded / kBlockK;
+  return Operand{a, lda, static_cast<long>(lda * sizeof(bf16)), packed,
+                 static_cast<std::size_t>(kblocks) * kBlockElements, kblocks};
+}
+
+}  // namespace
+
+void gemm_bf16_amx(const GemmBf16Args& args) {
+  if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
+  if (!cpu_features().os_amx_permitted) {
+    // A tile instruction without the permission would kill the process with SIGILL.
+    fail(ErrorKind::unsupported, "gemm_bf16_amx: " + isa_unavailable_reason(Isa::amx_bf16));
+  }
+  // The tile instructions are asm statements that do not tell the compiler what they read.
+  __asm__ volatile("" ::: "memory");
+
+  Job job{};
+  job.first = make_operand(args.a, args.lda, args.packed_b, args.k_padded);
+  job.has_second = args.packed_b2 != nullptr && args.k2_padded > 0;
+  if (job.has_second) job.second = make_operand(args.a2, args.lda2, args.packed_b2, args.k2_padded);
+  job.c = args.c;
+  job.ldc = args.ldc;
+  job.ldc_bytes = static_cast<long>(args.ldc * sizeof(float));
+  job.panel_begin = args.panel_begin;
+  job.accumulate = args.accumulate;
+
+  const int m_full = args.m / kBlockRows * kBlockRows;
+  const int tail = args.m - m_full;
+  const std::size_t panel_bytes =
+      (job.first.panel_stride + (job.has_second ? job.second.panel_stride : 0)) * sizeof(bf16);
+  const std::size_t group_fit = panel_bytes == 0 ? 2 : kGroupBytes / panel_bytes;
+  const int group = static_cast<int>(std::max<std::size_t>(2, std::min<std::size_t>(group_fit, 1u << 20) & ~std::size_t{1}));
+
+  for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
+    const int g1 = std::min(args.panel_end, g0 + group);
+    if (m_full > 0) {
+      ensure_tile_config(make_config(kTileRows, kTileRows));
+      panel_pairs<true>(job, 0, m_full, g0, g1, true);
+    }
+    if (tail > kTileRows) {
+      ensure_tile_config(make_config(kTileRows, tail - kTileRows));
+      panel_pairs<true>(job, m_full, args.m, g0, g1, m_full == 0);
+    } else if (tail > 0) {
+      ensure_tile_config(make_config(tail, tail));
+      panel_pairs<false>(job, m_full, args.m, g0, g1, m_full == 0);
+    }
+  }
+  __asm__ volatile("" ::: "memory");
+}
+
+void release_amx_tiles() {
+  if (!cpu_features().os_amx_permitted) return;
+  _tile_release();
+}
+
+}  // namespace tilemoe::kernels

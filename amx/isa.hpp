@@ -1,0 +1,40 @@
+#pragma once
+// Which instruction set the kernels run with. Detection happens once per process; everything
+// that picks a kernel goes through here so that no ISA code runs on a CPU (or OS) without it.
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tilemoe::kernels {
+
+enum class Isa { portable, avx512_bf16, amx_bf16 };
+
+struct CpuFeatures {
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
+  bool fma = false;
+  bool f16c = false;  // the avx512 files are compiled with -mf16c, so it is required too
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool os_zmm = false;            // XCR0 has opmask, ZMM_Hi256 and Hi16_ZMM state enabled
+  bool os_amx = false;            // XCR0 has XTILECFG and XTILEDATA state enabled
+  bool os_amx_permitted = false;  // Linux granted this process XTILEDATA (arch_prctl)
+  std::string amx_permission_error;  // why the permission request failed, when it did
+};
+
+// Detected once (thread-safe); requests AMX tile permission once when the CPU and OS have AMX.
+const CpuFeatures& cpu_features();
+
+bool isa_available(Isa isa);
+// "" when available; otherwise what is missing, in words a user can act on.
+std::string isa_unavailable_reason(Isa isa);
+const char* isa_name(Isa isa);  // "portable", "avx512", "amx"
+// Accepts "portable", "avx512", "avx512_bf16", "amx", "amx_bf16".
+std::optional<Isa> parse_isa(std::string_view name);
+Isa best_available_isa();  // amx > avx512 > portable
+
+// The ISA a run uses. `requested` is "auto", empty, or an ISA name; when it is empty or "auto"
+// the environment variable TILEMOE_ISA (if set and not "auto") decides, else the best available.
+// Throws Error(unsupported) naming the reason when the chosen ISA cannot run here, and
+// Error(invalid_argument) listing the valid names for an unknown name.
+Isa resolve_isa(std::string_view requested);
+
+}  // namespace tilemoe::kernels

@@ -1,0 +1,37 @@
+#include "amx/kernel_table.hpp"
+
+#include <string>
+
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
+  if (args.m < kAmxMinRows) {
+    gemm_bf16_avx512(args);
+  } else {
+    gemm_bf16_amx(args);
+  }
+}
+
+constexpr KernelTable kPortable{Isa::portable, gemm_bf16_portable, silu_mul_bf16_portable, 0};
+constexpr KernelTable kAvx512{Isa::avx512_bf16, gemm_bf16_avx512, silu_mul_bf16_avx512, 0};
+constexpr KernelTable kAmx{Isa::amx_bf16, gemm_bf16_amx_or_avx512, silu_mul_bf16_avx512, kAmxMinRows};
+
+}  // namespace
+
+const KernelTable& kernel_table(Isa isa) {
+  std::string reason = isa_unavailable_reason(isa);
+  if (!reason.empty()) {
+    fail(ErrorKind::unsupported, std::string("kernel_table(") + isa_name(isa) + "): " + reason);
+  }
+  switch (isa) {
+    case Isa::portable: return kPortable;
+    case Isa::avx512_bf16: return kAvx512;
+    case Isa::amx_bf16: return kAmx;
+  }
+  fail(ErrorKind::invalid_argument, "kernel_table: unknown ISA");
+}
+
+}  // namespace tilemoe::kernels

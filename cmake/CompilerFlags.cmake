@@ -1,0 +1,25 @@
+# The library runs on any x86-64: only kernel files are compiled for an ISA, chosen by their
+# file name suffix, and are called only after runtime detection says the CPU has it.
+add_compile_options(-Wall -Wextra -Wno-unused-parameter)
+if(CMAKE_BUILD_TYPE STREQUAL "Release")
+  add_compile_options(-O3)
+endif()
+
+if(TILEMOE_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c)
+set(TILEMOE_AMX_FLAGS ${TILEMOE_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mamx-int8)
+
+function(tilemoe_isa_flags_by_filename)
+  foreach(f ${ARGN})
+    get_filename_component(name ${f} NAME_WE)
+    if(name MATCHES "_amx$")
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS "${TILEMOE_AMX_FLAGS}")
+    elseif(name MATCHES "_avx512$")
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS "${TILEMOE_AVX512_FLAGS}")
+    endif()
+  endforeach()
+endfunction()

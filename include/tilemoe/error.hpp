@@ -1,0 +1,27 @@
+#pragma once
+// Errors that cross the public API. Every message names where the problem is (file, tensor key,
+// layer, expert, projection) so that a user can act on it without a debugger.
+#include <stdexcept>
+#include <string>
+
+namespace tilemoe {
+
+enum class ErrorKind {
+  invalid_argument,  // shapes, ids, options given by the caller
+  bad_file,          // a file that is missing, truncated or whose header lies
+  unsupported,       // a valid request this build or CPU cannot serve (e.g. AMX without AMX)
+  state,             // a call at the wrong time (e.g. popping an empty cache stack)
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const noexcept { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+[[noreturn]] inline void fail(ErrorKind kind, const std::string& message) { throw Error(kind, message); }
+
+}  // namespace tilemoe

@@ -1,0 +1,99 @@
+#pragma once
+// The only place in the runtime that creates threads. A pool's workers are created once, pinned,
+// and then reused by every parallel_for, so that the ~1 ms decode step never pays for thread
+// creation and the caches and memory of a worker stay on its core.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace tilemoe::numa {
+
+namespace detail {
+struct CallFrame;
+}
+
+class ThreadPool {
+ public:
+  // `threads` workers; the thread that calls parallel_for is worker 0 and does its share of the
+  // items, so threads - 1 helper threads are created. threads <= 0 means cpus.size() (1 when
+  // cpus is empty). Helper i is pinned to cpus[i]; helpers beyond cpus.size() are not pinned,
+  // because two spinning workers on one cpu would slow each other down. The calling thread is
+  // not pinned either: it belongs to the caller, and changing its affinity would outlive the
+  // call. cpus[0] is left for it; pin_current_thread(cpus[0]) pins it if the caller wants that.
+  // A pinning failure prints one warning on stderr per process and the worker runs unpinned.
+  // Throws tilemoe::Error(invalid_argument) for threads > 4096, std::system_error if a thread
+  // cannot be created.
+  ThreadPool(int threads, std::vector<int> cpus);
+  ~ThreadPool();  // joins the helpers; no parallel_for may be running
+
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const noexcept { return size_; }
+
+  // Runs fn(item, worker) once for every item in [0, count) and returns when all are done.
+  // Items are handed out `grain` at a time from a shared counter, so a worker that finishes early
+  // takes more and uneven items balance out. `worker` is in [0, size()) and no two calls of fn
+  // running at the same time share one, so it can index per-worker scratch.
+  //
+  // If fn throws, items not yet started are skipped, and once every worker has stopped the first
+  // exception is rethrown here; the pool stays usable.
+  //
+  // Not re-entrant: calling parallel_for on this pool from inside fn (directly, or through
+  // another pool's parallel_for) throws tilemoe::Error(ErrorKind::state), because the workers it
+  // would need are busy running the outer call. Calling a different pool from inside fn is
+  // allowed; two pools calling each other from different threads at once can deadlock, as any
+  // two mutexes taken in opposite orders do.
+  //
+  // Calls from several threads at once are serialised by a mutex: each runs with all workers,
+  // one after the other.
+  void parallel_for(std::size_t count, const std::function<void(std::size_t item, int worker)>& fn,
+                    std::size_t grain = 1);
+
+ private:
+  void helper_main(int worker, int cpu);
+  void run_items(int worker);
+  std::uint32_t await_open_job(std::uint32_t seen);
+  void await_helpers_out();
+  void stop_helpers() noexcept;
+
+  int size_ = 1;
+  std::vector<std::thread> helpers_;
+  std::mutex call_mutex_;
+
+  // The job: written by the caller while no helper is inside (active_ == 0) and before it opens
+  // the job; read by a helper only after it has entered the job.
+  const std::function<void(std::size_t, int)>* fn_ = nullptr;
+  std::size_t count_ = 0;
+  std::size_t grain_ = 1;
+  const detail::CallFrame* frame_ = nullptr;
+  std::exception_ptr error_;  // written only by the thread that set failed_
+
+  // Separate cache lines: next_ is hammered while items run, epoch_ is polled by idle helpers,
+  // active_ is hit as helpers enter and leave.
+  alignas(64) std::atomic<std::size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  alignas(64) std::atomic<std::uint32_t> epoch_{0};  // odd: a job is open; even: closed
+  std::atomic<std::uint32_t> sleepers_{0};           // helpers asleep (or about to be) on epoch_
+  std::atomic<bool> stop_{false};
+  alignas(64) std::atomic<std::uint32_t> active_{0};           // helpers inside the job
+  std::atomic<std::uint32_t> caller_sleeping_{0};              // caller asleep on active_
+};
+
+// Process-wide pool over every physical core of every node, in node order, created on first use.
+// Its size is TILEMOE_THREADS when set (a positive integer; anything else makes this throw
+// tilemoe::Error(invalid_argument)), else the number of cores. Never destroyed, so code running
+// in static destructors can still use it. Do not fork() a process that has used it: the child
+// has no helper threads and its first parallel_for would hang.
+ThreadPool& default_pool();
+
+// Pins the calling thread to one OS cpu. Returns false (and changes nothing) if the kernel
+// refuses, e.g. for a cpu outside the process's cpuset.
+bool pin_current_thread(int cpu);
+
+}  // namespace tilemoe::numa

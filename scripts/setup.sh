@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Everything from a fresh Debian 12 clone:
+#   scripts/setup.sh demo   install, build, run `tilemoe demo` (a DeepSeek-V2-Lite-shaped layer)
+#   scripts/setup.sh test   install, build, run every test, then again under ASan + UBSan
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-demo}"
+jobs="$(nproc)"
+bash scripts/install-deps.sh
+
+build() {  # build <dir> [cmake args...]
+  local dir="$1"; shift
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -G Ninja "$@" > "$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
+  cmake --build "$dir" -j "$jobs"
+}
+
+case "$mode" in
+  demo)
+    mkdir -p build
+    build build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF
+    ./build/tilemoe demo
+    ;;
+  test)
+    mkdir -p build build-sanitize
+    build build -DCMAKE_BUILD_TYPE=Release
+    (cd build && ctest --output-on-failure -j "$jobs")
+    # Sanitizers: -O1 keeps them fast enough for the fixture and kernel grids.
+    build build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEMOE_SANITIZE=ON
+    (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+       ctest --output-on-failure -j "$jobs")
+    ;;
+  *)
+    echo "usage: scripts/setup.sh demo|test" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,59 @@
+#include "src/layer/moe_compute.hpp"
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "amx/isa.hpp"
+#include "numa/topology.hpp"
+#include "src/layer/moe_forward.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+
+std::string resolve_backend(const std::string& isa) {
+  if (isa == "reference") return "reference";
+  if (isa != "auto" && !kernels::parse_isa(isa))
+    fail(ErrorKind::invalid_argument, "--isa '" + isa + "' is unknown: choose reference, portable, avx512, amx or auto");
+  return kernels::isa_name(kernels::resolve_isa(isa == "auto" ? std::string_view{} : std::string_view{isa}));
+}
+
+numa::ThreadPool& pool_for_threads(int threads) {
+  if (threads <= 0) return numa::default_pool();
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<numa::ThreadPool>> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& p = pools[threads];
+  if (!p) {
+    std::vector<int> cpus;
+    for (const auto& node : numa::system_topology().nodes) cpus.insert(cpus.end(), node.cpus.begin(), node.cpus.end());
+    p = std::make_unique<numa::ThreadPool>(threads, cpus);
+  }
+  return *p;
+}
+
+std::vector<bf16> to_bf16(const float* x, std::size_t n) {
+  std::vector<bf16> out(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
+  return out;
+}
+
+void moe_forward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const ComputeOptions& opt,
+                 float* output) {
+  std::string backend = resolve_backend(opt.isa);
+  if (backend == "reference") return reference_forward(w, lora, batch, output);
+  auto isa = *kernels::parse_isa(backend);
+  numa::ThreadPool& pool = pool_for_threads(opt.threads);
+  PackedExpertWeights packed = PackedExpertWeights::pack(w, pool);
+  MoeForward fwd(packed, isa, pool);
+  auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * w.shape.hidden);
+  fwd.forward(lora, batch.tokens, batch.top_k, x.data(), batch.expert_ids, batch.weights, output);
+}
+
+void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const float* grad_output,
+                  const ComputeOptions& opt, float* grad_input, LayerLora* lora_grad) {
+  resolve_backend(opt.isa);  // validates the name; the fast backward arrives with the fine-tuning work
+  reference_backward(w, lora, batch, grad_output, grad_input, lora_grad);
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,222 @@
+#include "src/lora/peft_adapter.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "src/lora/lora_file.hpp"
+#include "src/model/finite_check.hpp"
+#include "src/model/tensor_names.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+namespace fs = std::filesystem;
+namespace {
+
+using nlohmann::json;
+
+// PEFT matches rank_pattern/alpha_pattern keys against module names with
+// re.match(rf"(.*\.)?({key})$", name).
+template <typename V>
+const V* match_pattern(const std::vector<std::pair<std::string, V>>& patterns, const std::string& module) {
+  for (const auto& [key, value] : patterns) {
+    if (module == key || (module.size() > key.size() && module.compare(module.size() - key.size(), key.size(), key) == 0 &&
+                          module[module.size() - key.size() - 1] == '.'))
+      return &value;
+    try {
+      if (std::regex_match(module, std::regex("(.*\\.)?(" + key + ")"))) return &value;
+    } catch (const std::regex_error&) {
+      // Not a regex: the literal comparison above was the whole test.
+    }
+  }
+  return nullptr;
+}
+
+std::string module_name(const std::string& key) {
+  std::size_t pos = key.find(".lora_");
+  std::string m = key.substr(0, pos);
+  const std::string prefix = "base_model.model.";
+  if (m.rfind(prefix, 0) == 0) m = m.substr(prefix.size());
+  return m;
+}
+
+}  // namespace
+
+PeftConfig read_peft_config(const std::string& adapter_dir) {
+  std::string path = adapter_dir + "/adapter_config.json";
+  std::ifstream in(path);
+  if (!in) fail(ErrorKind::bad_file, path + ": cannot open (is --adapter a PEFT adapter directory?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  PeftConfig c;
+  c.json_text = ss.str();
+  json j;
+  try {
+    j = json::parse(c.json_text);
+  } catch (const json::exception& e) {
+    fail(ErrorKind::bad_file, path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) fail(ErrorKind::bad_file, path + ": not a JSON object");
+  if (j.contains("peft_type") && j["peft_type"].is_string() && j["peft_type"] != "LORA")
+    fail(ErrorKind::unsupported, path + ": peft_type is " + j["peft_type"].get<std::string>() + "; only LORA adapters are supported");
+  if (j.value("use_dora", false)) fail(ErrorKind::unsupported, path + ": DoRA adapters (use_dora) are not supported");
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<long long>() <= 0)
+    fail(ErrorKind::bad_file, path + ": 'r' must be a positive integer");
+  c.r = j["r"].get<int>();
+  if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number()) fail(ErrorKind::bad_file, path + ": 'lora_alpha' must be a number");
+  c.lora_alpha = j["lora_alpha"].get<double>();
+  c.use_rslora = j.value("use_rslora", false);
+  if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
+    for (auto& [k, v] : j["rank_pattern"].items()) {
+      if (!v.is_number_integer() || v.get<long long>() <= 0) fail(ErrorKind::bad_file, path + ": rank_pattern['" + k + "'] must be a positive integer");
+      c.rank_pattern.emplace_back(k, v.get<int>());
+    }
+  if (j.contains("alpha_pattern") && j["alpha_pattern"].is_object())
+    for (auto& [k, v] : j["alpha_pattern"].items()) {
+      if (!v.is_number()) fail(ErrorKind::bad_file, path + ": alpha_pattern['" + k + "'] must be a number");
+      c.alpha_pattern.emplace_back(k, v.get<double>());
+    }
+  return c;
+}
+
+PeftAdapter PeftAdapter::open(const std::string& adapter_dir, const ModelConfig& model) {
+  PeftAdapter ad;
+  ad.dir_ = adapter_dir;
+  ad.config_ = read_peft_config(adapter_dir);
+  ad.file_path_ = adapter_dir + "/adapter_model.safetensors";
+  if (!fs::exists(ad.file_path_)) {
+    if (fs::exists(adapter_dir + "/adapter_model.bin"))
+      fail(ErrorKind::unsupported, adapter_dir + ": only adapter_model.bin (a pickle) is there; save the adapter with safe_serialization=True");
+    fail(ErrorKind::bad_file, ad.file_path_ + ": missing");
+  }
+  ad.file_ = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(ad.file_path_));
+  const MoeShape& s = model.shape;
+  const std::string& path = ad.file_path_;
+
+  for (const auto& t : ad.file_->tensors()) {
+    auto parsed = parse_expert_tensor_name(t.name);
+    if (!parsed || !parsed->lora) {
+      ++ad.ignored_keys_;  // attention, shared experts, routers: not ours to run
+      continue;
+    }
+    ++ad.expert_keys_;
+    Projection p = parsed->projection;
+    std::string where = path + ": layer " + std::to_string(parsed->layer) + " expert " + std::to_string(parsed->expert) + " " +
+                        projection_name(p) + " LoRA " + (parsed->lora == LoraFactor::a ? "A" : "B") + " ('" + t.name + "')";
+    if (!model.is_moe_layer(parsed->layer))
+      fail(ErrorKind::bad_file, where + ": the model's layer " + std::to_string(parsed->layer) + " is not a MoE layer (MoE layers: " +
+                                    model.moe_layers_string() + ")");
+    if (parsed->expert >= s.num_experts)
+      fail(ErrorKind::bad_file, where + ": the model has only " + std::to_string(s.num_experts) + " experts");
+    if (t.shape.size() != 2) fail(ErrorKind::bad_file, where + ": shape " + io::shape_string(t.shape) + " is not 2-D");
+    if (t.dtype != io::Dtype::BF16 && t.dtype != io::Dtype::F16 && t.dtype != io::Dtype::F32)
+      fail(ErrorKind::bad_file, where + ": dtype " + io::dtype_name(t.dtype) + " is not BF16, F16 or F32");
+    auto& layer = ad.layers_[parsed->layer];
+    for (auto& v : layer)
+      if (v.empty()) v.resize(s.num_experts);
+    auto& entry = layer[static_cast<int>(p)][parsed->expert];
+    std::string& slot = parsed->lora == LoraFactor::a ? entry.key_a : entry.key_b;
+    if (!slot.empty()) fail(ErrorKind::bad_file, where + ": stored twice (also as '" + slot + "')");
+    slot = t.name;
+  }
+
+  for (auto& [layer, projs] : ad.layers_) {
+    for (Projection p : kProjections) {
+      for (int e = 0; e < s.num_experts; ++e) {
+        auto& entry = projs[static_cast<int>(p)][e];
+        if (entry.key_a.empty() && entry.key_b.empty()) continue;
+        std::string where = path + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p);
+        if (entry.key_a.empty() || entry.key_b.empty())
+          fail(ErrorKind::bad_file, where + ": has lora_" + std::string(entry.key_a.empty() ? "B" : "A") + " but no lora_" +
+                                        (entry.key_a.empty() ? "A" : "B"));
+        const auto& a = ad.file_->get(entry.key_a);
+        const auto& b = ad.file_->get(entry.key_b);
+        int in = projection_in(s, p), out = projection_out(s, p);
+        if (a.shape[0] != b.shape[1])
+          fail(ErrorKind::bad_file, where + ": rank differs between A " + io::shape_string(a.shape) + " and B " + io::shape_string(b.shape));
+        if (a.shape[1] != in || b.shape[0] != out)
+          fail(ErrorKind::bad_file, where + ": A " + io::shape_string(a.shape) + " and B " + io::shape_string(b.shape) +
+                                        " do not fit the model (expected A [r, " + std::to_string(in) + "], B [" + std::to_string(out) + ", r])");
+        int rank = static_cast<int>(a.shape[0]);
+        std::string module = module_name(entry.key_a);
+        const int* pattern_rank = match_pattern(ad.config_.rank_pattern, module);
+        int config_rank = pattern_rank ? *pattern_rank : ad.config_.r;
+        if (rank != config_rank)
+          fail(ErrorKind::bad_file, where + ": tensors have rank " + std::to_string(rank) + " but adapter_config.json says " +
+                                        std::to_string(config_rank));
+        const double* pattern_alpha = match_pattern(ad.config_.alpha_pattern, module);
+        entry.rank = rank;
+        entry.scale = lora_scaling(pattern_alpha ? *pattern_alpha : ad.config_.lora_alpha, rank, ad.config_.use_rslora);
+      }
+    }
+  }
+  if (ad.expert_keys_ == 0)
+    ad.warnings_.push_back(path + ": no routed-expert LoRA keys (" + std::to_string(ad.ignored_keys_) +
+                           " other keys ignored); the experts run without LoRA");
+  return ad;
+}
+
+std::vector<int> PeftAdapter::layers() const {
+  std::vector<int> out;
+  for (const auto& [l, _] : layers_) out.push_back(l);
+  return out;
+}
+
+const std::array<std::vector<PeftExpertEntry>, 3>* PeftAdapter::layer_entries(int layer) const {
+  auto it = layers_.find(layer);
+  return it == layers_.end() ? nullptr : &it->second;
+}
+
+std::string LoadedLora::key_a(Projection p, int e) const { return expand_expert_key_template(key_template_a[static_cast<int>(p)], e); }
+std::string LoadedLora::key_b(Projection p, int e) const { return expand_expert_key_template(key_template_b[static_cast<int>(p)], e); }
+
+LoadedLora load_peft_layer(const PeftAdapter& adapter, const MoeShape& s, int layer) {
+  LoadedLora out;
+  out.warnings = adapter.warnings();
+  const auto* entries = adapter.layer_entries(layer);
+  if (!entries) {
+    if (adapter.expert_keys() > 0)
+      out.warnings.push_back(adapter.dir() + ": no LoRA for layer " + std::to_string(layer) + "; its experts run without LoRA");
+    return out;
+  }
+  for (Projection p : kProjections) {
+    const auto& list = (*entries)[static_cast<int>(p)];
+    int max_rank = 0;
+    for (const auto& e : list) max_rank = std::max(max_rank, e.rank);
+    if (max_rank == 0) continue;
+    auto& proj = out.lora[p];
+    int in = projection_in(s, p), o = projection_out(s, p);
+    proj.allocate(s.num_experts, max_rank, in, o);
+    for (int e = 0; e < s.num_experts; ++e) {
+      const auto& entry = list[e];
+      if (entry.rank == 0) continue;
+      proj.present[e] = 1;
+      proj.scale[e] = static_cast<float>(entry.scale);
+      proj.expert_rank[e] = entry.rank;
+      auto a = io::read_as_f32(adapter.file(), entry.key_a);
+      auto b = io::read_as_f32(adapter.file(), entry.key_b);
+      require_finite(a.data(), a.size(), adapter.file().path() + ": '" + entry.key_a + "'");
+      require_finite(b.data(), b.size(), adapter.file().path() + ": '" + entry.key_b + "'");
+      std::copy(a.begin(), a.end(), proj.a_of(e));  // rows beyond entry.rank stay zero
+      float* bd = proj.b_of(e);
+      for (int r = 0; r < o; ++r)
+        for (int c = 0; c < entry.rank; ++c) bd[static_cast<std::size_t>(r) * max_rank + c] = b[static_cast<std::size_t>(r) * entry.rank + c];
+      if (out.key_template_a[static_cast<int>(p)].empty()) {
+        out.key_template_a[static_cast<int>(p)] = expert_key_template(entry.key_a, e);
+        out.key_template_b[static_cast<int>(p)] = expert_key_template(entry.key_b, e);
+      }
+    }
+  }
+  return out;
+}
+
+LoadedLora load_layer_lora(const std::string& adapter_path, const ModelConfig& model, int layer) {
+  if (fs::is_directory(adapter_path)) return load_peft_layer(PeftAdapter::open(adapter_path, model), model.shape, layer);
+  if (!fs::exists(adapter_path)) fail(ErrorKind::bad_file, adapter_path + ": no such adapter directory or file");
+  return load_converted_layer(adapter_path, model, layer);
+}
+
+}  // namespace tilemoe

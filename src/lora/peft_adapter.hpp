@@ -1,0 +1,79 @@
+#pragma once
+// PEFT adapters as PEFT's save_pretrained writes them: adapter_config.json plus
+// adapter_model.safetensors, keys such as
+//   base_model.model.model.layers.1.mlp.experts.0.gate_proj.lora_A.weight
+// matched anywhere in the name. Gate and up keep their own A and B.
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/io/safetensors.hpp"
+#include "src/lora/lora_weights.hpp"
+#include "src/model/model_config.hpp"
+
+namespace tilemoe {
+
+struct PeftConfig {
+  int r = 0;
+  double lora_alpha = 0;
+  bool use_rslora = false;
+  std::vector<std::pair<std::string, int>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
+  std::string json_text;  // kept verbatim so an export writes back what came in
+};
+
+PeftConfig read_peft_config(const std::string& adapter_dir);
+
+// One expert's LoRA pair for one projection, as found in the adapter (no data read yet).
+struct PeftExpertEntry {
+  std::string key_a, key_b;
+  int rank = 0;
+  double scale = 0;
+};
+
+// Every routed-expert LoRA tensor of an adapter, checked against the model: ranks agree between
+// A and B and with adapter_config.json, dimensions match the model, experts and layers exist.
+class PeftAdapter {
+ public:
+  static PeftAdapter open(const std::string& adapter_dir, const ModelConfig& model);
+
+  const std::string& dir() const { return dir_; }
+  const PeftConfig& config() const { return config_; }
+  const io::SafetensorsFile& file() const { return *file_; }
+  std::vector<int> layers() const;  // MoE layers with at least one expert key
+  // [projection][expert]; an empty key_a means the adapter does not cover that expert.
+  const std::array<std::vector<PeftExpertEntry>, 3>* layer_entries(int layer) const;
+  int ignored_keys() const { return ignored_keys_; }
+  int expert_keys() const { return expert_keys_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+ private:
+  std::string dir_;
+  std::string file_path_;
+  PeftConfig config_;
+  std::unique_ptr<io::SafetensorsFile> file_;
+  std::map<int, std::array<std::vector<PeftExpertEntry>, 3>> layers_;
+  int ignored_keys_ = 0;
+  int expert_keys_ = 0;
+  std::vector<std::string> warnings_;
+};
+
+// A layer's LoRA with the PEFT key of every tensor, so gradients and exports carry PEFT's names.
+struct LoadedLora {
+  LayerLora lora;
+  std::array<std::string, 3> key_template_a, key_template_b;  // "{E}" stands for the expert index
+  std::vector<std::string> warnings;
+
+  std::string key_a(Projection p, int e) const;
+  std::string key_b(Projection p, int e) const;
+};
+
+LoadedLora load_peft_layer(const PeftAdapter& adapter, const MoeShape& shape, int layer);
+
+// --adapter takes a PEFT directory or a file written by `tilemoe convert-lora`.
+LoadedLora load_layer_lora(const std::string& adapter_path, const ModelConfig& model, int layer);
+
+}  // namespace tilemoe

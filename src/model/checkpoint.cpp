@@ -1,0 +1,195 @@
+#include "src/model/checkpoint.hpp"
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "src/model/finite_check.hpp"
+#include "src/model/tensor_names.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> shard_files(const std::string& dir) {
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(ss.str());
+    } catch (const nlohmann::json::exception& e) {
+      fail(ErrorKind::bad_file, index.string() + ": not valid JSON (" + e.what() + ")");
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      fail(ErrorKind::bad_file, index.string() + ": no 'weight_map' object");
+    std::set<std::string> files;
+    for (auto& [key, file] : j["weight_map"].items()) {
+      if (!file.is_string()) fail(ErrorKind::bad_file, index.string() + ": weight_map entry '" + key + "' is not a file name");
+      std::string f = file.get<std::string>();
+      if (f.find('/') != std::string::npos || f == "..")
+        fail(ErrorKind::bad_file, index.string() + ": weight_map entry '" + key + "' points outside the directory");
+      files.insert(f);
+    }
+    std::vector<std::string> out;
+    for (const auto& f : files) {
+      fs::path p = fs::path(dir) / f;
+      if (!fs::exists(p)) fail(ErrorKind::bad_file, index.string() + ": lists shard '" + f + "', which does not exist");
+      out.push_back(p.string());
+    }
+    return out;
+  }
+  fs::path single = fs::path(dir) / "model.safetensors";
+  if (fs::exists(single)) return {single.string()};
+  std::vector<std::string> out;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  if (out.empty()) fail(ErrorKind::bad_file, dir + ": no model.safetensors, no model.safetensors.index.json and no *.safetensors");
+  return out;
+}
+
+// DeepSeek-V3's FP8 checkpoints store e4m3 weights with one inverse scale per 128x128 block.
+void dequantize_fp8_blocks(const std::uint8_t* q, int rows, int cols, const std::vector<float>& scale_inv, int scale_rows,
+                           int scale_cols, bf16* out) {
+  int br = (rows + scale_rows - 1) / scale_rows, bc = (cols + scale_cols - 1) / scale_cols;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      float s = scale_inv[static_cast<std::size_t>(r / br) * scale_cols + c / bc];
+      out[static_cast<std::size_t>(r) * cols + c] = float_to_bf16(f8e4m3_to_float(q[static_cast<std::size_t>(r) * cols + c]) * s);
+    }
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::open(const std::string& model_dir) {
+  if (!fs::is_directory(model_dir)) fail(ErrorKind::bad_file, model_dir + ": not a directory (--model takes a checkpoint directory)");
+  Checkpoint ck;
+  ck.dir_ = model_dir;
+  ck.config_ = read_model_config(model_dir);
+  for (const auto& path : shard_files(model_dir)) {
+    ck.files_.push_back(std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(path)));
+    int idx = static_cast<int>(ck.files_.size()) - 1;
+    for (const auto& t : ck.files_.back()->tensors()) {
+      auto [it, inserted] = ck.location_.emplace(t.name, Location{idx, &t});
+      if (!inserted)
+        fail(ErrorKind::bad_file, path + ": tensor '" + t.name + "' is also in " + ck.files_[it->second.file]->path());
+    }
+  }
+  return ck;
+}
+
+const Checkpoint::Location* Checkpoint::find(const std::string& name) const {
+  auto it = location_.find(name);
+  return it == location_.end() ? nullptr : &it->second;
+}
+
+void Checkpoint::check_moe_layer(int layer) const {
+  if (!config_.is_moe_layer(layer))
+    fail(ErrorKind::invalid_argument, dir_ + ": layer " + std::to_string(layer) + " is not a MoE layer (MoE layers: " +
+                                          config_.moe_layers_string() + ")");
+}
+
+std::vector<bf16> Checkpoint::read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what) const {
+  const Location* loc = find(name);
+  const auto& file = *files_[loc->file];
+  const auto& info = *loc->info;
+  if (info.shape.size() != 2 || info.shape[0] != rows || info.shape[1] != cols)
+    fail(ErrorKind::bad_file, file.path() + ": " + what + " ('" + name + "') has shape " + io::shape_string(info.shape) +
+                                  ", expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "] from config.json");
+  if (info.dtype == io::Dtype::F8_E4M3) {
+    std::string scale_name = name + "_scale_inv";
+    const Location* s = find(scale_name);
+    if (!s) fail(ErrorKind::bad_file, file.path() + ": " + what + " is FP8 but '" + scale_name + "' is missing");
+    const auto& sinfo = *s->info;
+    if (sinfo.shape.size() != 2 || sinfo.shape[0] <= 0 || sinfo.shape[1] <= 0 || sinfo.shape[0] > rows || sinfo.shape[1] > cols)
+      fail(ErrorKind::bad_file, files_[s->file]->path() + ": '" + scale_name + "' has shape " + io::shape_string(sinfo.shape));
+    auto scale = io::read_as_f32(*files_[s->file], scale_name);
+    std::vector<bf16> out(static_cast<std::size_t>(rows) * cols);
+    dequantize_fp8_blocks(reinterpret_cast<const std::uint8_t*>(file.data(info)), rows, cols, scale,
+                          static_cast<int>(sinfo.shape[0]), static_cast<int>(sinfo.shape[1]), out.data());
+    return out;
+  }
+  if (info.dtype != io::Dtype::BF16 && info.dtype != io::Dtype::F16 && info.dtype != io::Dtype::F32)
+    fail(ErrorKind::bad_file, file.path() + ": " + what + " ('" + name + "') has dtype " + io::dtype_name(info.dtype) +
+                                  "; expert weights must be BF16, F16, F32 or F8_E4M3");
+  return io::read_as_bf16(file, name);
+}
+
+ExpertWeights Checkpoint::load_layer_experts(int layer) const {
+  check_moe_layer(layer);
+  const MoeShape& s = config_.shape;
+  std::array<std::vector<std::string>, 3> names;
+  for (auto& v : names) v.resize(s.num_experts);
+  for (const auto& [name, loc] : location_) {
+    auto parsed = parse_expert_tensor_name(name);
+    if (!parsed || parsed->lora || parsed->layer != layer) continue;
+    std::string where = dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(parsed->expert) + " " +
+                        projection_name(parsed->projection);
+    if (parsed->expert >= s.num_experts)
+      fail(ErrorKind::bad_file, where + ": '" + name + "' but config.json says " + std::to_string(s.num_experts) + " experts");
+    auto& slot = names[static_cast<int>(parsed->projection)][parsed->expert];
+    if (!slot.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot + "' and '" + name + "'");
+    slot = name;
+  }
+  ExpertWeights w;
+  w.shape = s;
+  std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate;
+  for (Projection p : kProjections) {
+    auto& dst = p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down;
+    dst.resize(per * s.num_experts);
+    int rows = projection_out(s, p), cols = projection_in(s, p);
+    for (int e = 0; e < s.num_experts; ++e) {
+      const std::string& name = names[static_cast<int>(p)][e];
+      std::string what = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p);
+      if (name.empty())
+        fail(ErrorKind::bad_file, dir_ + ": " + what + " weight is missing (looked for '...layers." + std::to_string(layer) +
+                                      "...experts." + std::to_string(e) + "." +
+                                      (p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2") +
+                                      ".weight')");
+      auto data = read_expert_tensor(name, rows, cols, what);
+      require_finite(data.data(), data.size(), files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
+      std::copy(data.begin(), data.end(), dst.begin() + static_cast<std::ptrdiff_t>(per * e));
+    }
+  }
+  return w;
+}
+
+RouterWeights Checkpoint::load_router(int layer) const {
+  check_moe_layer(layer);
+  const MoeShape& s = config_.shape;
+  const std::string* found = nullptr;
+  for (const auto& [name, loc] : location_) {
+    if (parse_layer_index(name) != layer) continue;
+    bool router = name.size() > 12 && name.compare(name.size() - 12, 12, ".gate.weight") == 0 &&
+                  name.find("experts") == std::string::npos && loc.info->shape.size() == 2 &&
+                  loc.info->shape[0] == s.num_experts;
+    if (router) {
+      if (found) fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " has two routers: '" + *found + "' and '" + name + "'");
+      found = &name;
+    }
+  }
+  if (!found) fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " has no router weight ('...layers." +
+                                           std::to_string(layer) + "...gate.weight' of shape [" + std::to_string(s.num_experts) + ", " +
+                                           std::to_string(s.hidden) + "])");
+  const Location* loc = find(*found);
+  RouterWeights r;
+  std::vector<std::int64_t> shape{s.num_experts, s.hidden};
+  r.weight = io::read_as_f32(*files_[loc->file], *found, shape);
+  std::string bias = found->substr(0, found->size() - 7) + ".e_score_correction_bias";
+  if (const Location* b = find(bias)) {
+    std::vector<std::int64_t> bshape{s.num_experts};
+    r.correction_bias = io::read_as_f32(*files_[b->file], bias, bshape);
+  }
+  return r;
+}
+
+}  // namespace tilemoe

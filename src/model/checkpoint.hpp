@@ -1,0 +1,50 @@
+#pragma once
+// A Hugging Face checkpoint directory: config.json plus one model.safetensors or shards listed
+// in model.safetensors.index.json. Loads one MoE layer's routed experts and router at a time.
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "src/io/safetensors.hpp"
+#include "src/model/expert_weights.hpp"
+#include "src/model/model_config.hpp"
+
+namespace tilemoe {
+
+struct RouterWeights {
+  std::vector<float> weight;           // [E][H]
+  std::vector<float> correction_bias;  // [E] (DeepSeek-V3's e_score_correction_bias) or empty
+};
+
+class Checkpoint {
+ public:
+  static Checkpoint open(const std::string& model_dir);
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& dir() const { return dir_; }
+
+  // Throws when `layer` is not a MoE layer, or an expert tensor is missing, misshapen or duplicated;
+  // the message names the directory, layer, expert and projection. F32, F16 and FP8 (with
+  // block scales) are converted to bf16.
+  ExpertWeights load_layer_experts(int layer) const;
+  RouterWeights load_router(int layer) const;
+
+  std::size_t tensor_count() const { return location_.size(); }
+
+ private:
+  struct Location {
+    int file;
+    const io::TensorInfo* info;
+  };
+  const Location* find(const std::string& name) const;
+  void check_moe_layer(int layer) const;
+  std::vector<bf16> read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what) const;
+
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<std::unique_ptr<io::SafetensorsFile>> files_;
+  std::unordered_map<std::string, Location> location_;
+};
+
+}  // namespace tilemoe

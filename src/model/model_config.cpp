@@ -1,0 +1,130 @@
+#include "src/model/model_config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+namespace {
+
+using nlohmann::json;
+
+int require_int(const json& j, const char* key, const std::string& src) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer())
+    fail(ErrorKind::bad_file, src + ": missing or non-integer field '" + key + "'");
+  auto v = it->get<long long>();
+  if (v < 0 || v > (1 << 30)) fail(ErrorKind::bad_file, src + ": field '" + key + "' is out of range");
+  return static_cast<int>(v);
+}
+
+template <typename T>
+T value_or(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    return fallback;
+  }
+}
+
+// DeepSeek-V2/V3: dense for the first first_k_dense_replace layers, then MoE every moe_layer_freq.
+std::vector<int> deepseek_moe_layers(const json& j, int layers) {
+  int first_dense = value_or<int>(j, "first_k_dense_replace", 0);
+  int freq = std::max(1, value_or<int>(j, "moe_layer_freq", 1));
+  std::vector<int> out;
+  for (int l = first_dense; l < layers; ++l)
+    if (l % freq == 0) out.push_back(l);
+  return out;
+}
+
+// Qwen2/Qwen3-MoE: MoE where (l + 1) % decoder_sparse_step == 0 and l is not in mlp_only_layers.
+std::vector<int> qwen_moe_layers(const json& j, int layers) {
+  int step = std::max(1, value_or<int>(j, "decoder_sparse_step", 1));
+  auto mlp_only = value_or<std::vector<int>>(j, "mlp_only_layers", {});
+  std::vector<int> out;
+  for (int l = 0; l < layers; ++l)
+    if ((l + 1) % step == 0 && std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end()) out.push_back(l);
+  return out;
+}
+
+}  // namespace
+
+double lora_scaling(double alpha, int rank, bool use_rslora) {
+  if (rank <= 0) return 0.0;
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / rank;
+}
+
+bool ModelConfig::is_moe_layer(int layer) const {
+  return std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
+}
+
+std::string ModelConfig::moe_layers_string() const {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < moe_layers.size(); ++i) os << (i ? ", " : "") << moe_layers[i];
+  return os.str();
+}
+
+ModelConfig parse_model_config(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail(ErrorKind::bad_file, src + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) fail(ErrorKind::bad_file, src + ": not a JSON object");
+  // Multimodal wrappers keep the language model's config under text_config.
+  if (!j.contains("hidden_size") && j.contains("text_config") && j["text_config"].is_object()) j = j["text_config"];
+
+  ModelConfig c;
+  c.model_type = value_or<std::string>(j, "model_type", "");
+  c.shape.hidden = require_int(j, "hidden_size", src);
+  c.num_layers = require_int(j, "num_hidden_layers", src);
+  c.shape.top_k = require_int(j, "num_experts_per_tok", src);
+  const std::string& t = c.model_type;
+  if (t.rfind("deepseek", 0) == 0 || j.contains("n_routed_experts")) {
+    c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
+    c.shape.num_experts = require_int(j, "n_routed_experts", src);
+    c.moe_layers = deepseek_moe_layers(j, c.num_layers);
+    c.scoring_func = value_or<std::string>(j, "scoring_func", "softmax");
+    c.topk_method = value_or<std::string>(j, "topk_method", "greedy");
+    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);
+    c.routed_scaling_factor = value_or<double>(j, "routed_scaling_factor", 1.0);
+    c.n_group = std::max(1, value_or<int>(j, "n_group", 1));
+    c.topk_group = std::max(1, value_or<int>(j, "topk_group", 1));
+  } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE
+    c.shape.intermediate = require_int(j, "intermediate_size", src);
+    c.shape.num_experts = require_int(j, "num_local_experts", src);
+    for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
+    c.norm_topk_prob = true;
+  } else if (j.contains("num_experts")) {  // Qwen2-MoE, Qwen3-MoE
+    c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
+    c.shape.num_experts = require_int(j, "num_experts", src);
+    c.moe_layers = qwen_moe_layers(j, c.num_layers);
+    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", t == "qwen3_moe");
+  } else {
+    fail(ErrorKind::bad_file, src + ": model_type '" + t +
+                                  "' has no routed experts this runtime knows (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
+  }
+  if (c.shape.hidden == 0 || c.shape.intermediate == 0 || c.shape.num_experts == 0 || c.shape.top_k == 0)
+    fail(ErrorKind::bad_file, src + ": hidden size, expert intermediate size, expert count and top-k must be positive");
+  if (c.shape.top_k > c.shape.num_experts)
+    fail(ErrorKind::bad_file, src + ": num_experts_per_tok exceeds the number of experts");
+  return c;
+}
+
+ModelConfig read_model_config(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) fail(ErrorKind::bad_file, path + ": cannot open (is --model a Hugging Face checkpoint directory?)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_model_config(ss.str(), path);
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,32 @@
+#pragma once
+// What tilemoe needs from a Hugging Face config.json: the MoE shape, which layers are MoE, and
+// how the router scores experts.
+#include <string>
+#include <vector>
+
+#include "tilemoe/config.hpp"
+
+namespace tilemoe {
+
+struct ModelConfig {
+  std::string model_type;   // "deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "mixtral"
+  MoeShape shape;
+  int num_layers = 0;
+  std::vector<int> moe_layers;
+  // Router.
+  std::string scoring_func = "softmax";  // or "sigmoid" (DeepSeek-V3)
+  std::string topk_method = "greedy";    // "greedy", "group_limited_greedy", "noaux_tc"
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+  int n_group = 1;
+  int topk_group = 1;
+
+  bool is_moe_layer(int layer) const;
+  std::string moe_layers_string() const;  // "1, 2"
+};
+
+// Reads <dir>/config.json; errors name the file and the missing or wrong field.
+ModelConfig read_model_config(const std::string& model_dir);
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source_name);
+
+}  // namespace tilemoe

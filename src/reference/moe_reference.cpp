@@ -1,0 +1,146 @@
+#include "src/reference/moe_reference.hpp"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+
+#include "src/routing/token_groups.hpp"
+
+namespace tilemoe {
+namespace {
+
+template <typename S>
+using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename S>
+using ConstMap = Eigen::Map<const Mat<S>>;
+template <typename S>
+using MutMap = Eigen::Map<Mat<S>>;
+
+template <typename S>
+Mat<S> to_matrix(const bf16* data, int rows, int cols) {
+  Mat<S> m(rows, cols);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = static_cast<S>(bf16_to_float(data[i]));
+  return m;
+}
+
+// One projection of one expert, kept together so forward and backward read the same thing.
+template <typename S>
+struct Proj {
+  Mat<S> w;  // [out][in]
+  const LoraProjectionT<S>* lora = nullptr;
+  int expert;
+  S scale = 0;
+
+  Proj(const ExpertWeightsView& ew, const LayerLoraT<S>& l, Projection p, int e)
+      : w(to_matrix<S>(ew.projection(p, e), projection_out(ew.shape, p), projection_in(ew.shape, p))), expert(e) {
+    if (l[p].active(e)) {
+      lora = &l[p];
+      scale = static_cast<S>(l[p].scale[e]);
+    }
+  }
+  ConstMap<S> a() const { return ConstMap<S>(lora->a_of(expert), lora->rank, lora->in); }
+  ConstMap<S> b() const { return ConstMap<S>(lora->b_of(expert), lora->out, lora->rank); }
+
+  // v: [n][in] -> [n][out]
+  Mat<S> apply(const Mat<S>& v) const {
+    Mat<S> y = v * w.transpose();
+    if (lora) y.noalias() += scale * ((v * a().transpose()) * b().transpose());
+    return y;
+  }
+  // dy: [n][out] -> dv [n][in]; adds this projection's LoRA gradients into grad.
+  Mat<S> apply_backward(const Mat<S>& v, const Mat<S>& dy, LoraProjectionT<S>* grad) const {
+    Mat<S> dv = dy * w;
+    if (lora) {
+      Mat<S> dy_b = dy * b();  // [n][r]
+      dv.noalias() += scale * (dy_b * a());
+      if (grad) {
+        MutMap<S>(grad->b_of(expert), grad->out, grad->rank).noalias() += scale * (dy.transpose() * (v * a().transpose()));
+        MutMap<S>(grad->a_of(expert), grad->rank, grad->in).noalias() += scale * (dy_b.transpose() * v);
+      }
+    }
+    return dv;
+  }
+};
+
+template <typename S>
+S sigmoid(S g) {
+  return S(1) / (S(1) + std::exp(-g));
+}
+
+template <typename S>
+Mat<S> gather_rows(const S* src, int cols, const TokenGroups& g, int e) {
+  Mat<S> m(g.count(e), cols);
+  for (int i = 0; i < g.count(e); ++i)
+    std::copy_n(src + static_cast<std::size_t>(g.token[g.offsets[e] + i]) * cols, cols, m.row(i).data());
+  return m;
+}
+
+}  // namespace
+
+template <typename S>
+void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, S* output) {
+  const MoeShape& s = w.shape;
+  TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
+  MutMap<S> out(output, batch.tokens, s.hidden);
+  out.setZero();
+  for (int e = 0; e < s.num_experts; ++e) {
+    if (groups.count(e) == 0) continue;
+    Mat<S> x = gather_rows(batch.input, s.hidden, groups, e);
+    Mat<S> gate = Proj<S>(w, lora, Projection::gate, e).apply(x);
+    Mat<S> up = Proj<S>(w, lora, Projection::up, e).apply(x);
+    Mat<S> h = gate.binaryExpr(up, [](S g, S u) { return g * sigmoid(g) * u; });
+    Mat<S> y = Proj<S>(w, lora, Projection::down, e).apply(h);
+    for (int i = 0; i < groups.count(e); ++i) {
+      int pos = groups.offsets[e] + i;
+      out.row(groups.token[pos]) += batch.weights[groups.slot[pos]] * y.row(i);
+    }
+  }
+}
+
+template <typename S>
+void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, const S* grad_output,
+                        S* grad_input, LayerLoraT<S>* lora_grad) {
+  const MoeShape& s = w.shape;
+  TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
+  MutMap<S> dx_all(grad_input, batch.tokens, s.hidden);
+  dx_all.setZero();
+  if (lora_grad)
+    for (auto& p : lora_grad->proj) {
+      std::fill(p.a.begin(), p.a.end(), S(0));
+      std::fill(p.b.begin(), p.b.end(), S(0));
+    }
+  auto grad_of = [&](Projection p) { return lora_grad && (*lora_grad)[p].rank > 0 ? &(*lora_grad)[p] : nullptr; };
+
+  for (int e = 0; e < s.num_experts; ++e) {
+    int n = groups.count(e);
+    if (n == 0) continue;
+    Proj<S> gate_p(w, lora, Projection::gate, e), up_p(w, lora, Projection::up, e), down_p(w, lora, Projection::down, e);
+    Mat<S> x = gather_rows(batch.input, s.hidden, groups, e);
+    Mat<S> gate = gate_p.apply(x), up = up_p.apply(x);
+    Mat<S> h = gate.binaryExpr(up, [](S g, S u) { return g * sigmoid(g) * u; });
+    Mat<S> dy(n, s.hidden);
+    for (int i = 0; i < n; ++i) {
+      int pos = groups.offsets[e] + i;
+      dy.row(i) = batch.weights[groups.slot[pos]] * ConstMap<S>(grad_output + static_cast<std::size_t>(groups.token[pos]) * s.hidden, 1, s.hidden);
+    }
+    Mat<S> dh = down_p.apply_backward(h, dy, grad_of(Projection::down));
+    Mat<S> dgate(n, s.intermediate), dup(n, s.intermediate);
+    for (Eigen::Index i = 0; i < dh.size(); ++i) {
+      S g = gate.data()[i], sg = sigmoid(g);
+      dup.data()[i] = dh.data()[i] * g * sg;
+      dgate.data()[i] = dh.data()[i] * up.data()[i] * sg * (S(1) + g * (S(1) - sg));  // silu'(g), exact
+    }
+    Mat<S> dx = gate_p.apply_backward(x, dgate, grad_of(Projection::gate));
+    dx += up_p.apply_backward(x, dup, grad_of(Projection::up));
+    for (int i = 0; i < n; ++i) dx_all.row(groups.token[groups.offsets[e] + i]) += dx.row(i);
+  }
+}
+
+template void reference_forward<float>(const ExpertWeightsView&, const LayerLoraT<float>&, const MoeBatch<float>&, float*);
+template void reference_forward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&, double*);
+template void reference_backward<float>(const ExpertWeightsView&, const LayerLoraT<float>&, const MoeBatch<float>&, const float*,
+                                        float*, LayerLoraT<float>*);
+template void reference_backward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&,
+                                         const double*, double*, LayerLoraT<double>*);
+
+}  // namespace tilemoe

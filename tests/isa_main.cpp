@@ -1,0 +1,22 @@
+// Main of the tests that need one ISA: on a CPU without it they report SKIPPED (exit 77, which
+// CTest shows as "Skipped") instead of passing without having run.
+#include <cstdio>
+
+#include "amx/isa.hpp"
+#if defined(TILEMOE_CATCH_V3)
+#include <catch2/catch_session.hpp>
+#else
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#endif
+
+int main(int argc, char** argv) {
+  using namespace tilemoe::kernels;
+  auto isa = parse_isa(TILEMOE_REQUIRED_ISA);
+  if (!isa || !isa_available(*isa)) {
+    std::printf("SKIPPED: this CPU cannot run %s (%s)\n", TILEMOE_REQUIRED_ISA,
+                isa ? isa_unavailable_reason(*isa).c_str() : "unknown ISA name");
+    return 77;
+  }
+  return Catch::Session().run(argc, argv);
+}

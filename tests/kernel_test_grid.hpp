@@ -1,0 +1,329 @@
+#pragma once
+// One body of kernel tests, run by each ISA's test executable: a sweep of GEMM shapes against a
+// double-precision reference over the unpacked weights, and silu_mul against std::exp.
+//
+// Every buffer a kernel gets ends exactly at a PROT_NONE guard page (unless a case asks for a
+// misaligned start), so a read or write past the last row of A, C or the packed weights faults
+// on every ISA, including AMX tile loads that sanitizers cannot see. Output padding and
+// un-requested columns carry sentinels that must survive.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "amx/kernel_table.hpp"
+#include "amx/pack_bf16.hpp"
+#include "catch.hpp"
+
+namespace tilemoe::kernels::test {
+
+inline GemmBf16Fn raw_gemm(Isa isa) {
+  switch (isa) {
+    case Isa::portable: return gemm_bf16_portable;
+    case Isa::avx512_bf16: return gemm_bf16_avx512;
+    case Isa::amx_bf16: return gemm_bf16_amx;
+  }
+  return nullptr;
+}
+
+// `count` elements of T whose end sits `slack` elements before an inaccessible page.
+template <typename T>
+class Guarded {
+ public:
+  explicit Guarded(std::size_t count, std::size_t slack = 0) : count_(count) {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t bytes = (count + slack) * sizeof(T);
+    len_ = (bytes + page - 1) / page * page + page;
+    base_ = mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(base_ != MAP_FAILED);
+    char* guard = static_cast<char*>(base_) + len_ - page;
+    REQUIRE(mprotect(guard, page, PROT_NONE) == 0);
+    data_ = reinterpret_cast<T*>(guard - bytes);
+  }
+  Guarded(const Guarded&) = delete;
+  Guarded& operator=(const Guarded&) = delete;
+  ~Guarded() { munmap(base_, len_); }
+  T* data() { return data_; }
+  T& operator[](std::size_t i) { return data_[i]; }
+  const T& operator[](std::size_t i) const { return data_[i]; }
+  std::size_t size() const { return count_; }
+
+ private:
+  std::size_t count_, len_ = 0;
+  void* base_ = nullptr;
+  T* data_ = nullptr;
+};
+
+// Elements of slack that make a buffer of `count` T start `offset` bytes past a 64-byte line.
+template <typename T>
+std::size_t slack_for_offset(std::size_t count, std::size_t offset) {
+  const std::size_t line = 64 / sizeof(T), want = (line - offset / sizeof(T)) % line;
+  return (want + line - count % line) % line;
+}
+
+inline bf16 random_bf16(std::mt19937& rng) {
+  return float_to_bf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
+}
+
+struct GemmCase {
+  int m, n, k;
+  int k2 = 0;  // 0: no second product
+  bool accumulate = false;
+  int panel_begin = 0, panel_end = -1;  // -1: all panels
+  int lda_extra = 0, ldc_extra = 0;
+  bool misaligned = false;  // A, A2 and C start off a 64-byte line (A by one bf16)
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "m=" << m << " n=" << n << " k=" << k << " k2=" << k2 << " accumulate=" << accumulate << " panels=["
+      << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
+      << " misaligned=" << misaligned;
+    return s.str();
+  }
+};
+
+// One operand: W[n][k] unpacked and packed, A[m][k] at stride lda with the contract's padding.
+struct Operand {
+  int k, k_padded;
+  std::size_t lda;
+  std::vector<bf16> w;
+  Guarded<bf16> packed;
+  Guarded<bf16> a;
+
+  Operand(std::mt19937& rng, int m, int n, int k_, int lda_extra, bool misaligned)
+      : k(k_),
+        k_padded(packed_shape(n, k_).k_padded),
+        lda(static_cast<std::size_t>(k_padded + lda_extra)),
+        w(static_cast<std::size_t>(n) * k_),
+        packed(packed_bf16_elements(n, k_)),
+        a(a_count(m), misaligned ? slack_for_offset<bf16>(a_count(m), 2) : 0) {
+    for (bf16& v : w) v = random_bf16(rng);
+    pack_bf16_weights(w.data(), n, k, static_cast<std::size_t>(k), packed.data());
+    for (int i = 0; i < m; ++i) {
+      for (std::size_t q = 0; q < (i + 1 < m ? lda : static_cast<std::size_t>(k_padded)); ++q) {
+        // Contract: zeros in [k, k_padded); anything at all (here NaN) beyond k_padded.
+        a[i * lda + q] = q < static_cast<std::size_t>(k) ? random_bf16(rng)
+                         : q < static_cast<std::size_t>(k_padded) ? bf16{0}
+                                                                  : bf16{0x7fc0};
+      }
+    }
+  }
+  std::size_t a_count(int m) const { return (m - 1) * lda + k_padded; }
+};
+
+inline constexpr float kUnwritten = 12345.0f;  // target elements before a non-accumulating call
+inline constexpr float kPadding = -777.0f;     // C elements the kernel must not touch
+
+inline void check_gemm_case(GemmBf16Fn gemm, const GemmCase& tc, std::mt19937& rng) {
+  INFO(tc.describe());
+  const PackedShape shape = packed_shape(tc.n, tc.k);
+  const int pb = tc.panel_begin, pe = tc.panel_end < 0 ? shape.panels : tc.panel_end;
+  const int cols = (pe - pb) * kPanelColumns;
+  const std::size_t ldc = static_cast<std::size_t>(cols + tc.ldc_extra);
+
+  Operand x(rng, tc.m, tc.n, tc.k, tc.lda_extra, tc.misaligned);
+  std::vector<Operand*> ops{&x};
+  std::unique_ptr<Operand> x2;
+  if (tc.k2 > 0) {
+    x2 = std::make_unique<Operand>(rng, tc.m, tc.n, tc.k2, tc.lda_extra + 3, tc.misaligned);
+    ops.push_back(x2.get());
+  }
+  const std::size_t c_count = (tc.m - 1) * ldc + cols;
+  Guarded<float> c(c_count, tc.misaligned ? slack_for_offset<float>(c_count, 4) : 0);
+  std::vector<float> c0(c_count);
+  for (std::size_t i = 0; i < c_count; ++i) {
+    const bool target = i % ldc < static_cast<std::size_t>(cols);
+    c0[i] = !target ? kPadding : tc.accumulate ? std::uniform_real_distribution<float>(-1, 1)(rng) : kUnwritten;
+    c[i] = c0[i];
+  }
+
+  GemmBf16Args args{};
+  args.a = x.a.data();
+  args.lda = x.lda;
+  args.m = tc.m;
+  args.k_padded = x.k_padded;
+  args.packed_b = x.packed.data();
+  args.panel_begin = pb;
+  args.panel_end = pe;
+  if (x2) {
+    args.a2 = x2->a.data();
+    args.lda2 = x2->lda;
+    args.k2_padded = x2->k_padded;
+    args.packed_b2 = x2->packed.data();
+  }
+  args.c = c.data();
+  args.ldc = ldc;
+  args.accumulate = tc.accumulate;
+  gemm(args);
+
+  std::ostringstream error;  // the first wrong element, if any
+  for (int i = 0; i < tc.m && error.tellp() == 0; ++i) {
+    for (std::size_t j = 0; j < ldc && error.tellp() == 0; ++j) {
+      const std::size_t at = i * ldc + j;
+      if (at >= c_count) break;
+      const float got = c[at];
+      if (j >= static_cast<std::size_t>(cols)) {
+        if (got != kPadding) error << "C[" << i << "][" << j << "] is padding but was written: " << got;
+        continue;
+      }
+      const int col = pb * kPanelColumns + static_cast<int>(j);
+      double sum = tc.accumulate ? c0[at] : 0.0, scale = 0.0;
+      for (const Operand* op : ops) {
+        if (col >= tc.n) break;
+        for (int q = 0; q < op->k; ++q) {
+          const double av = bf16_to_float(op->a[i * op->lda + q]);
+          const double wv = bf16_to_float(op->w[static_cast<std::size_t>(col) * op->k + q]);
+          sum += av * wv;
+          scale += std::fabs(av * wv);
+        }
+      }
+      const double tol = 1e-3 * scale + (tc.accumulate ? 1e-6 * std::fabs(c0[at]) : 0.0);
+      if (!(std::fabs(got - sum) <= tol)) {
+        error << "C[" << i << "][" << j << "] = " << got << ", reference " << sum << " (tolerance " << tol << ")";
+      }
+    }
+  }
+  INFO(error.str());
+  REQUIRE(error.tellp() == 0);
+}
+
+// The full m × n × k grid once plainly and once with features drawn at random (second product,
+// accumulate, panel sub-range, padded strides, misaligned starts), seeded so failures repeat.
+inline void check_gemm_grid(GemmBf16Fn gemm) {
+  static const int ms[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33, 47, 64, 100};
+  static const int ns[] = {1, 15, 16, 17, 31, 33, 48, 100};
+  static const int ks[] = {1, 15, 16, 17, 31, 32, 33, 63, 64, 100, 176, 200};
+  static const int k2s[] = {0, 1, 8, 16, 33};
+  static const int lda_extras[] = {0, 1, 7, 32, 33};
+  static const int ldc_extras[] = {0, 1, 5, 16};
+  std::mt19937 rng(20240611);
+  auto pick = [&](auto& list) { return list[std::uniform_int_distribution<std::size_t>(0, std::size(list) - 1)(rng)]; };
+  for (int m : ms) {
+    for (int n : ns) {
+      for (int k : ks) {
+        check_gemm_case(gemm, GemmCase{m, n, k}, rng);
+        GemmCase tc{m, n, k};
+        tc.k2 = pick(k2s);
+        tc.accumulate = rng() % 2 == 0;
+        const int panels = packed_shape(n, k).panels;
+        tc.panel_begin = static_cast<int>(rng() % panels);
+        tc.panel_end = tc.panel_begin + 1 + static_cast<int>(rng() % (panels - tc.panel_begin));
+        tc.lda_extra = pick(lda_extras);
+        tc.ldc_extra = pick(ldc_extras);
+        tc.misaligned = rng() % 2 == 0;
+        check_gemm_case(gemm, tc, rng);
+      }
+    }
+  }
+}
+
+// Every second-product width and accumulate mode on shapes with both row tails, odd panel
+// counts and sub-ranges that start past panel 0.
+inline void check_gemm_features(GemmBf16Fn gemm) {
+  std::mt19937 rng(7);
+  for (int k2 : {1, 8, 16, 33}) {
+    for (bool accumulate : {false, true}) {
+      for (int m : {1, 5, 17, 33, 50}) {
+        GemmCase tc{m, 100, 70};  // 7 panels
+        tc.k2 = k2;
+        tc.accumulate = accumulate;
+        tc.panel_begin = 2;
+        tc.panel_end = 5;  // three panels: a pair and a single
+        tc.lda_extra = 9;
+        tc.ldc_extra = 3;
+        tc.misaligned = true;
+        check_gemm_case(gemm, tc, rng);
+        tc.panel_begin = 1;
+        tc.panel_end = 7;
+        tc.misaligned = false;
+        check_gemm_case(gemm, tc, rng);
+      }
+    }
+  }
+}
+
+// K large enough that the kernels split the panels into several L2-sized groups.
+inline void check_gemm_large(GemmBf16Fn gemm) {
+  std::mt19937 rng(11);
+  for (int m : {1, 7, 50, 100}) {
+    GemmCase tc{m, 160, 4100};
+    tc.k2 = 16;
+    tc.accumulate = m % 2 == 0;
+    tc.panel_begin = 1;
+    tc.ldc_extra = 2;
+    check_gemm_case(gemm, tc, rng);
+  }
+}
+
+// h must equal the double reference rounded to bf16, give or take one bf16 step (f32 rounding
+// can land either side of a tie), and both must be NaN together. Values that f32 exp
+// overflows to -0 are compared with an absolute bound.
+inline void check_silu_mul(SiluMulBf16Fn silu_mul) {
+  std::mt19937 rng(5);
+  std::vector<float> specials = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.0f, -88.0f, 89.0f,
+                                 -89.0f, -90.0f, 100.0f, -100.0f, 1e30f, -1e30f, 3.0e38f, -3.0e38f, 0.5f, -0.5f};
+  const int m = 37, n = 75;  // odd sizes: vector tails
+  const std::size_t ldg = n + 3, ldu = n + 1, ldh = n + 5;
+  std::vector<float> g(m * ldg), u(m * ldu);
+  std::vector<bf16> h(m * ldh, bf16{0x1234});
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::uniform_real_distribution<float>(-20, 20)(rng);
+  for (std::size_t i = 0; i < u.size(); ++i) u[i] = std::uniform_real_distribution<float>(-3, 3)(rng);
+  for (std::size_t s = 0; s < specials.size(); ++s) {
+    g[s] = specials[s];                    // row 0: special gates, ordinary ups
+    g[ldg + s] = 1.5f;                     // row 1: ordinary gate, special ups
+    u[ldu + s] = specials[s];
+    g[2 * ldg + s] = specials[s];          // row 2: both special
+    u[2 * ldu + s] = specials[specials.size() - 1 - s];
+  }
+  silu_mul(g.data(), ldg, u.data(), ldu, m, n, h.data(), ldh);
+  int near_misses = 0;
+  for (int i = 0; i < m; ++i) {
+    for (std::size_t j = 0; j < ldh; ++j) {
+      const bf16 got = h[i * ldh + j];
+      if (j >= static_cast<std::size_t>(n)) {
+        REQUIRE(got == bf16{0x1234});
+        continue;
+      }
+      const double gd = g[i * ldg + j], ud = u[i * ldu + j];
+      const double silu = gd == -INFINITY ? -0.0 : gd / (1.0 + std::exp(-gd));
+      const float ref = static_cast<float>(silu * ud);
+      INFO("g=" << gd << " u=" << ud << " got=" << bf16_to_float(got) << " ref=" << ref);
+      if (std::isnan(ref)) {
+        REQUIRE(std::isnan(bf16_to_float(got)));
+        continue;
+      }
+      if (got == float_to_bf16(ref)) continue;
+      const double diff = std::fabs(bf16_to_float(got) - static_cast<double>(ref));
+      const bool one_step = diff <= std::ldexp(std::fabs(ref), -7);
+      REQUIRE((one_step || diff <= 1e-30));
+      ++near_misses;
+    }
+  }
+  // An exp good to ~1e-7 moves the bf16 result only when f32 lands next to a rounding tie.
+  INFO("near misses: " << near_misses);
+  REQUIRE(near_misses <= m * n / 100);
+}
+
+// The whole body for one ISA: the raw kernel over every shape, the table's entries, silu_mul.
+inline void check_kernels(Isa isa) {
+  const KernelTable& table = kernel_table(isa);
+  REQUIRE(table.isa == isa);
+  SECTION("gemm grid") { check_gemm_grid(raw_gemm(isa)); }
+  SECTION("gemm features") { check_gemm_features(raw_gemm(isa)); }
+  SECTION("gemm large k") { check_gemm_large(raw_gemm(isa)); }
+  SECTION("table gemm") {
+    check_gemm_features(table.gemm_bf16);
+    check_gemm_large(table.gemm_bf16);
+  }
+  SECTION("silu_mul") { check_silu_mul(table.silu_mul_bf16); }
+}
+
+}  // namespace tilemoe::kernels::test

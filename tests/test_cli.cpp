@@ -1,0 +1,210 @@
+// The `tilemoe` command driven as a user drives it: real files in, exit status and files out.
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "amx/isa.hpp"
+#include "catch.hpp"
+#include "fixture_cases.hpp"
+#include "src/io/safetensors.hpp"
+#include "src/io/safetensors_writer.hpp"
+#include "test_util.hpp"
+
+using namespace tilemoe;
+namespace fs = std::filesystem;
+using tilemoe::test::rel_error;
+
+namespace {
+
+struct RunResult {
+  int status;
+  std::string err;
+};
+
+RunResult run_cli(const std::string& args) {
+  std::string err_file = test::temp_dir() + "/stderr.txt";
+  std::string cmd = std::string(TILEMOE_CLI) + " " + args + " > /dev/null 2> " + err_file;
+  int raw = std::system(cmd.c_str());
+  std::ifstream in(err_file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), ss.str()};
+}
+
+// The CLI's --input file, taken from a fixture's reference.safetensors.
+std::string write_inputs(const io::SafetensorsFile& ref, int layer, const std::string& path) {
+  std::string p = "layer_" + std::to_string(layer) + ".";
+  io::SafetensorsWriter w;
+  for (const char* key : {"input", "expert_ids", "weights", "grad_output"}) {
+    const auto& t = ref.get(p + key);
+    w.add(key, t.dtype, t.shape, ref.data(t));
+  }
+  w.write(path);
+  return path;
+}
+
+void expect_failure(const std::string& args, const std::string& must_mention, const std::string& output) {
+  INFO("tilemoe " << args);
+  auto r = run_cli(args);
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 1);
+  CHECK(r.err.find("tilemoe: error: ") == 0);
+  CHECK(r.err.find(must_mention) != std::string::npos);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_FALSE(fs::exists(output));
+}
+
+}  // namespace
+
+TEST_CASE("backward through the command line matches every fixture case", "[cli][fixtures]") {
+  for (const auto& c : test::fixture_cases()) {
+    SECTION(c.name) {
+      auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
+      std::string converted = test::temp_dir() + "/" + c.name + ".lora";
+      auto conv = run_cli("convert-lora --adapter " + c.dir + "/adapter --model " + c.dir + "/model --output " + converted);
+      REQUIRE(conv.status == 0);
+      for (int layer : c.layers) {
+        std::string in = write_inputs(ref, layer, test::temp_dir() + "/in.safetensors");
+        for (const std::string& adapter : {c.dir + "/adapter", converted}) {
+          std::string out = test::temp_dir() + "/out.safetensors";
+          auto r = run_cli("backward --isa reference --model " + c.dir + "/model --layer " + std::to_string(layer) + " --adapter " +
+                           adapter + " --input " + in + " --output " + out);
+          INFO(c.name << " layer " << layer << " adapter " << adapter << ": " << r.err);
+          REQUIRE(r.status == 0);
+          auto got = io::SafetensorsFile::open(out);
+          std::string p = "layer_" + std::to_string(layer) + ".";
+          CHECK(rel_error(io::read_as_f32(got, "output"), io::read_as_f32(ref, p + "output")) <= 1e-2);
+          CHECK(rel_error(io::read_as_f32(got, "grad_input"), io::read_as_f32(ref, p + "grad_input")) <= 1e-2);
+          int grads = 0;
+          for (const auto& t : got.tensors()) {
+            if (t.name.rfind("grad.", 0) != 0 || t.name == "grad_input") continue;
+            if (t.name.find("layers." + std::to_string(layer) + ".") == std::string::npos) FAIL("gradient of another layer: " << t.name);
+            auto mine = io::read_as_f32(got, t.name);
+            if (ref.find(t.name)) {
+              INFO(t.name);
+              CHECK(rel_error(mine, io::read_as_f32(ref, t.name)) <= 2e-2);
+              ++grads;
+            } else {
+              for (float v : mine) REQUIRE(v == 0.0f);
+            }
+          }
+          int want = 0;
+          for (const auto& t : ref.tensors())
+            if (t.name.rfind("grad.", 0) == 0 && t.name.find("layers." + std::to_string(layer) + ".") != std::string::npos) ++want;
+          CHECK(grads == want);
+          fs::remove(out);
+        }
+        // forward alone writes the same output
+        std::string out = test::temp_dir() + "/fwd.safetensors";
+        auto r = run_cli("forward --model " + c.dir + "/model --layer " + std::to_string(layer) + " --adapter " + converted +
+                         " --input " + in + " --output " + out);
+        REQUIRE(r.status == 0);
+        auto got = io::SafetensorsFile::open(out);
+        CHECK(rel_error(io::read_as_f32(got, "output"), io::read_as_f32(ref, "layer_" + std::to_string(layer) + ".output")) <= 1e-2);
+        fs::remove(out);
+      }
+    }
+  }
+}
+
+TEST_CASE("bad input exits 1 with one clear line and no output file", "[cli][errors]") {
+  const std::string d = test::data_dir() + "/deepseek_tiny";
+  const std::string tmp = test::temp_dir();
+  const std::string out = tmp + "/never.safetensors";
+  auto ref = io::SafetensorsFile::open(d + "/reference.safetensors");
+  std::string good = write_inputs(ref, 1, tmp + "/good_in.safetensors");
+  const std::string base = "forward --model " + d + "/model --adapter " + d + "/adapter --output " + out;
+
+  expect_failure(base + " --layer 0 --input " + good, "layer 0 is not a MoE layer", out);
+  expect_failure(base + " --layer 1 --input " + tmp + "/missing.safetensors", "missing.safetensors", out);
+  expect_failure("forward --model " + tmp + "/nope --layer 1 --input " + good + " --output " + out, "nope", out);
+  expect_failure(base + " --layer 1 --input " + good + " --isa sse2", "--isa 'sse2' is unknown", out);
+  if (!kernels::isa_available(kernels::Isa::amx_bf16))
+    expect_failure(base + " --layer 1 --input " + good + " --isa amx", "cannot run on this machine", out);
+
+  SECTION("truncated input file") {
+    std::ifstream in(good, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    for (std::size_t cut : {std::size_t(4), std::size_t(20), bytes.size() / 2, bytes.size() - 1}) {
+      std::string p = tmp + "/trunc.safetensors";
+      std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(cut));
+      expect_failure(base + " --layer 1 --input " + p, "trunc.safetensors", out);
+    }
+  }
+  SECTION("a header that lies about its length") {
+    std::ifstream in(good, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::uint64_t huge = 1ull << 40;
+    std::memcpy(bytes.data(), &huge, 8);
+    std::string p = tmp + "/lying.safetensors";
+    std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    expect_failure(base + " --layer 1 --input " + p, "lying.safetensors", out);
+  }
+  SECTION("wrong shapes, missing keys, ids out of range") {
+    auto x = io::read_as_f32(ref, "layer_1.input");
+    auto ids = io::read_as_i64(ref, "layer_1.expert_ids");
+    auto w = io::read_as_f32(ref, "layer_1.weights");
+    {
+      io::SafetensorsWriter f;  // hidden 319 instead of 320
+      std::vector<float> narrow(13 * 319, 0.1f);
+      f.add_f32("input", {13, 319}, narrow);
+      f.add("expert_ids", io::Dtype::I64, {13, 2}, ids.data());
+      f.add_f32("weights", {13, 2}, w);
+      f.write(tmp + "/narrow.safetensors");
+      expect_failure(base + " --layer 1 --input " + tmp + "/narrow.safetensors", "expected [tokens, 320]", out);
+    }
+    {
+      io::SafetensorsWriter f;
+      f.add_f32("input", {13, 320}, x);
+      f.add("expert_ids", io::Dtype::I64, {13, 2}, ids.data());
+      f.write(tmp + "/noweights.safetensors");
+      expect_failure(base + " --layer 1 --input " + tmp + "/noweights.safetensors", "'weights'", out);
+    }
+    {
+      auto bad = ids;
+      bad[7] = 8;  // the layer has experts 0..7
+      io::SafetensorsWriter f;
+      f.add_f32("input", {13, 320}, x);
+      f.add("expert_ids", io::Dtype::I64, {13, 2}, bad.data());
+      f.add_f32("weights", {13, 2}, w);
+      f.write(tmp + "/badids.safetensors");
+      expect_failure(base + " --layer 1 --input " + tmp + "/badids.safetensors", "expert_ids[3][1] = 8 is out of range", out);
+    }
+    {
+      io::SafetensorsWriter f;
+      f.add_f32("input", {13, 320}, x);
+      f.add("expert_ids", io::Dtype::I64, {13, 2}, ids.data());
+      f.add_f32("weights", {13, 3}, std::vector<float>(39, 0.3f));
+      f.write(tmp + "/wshape.safetensors");
+      expect_failure(base + " --layer 1 --input " + tmp + "/wshape.safetensors", "'weights'", out);
+    }
+  }
+  SECTION("a broken checkpoint or adapter") {
+    std::string model = tmp + "/model_copy", adapter = tmp + "/adapter_copy";
+    fs::remove_all(model);
+    fs::remove_all(adapter);
+    fs::copy(d + "/model", model);
+    fs::copy(d + "/adapter", adapter);
+    for (auto& e : fs::directory_iterator(model)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    for (auto& e : fs::directory_iterator(adapter)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    const std::string args = " --layer 1 --input " + good + " --output " + out;
+    // adapter_config.json says r=16 but the tensors have rank 8
+    {
+      std::ifstream in(adapter + "/adapter_config.json");
+      std::stringstream ss;
+      ss << in.rdbuf();
+      std::string cfg = ss.str();
+      cfg.replace(cfg.find("\"r\": 8"), 6, "\"r\": 16");
+      std::ofstream(adapter + "/adapter_config.json") << cfg;
+      expect_failure("forward --model " + d + "/model --adapter " + adapter + args, "rank 8 but adapter_config.json says 16", out);
+    }
+    // a shard cut short
+    {
+      std::string shard = model + "/model-00002-of-00002.safetensors";
+      fs::resize_file(shard, fs::file_size(shard) - 100);
+      expect_failure("forward --model " + model + args, "model-00002-of-00002.safetensors", out);
+    }
+  }
+}

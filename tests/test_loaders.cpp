@@ -1,0 +1,244 @@
+// Checkpoint, config and PEFT loading on hand-made directories: every naming, every error.
+#include <filesystem>
+#include <fstream>
+
+#include "catch.hpp"
+#include "src/io/safetensors_writer.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "src/lora/lora_file.hpp"
+#include "src/lora/peft_adapter.hpp"
+#include "src/model/checkpoint.hpp"
+#include "src/model/tensor_names.hpp"
+#include "test_util.hpp"
+#include "tilemoe/error.hpp"
+
+using namespace tilemoe;
+namespace fs = std::filesystem;
+
+namespace {
+
+const MoeShape kShape{24, 17, 3, 2};
+
+std::vector<float> test_values(std::size_t n, int seed) { return random_activations(n, static_cast<std::uint64_t>(seed), 0.5f); }
+
+std::string fresh_dir(const std::string& name) {
+  std::string d = test::temp_dir() + "/" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+std::string deepseek_config() {
+  return R"({"model_type": "deepseek_v2", "hidden_size": 24, "moe_intermediate_size": 17, "n_routed_experts": 3,
+             "num_experts_per_tok": 2, "num_hidden_layers": 3, "first_k_dense_replace": 1, "moe_layer_freq": 1})";
+}
+
+// A checkpoint with layer 1 and 2 experts under `prefix.layers.L.<block>.experts.E.<names>`.
+std::string make_model(const std::string& name, const std::string& block, const std::array<const char*, 3>& proj_names,
+                       std::vector<bf16>* poison = nullptr, bool skip_one = false) {
+  std::string d = fresh_dir(name);
+  write_text(d + "/config.json", deepseek_config());
+  static ExpertWeights w = random_expert_weights(kShape, 4);
+  io::SafetensorsWriter f;
+  std::size_t per = static_cast<std::size_t>(kShape.hidden) * kShape.intermediate;
+  for (int layer : {1, 2})
+    for (int e = 0; e < kShape.num_experts; ++e)
+      for (Projection p : kProjections) {
+        if (skip_one && layer == 1 && e == 2 && p == Projection::up) continue;
+        const auto& src = p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down;
+        const bf16* data = src.data() + per * e;
+        if (poison && layer == 1 && e == 1 && p == Projection::down) data = poison->data();
+        f.add("model.layers." + std::to_string(layer) + "." + block + ".experts." + std::to_string(e) + "." +
+                  proj_names[static_cast<int>(p)] + ".weight",
+              io::Dtype::BF16, {projection_out(kShape, p), projection_in(kShape, p)}, data);
+      }
+  static std::vector<bf16> router(static_cast<std::size_t>(kShape.num_experts) * kShape.hidden, float_to_bf16(0.25f));
+  f.add("model.layers.1." + block + ".gate.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
+  f.add("model.layers.0.self_attn.q_proj.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
+  f.write(d + "/model.safetensors");
+  return d;
+}
+
+// A PEFT adapter for layer 1 (experts 0 and 2 only) with a custom key prefix.
+std::string make_adapter(const std::string& name, const std::string& config, int rank_b_override = -1, int in_override = -1) {
+  std::string d = fresh_dir(name);
+  write_text(d + "/adapter_config.json", config);
+  static std::vector<std::vector<float>> keep;
+  io::SafetensorsWriter f;
+  int r = 4;
+  for (int e : {0, 2})
+    for (Projection p : kProjections) {
+      std::string key = "base_model.model.language_model.layers.1.mlp.experts." + std::to_string(e) + "." +
+                        (p == Projection::gate ? "gate_proj" : p == Projection::up ? "up_proj" : "down_proj");
+      int in = in_override > 0 ? in_override : projection_in(kShape, p);
+      int rb = rank_b_override > 0 ? rank_b_override : r;
+      f.add_f32(key + ".lora_A.weight", {r, in}, test_values(static_cast<std::size_t>(r) * in, e + 1));
+      f.add_f32(key + ".lora_B.weight", {projection_out(kShape, p), rb}, test_values(static_cast<std::size_t>(rb) * projection_out(kShape, p), e + 7));
+    }
+  std::vector<float> attn(4 * 24, 0.1f);
+  f.add_f32("base_model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight", {4, 24}, attn);
+  f.add_f32("base_model.model.language_model.layers.1.mlp.shared_experts.gate_proj.lora_A.weight", {4, 24}, attn);
+  f.write(d + "/adapter_model.safetensors");
+  return d;
+}
+
+}  // namespace
+
+
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST_CASE("expert tensor names in every naming", "[names]") {
+  auto a = parse_expert_tensor_name("model.layers.3.mlp.experts.17.down_proj.weight");
+  REQUIRE(a);
+  CHECK(a->layer == 3);
+  CHECK(a->expert == 17);
+  CHECK(a->projection == Projection::down);
+  CHECK_FALSE(a->lora);
+  auto b = parse_expert_tensor_name("base_model.model.model.layers.0.block_sparse_moe.experts.2.w3.lora_B.weight");
+  REQUIRE(b);
+  CHECK(b->projection == Projection::up);
+  CHECK(b->lora == LoraFactor::b);
+  auto c = parse_expert_tensor_name("x.layers.1.mlp.original_moe.experts.5.w1.lora_A.default.weight");
+  REQUIRE(c);
+  CHECK(c->projection == Projection::gate);
+  CHECK(c->lora == LoraFactor::a);
+  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.shared_experts.gate_proj.weight"));
+  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.shared_expert.gate_proj.weight"));
+  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.self_attn.q_proj.lora_A.weight"));
+  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.experts.x.gate_proj.weight"));
+  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.experts.1.gate_proj.bias"));
+  CHECK(expert_key_template("a.experts.12.w1.lora_A.weight", 12) == "a.experts.{E}.w1.lora_A.weight");
+  CHECK(expand_expert_key_template("a.experts.{E}.w1", 3) == "a.experts.3.w1");
+}
+
+TEST_CASE("config.json of each model family", "[config]") {
+  auto ds = parse_model_config(R"({"model_type":"deepseek_v3","hidden_size":7168,"moe_intermediate_size":2048,"n_routed_experts":256,
+    "num_experts_per_tok":8,"num_hidden_layers":61,"first_k_dense_replace":3,"moe_layer_freq":1,"scoring_func":"sigmoid",
+    "topk_method":"noaux_tc","n_group":8,"topk_group":4,"norm_topk_prob":true,"routed_scaling_factor":2.5})", "v3");
+  CHECK(ds.shape.hidden == 7168);
+  CHECK(ds.moe_layers.size() == 58);
+  CHECK(ds.moe_layers.front() == 3);
+  CHECK(ds.scoring_func == "sigmoid");
+  CHECK(ds.n_group == 8);
+  auto qw = parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":2048,"moe_intermediate_size":768,"num_experts":128,
+    "num_experts_per_tok":8,"num_hidden_layers":48,"decoder_sparse_step":1,"mlp_only_layers":[0, 5]})", "qwen");
+  CHECK(qw.shape.num_experts == 128);
+  CHECK(qw.moe_layers.size() == 46);
+  CHECK_FALSE(qw.is_moe_layer(5));
+  CHECK(qw.norm_topk_prob);
+  auto mx = parse_model_config(R"({"model_type":"mixtral","hidden_size":4096,"intermediate_size":14336,"num_local_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":32})", "mixtral");
+  CHECK(mx.shape.intermediate == 14336);
+  CHECK(mx.moe_layers.size() == 32);
+  CHECK(error_of([] { parse_model_config("{", "cfg.json"); }).find("cfg.json: not valid JSON") == 0);
+  CHECK(error_of([] { parse_model_config(R"({"model_type":"llama","hidden_size":4,"num_hidden_layers":2,"num_experts_per_tok":1})", "l"); })
+            .find("no routed experts") != std::string::npos);
+  CHECK(error_of([] { parse_model_config(R"({"model_type":"mixtral","hidden_size":4,"num_hidden_layers":2})", "m"); })
+            .find("num_experts_per_tok") != std::string::npos);
+}
+
+TEST_CASE("checkpoints load under every naming and reject broken experts", "[checkpoint]") {
+  auto ds = Checkpoint::open(make_model("ds", "mlp", {"gate_proj", "up_proj", "down_proj"}));
+  auto mx = Checkpoint::open(make_model("mx", "block_sparse_moe", {"w1", "w3", "w2"}));
+  auto om = Checkpoint::open(make_model("om", "mlp.original_moe", {"gate_proj", "up_proj", "down_proj"}));
+  auto a = ds.load_layer_experts(1), b = mx.load_layer_experts(1), c = om.load_layer_experts(1);
+  CHECK(a.gate == b.gate);
+  CHECK(a.down == c.down);
+  CHECK(a.up == b.up);
+  CHECK(ds.load_router(1).weight.size() == 3 * 24);
+  CHECK(error_of([&] { ds.load_layer_experts(0); }).find("layer 0 is not a MoE layer (MoE layers: 1, 2)") != std::string::npos);
+  CHECK(error_of([&] { ds.load_router(2); }).find("layer 2 has no router") != std::string::npos);
+
+  auto missing = Checkpoint::open(make_model("missing", "mlp", {"gate_proj", "up_proj", "down_proj"}, nullptr, true));
+  CHECK(error_of([&] { missing.load_layer_experts(1); }).find("layer 1 expert 2 up weight is missing") != std::string::npos);
+
+  std::vector<bf16> nan(static_cast<std::size_t>(24) * 17, float_to_bf16(0.1f));
+  nan[40] = 0x7fc0;
+  auto poisoned = Checkpoint::open(make_model("nan", "mlp", {"gate_proj", "up_proj", "down_proj"}, &nan));
+  std::string err = error_of([&] { poisoned.load_layer_experts(1); });
+  CHECK(err.find("layer 1 expert 1 down") != std::string::npos);
+  CHECK(err.find("element 40 is NaN") != std::string::npos);
+  CHECK(poisoned.load_layer_experts(2).shape.num_experts == 3);  // the other layer is untouched
+}
+
+TEST_CASE("PEFT adapters: any prefix, partial coverage, patterns, errors", "[peft]") {
+  auto model = parse_model_config(deepseek_config(), "cfg");
+  std::string cfg = R"({"peft_type":"LORA","r":4,"lora_alpha":8,"use_rslora":false,"target_modules":["gate_proj","up_proj","down_proj"]})";
+  auto ad = PeftAdapter::open(make_adapter("ok", cfg), model);
+  CHECK(ad.expert_keys() == 12);
+  CHECK(ad.ignored_keys() == 2);
+  auto l = load_peft_layer(ad, model.shape, 1);
+  for (Projection p : kProjections) {
+    CHECK(l.lora[p].rank == 4);
+    CHECK(l.lora[p].present == std::vector<std::uint8_t>{1, 0, 1});
+    CHECK(l.lora[p].scale == std::vector<float>{2.0f, 0.0f, 2.0f});
+    for (int i = 0; i < l.lora[p].rank * l.lora[p].in; ++i) REQUIRE(l.lora[p].a_of(1)[i] == 0.0f);  // uncovered: zeros
+  }
+  CHECK(l.key_a(Projection::gate, 2) == "base_model.model.language_model.layers.1.mlp.experts.2.gate_proj.lora_A.weight");
+  CHECK(load_peft_layer(ad, model.shape, 2).lora.empty());
+
+  auto rs = PeftAdapter::open(make_adapter("rslora", R"({"r":4,"lora_alpha":8,"use_rslora":true})"), model);
+  CHECK(load_peft_layer(rs, model.shape, 1).lora[Projection::up].scale[0] == Approx(4.0f));
+  auto pat = PeftAdapter::open(
+      make_adapter("pattern", R"({"r":8,"lora_alpha":8,"rank_pattern":{"experts.0.gate_proj":4,"experts\\.[0-9]+\\.(up|down)_proj":4,
+        "experts.2.gate_proj":4},"alpha_pattern":{"layers.1.mlp.experts.2.down_proj":16}})"),
+      model);
+  auto lp = load_peft_layer(pat, model.shape, 1);
+  CHECK(lp.lora[Projection::down].scale[2] == Approx(4.0f));
+  CHECK(lp.lora[Projection::down].scale[0] == Approx(2.0f));
+
+  CHECK(error_of([&] { PeftAdapter::open(make_adapter("rankmismatch", cfg, 5), model); }).find("rank differs between A") != std::string::npos);
+  std::string dim = error_of([&] { PeftAdapter::open(make_adapter("dim", cfg, -1, 23), model); });
+  CHECK(dim.find("layer 1 expert 0 gate") != std::string::npos);
+  CHECK(dim.find("do not fit the model") != std::string::npos);
+  CHECK(dim.find("adapter_model.safetensors") != std::string::npos);
+  CHECK(error_of([&] { PeftAdapter::open(make_adapter("dora", R"({"r":4,"lora_alpha":8,"use_dora":true})"), model); }).find("DoRA") !=
+        std::string::npos);
+  CHECK(error_of([&] { PeftAdapter::open(test::temp_dir() + "/nowhere", model); }).find("adapter_config.json") != std::string::npos);
+
+  // An adapter with attention keys only loads, with a warning.
+  std::string d = fresh_dir("attn_only");
+  write_text(d + "/adapter_config.json", cfg);
+  io::SafetensorsWriter f;
+  f.add_f32("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight", {4, 24}, std::vector<float>(96, 0.1f));
+  f.write(d + "/adapter_model.safetensors");
+  auto attn = PeftAdapter::open(d, model);
+  CHECK(attn.expert_keys() == 0);
+  REQUIRE(attn.warnings().size() == 1);
+  CHECK(attn.warnings()[0].find("no routed-expert LoRA keys") != std::string::npos);
+  CHECK(load_peft_layer(attn, model.shape, 1).lora.empty());
+}
+
+TEST_CASE("converted LoRA files keep per-expert rank, scale and coverage", "[convert]") {
+  auto model = parse_model_config(deepseek_config(), "cfg");
+  auto ad = PeftAdapter::open(make_adapter("conv", R"({"r":4,"lora_alpha":8})"), model);
+  std::string out = test::temp_dir() + "/conv.safetensors";
+  convert_peft_to_lora_file(ad, model, out);
+  auto f = io::SafetensorsFile::open(out);
+  CHECK(f.metadata().at("format") == "tilemoe-lora");
+  CHECK(f.metadata().at("lora_rank") == "4");
+  CHECK(f.get("layer_1.gate_lora_a").shape == std::vector<std::int64_t>{3, 4, 24});
+  CHECK(f.get("layer_1.down_lora_b").shape == std::vector<std::int64_t>{3, 24, 4});
+  auto a = load_converted_layer(out, model, 1), b = load_peft_layer(ad, model.shape, 1);
+  for (Projection p : kProjections) {
+    CHECK(a.lora[p].a == b.lora[p].a);
+    CHECK(a.lora[p].b == b.lora[p].b);
+    CHECK(a.lora[p].present == b.lora[p].present);
+  }
+  auto other = parse_model_config(R"({"model_type":"deepseek_v2","hidden_size":32,"moe_intermediate_size":17,"n_routed_experts":3,
+      "num_experts_per_tok":2,"num_hidden_layers":3,"first_k_dense_replace":1})", "other");
+  CHECK(error_of([&] { load_converted_layer(out, other, 1); }).find("made for hidden 24") != std::string::npos);
+  CHECK(error_of([&] { load_converted_layer(test::data_dir() + "/deepseek_tiny/reference.safetensors", model, 1); })
+            .find("not a tilemoe LoRA file") != std::string::npos);
+}

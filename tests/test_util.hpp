@@ -1,0 +1,38 @@
+#pragma once
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace tilemoe::test {
+
+template <typename A, typename B>
+double rel_error(const A& got, const B& ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    double d = static_cast<double>(got[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+inline std::string data_dir() { return TILEMOE_TEST_DATA; }
+
+// A fresh directory per test process, removed at exit.
+inline std::string temp_dir() {
+  static std::string dir = [] {
+    auto p = std::filesystem::temp_directory_path() / ("tilemoe_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(p);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("tilemoe_test_" + std::to_string(::getpid())), ec);
+    });
+    return p.string();
+  }();
+  return dir;
+}
+
+}  // namespace tilemoe::test

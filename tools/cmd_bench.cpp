@@ -1,0 +1,179 @@
+// `tilemoe bench`: one MoE layer's forward over token counts, against this machine's measured
+// limits (read bandwidth for decode, the ISA's dot-product peak for large batches), with
+// weights spread over enough layers that they do not sit in the last-level cache.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "amx/peak_probe.hpp"
+#include "numa/bandwidth_probe.hpp"
+#include "numa/topology.hpp"
+#include "src/layer/moe_compute.hpp"
+#include "src/layer/moe_forward.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "tilemoe/error.hpp"
+#include "tools/cli_common.hpp"
+
+namespace tilemoe::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int> parse_int_list(const std::string& s, const char* what) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      int v = std::stoi(item, &used);
+      if (used != item.size() || v < 0) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      fail(ErrorKind::invalid_argument, std::string(what) + ": '" + item + "' is not a non-negative integer");
+    }
+  }
+  if (out.empty()) fail(ErrorKind::invalid_argument, std::string(what) + " is empty");
+  return out;
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// All workers at once, each on its own core: the ISA's peak for this pool.
+double measure_peak_flops(numa::ThreadPool& pool, kernels::Isa isa) {
+  if (isa == kernels::Isa::portable) return 0;
+  auto probe = isa == kernels::Isa::amx_bf16 ? kernels::peak_flops_amx : kernels::peak_flops_avx512;
+  std::int64_t iters = isa == kernels::Isa::amx_bf16 ? 200000 : 2000000;
+  pool.parallel_for(static_cast<std::size_t>(pool.size()), [&](std::size_t, int) { probe(iters / 10); });  // warm up clocks
+  std::vector<double> flops(static_cast<std::size_t>(pool.size()));
+  auto t0 = Clock::now();
+  pool.parallel_for(static_cast<std::size_t>(pool.size()), [&](std::size_t i, int) { flops[i] = probe(iters); });
+  double s = seconds_since(t0);
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / s;
+}
+
+int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 : tokens <= 128 ? 60 : tokens <= 512 ? 30 : 8; }
+
+}  // namespace
+
+void add_bench_command(CLI::App& app, int& status) {
+  struct Args {
+    std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto";
+    int threads = 0, layers = 0;
+    double iter_scale = 1.0;
+    bool json = false, phases = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward against the machine's measured limits");
+  cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3 or mixtral-8x7b")->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
+  cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none)")->capture_default_str();
+  cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
+  cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
+  cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
+  cmd->add_flag("--json", a->json, "One JSON object per case");
+  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward");
+  cmd->callback([a, &status] {
+    MoeShape s = shape_by_name(a->shape);
+    auto token_list = parse_int_list(a->tokens, "--tokens");
+    auto rank_list = parse_int_list(a->ranks, "--lora-rank");
+    if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
+    kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
+    numa::ThreadPool& pool = pool_for_threads(a->threads);
+    const auto& topo = numa::system_topology();
+
+    double bw = numa::measure_read_bandwidth(pool, std::size_t(2) << 30) * 1e9;
+    double peak = measure_peak_flops(pool, isa);
+    auto t0 = Clock::now();
+    ExpertWeights source = random_expert_weights(s, 1, &pool);
+    double gen_s = seconds_since(t0);
+    std::size_t layer_bytes = 3 * source.gate.size() * sizeof(bf16);
+    int layers = a->layers > 0 ? a->layers
+                               : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
+    std::vector<PackedExpertWeights> packed;
+    t0 = Clock::now();
+    for (int l = 0; l < layers; ++l) packed.push_back(PackedExpertWeights::pack(source.view(), pool));
+    double pack_s = seconds_since(t0);
+    source = ExpertWeights{};
+    if (!a->json) {
+      std::printf("tilemoe bench: shape %s (hidden %d, intermediate %d, %d experts, top-%d), isa %s, %d threads\n", a->shape.c_str(),
+                  s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_name(isa), pool.size());
+      std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n",
+                  topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
+      std::printf("weights: %d layers x %.2f GB packed (made in %.1f s, packed in %.1f s: %.2f s per layer)\n", layers,
+                  packed[0].bytes() / 1e9, gen_s, pack_s, pack_s / layers);
+      std::printf("%6s %5s %6s %9s %9s %9s %8s %9s %10s\n", "tokens", "rank", "iters", "median_ms", "min_ms", "GB/s", "TFLOP/s",
+                  "floor_ms", "time/floor");
+    }
+    for (int rank : rank_list) {
+      LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), 3);
+      std::size_t lora_bytes_per_expert = 0;
+      for (Projection p : kProjections)
+        lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
+      std::vector<std::unique_ptr<MoeForward>> fwd;
+      for (auto& p : packed) fwd.push_back(std::make_unique<MoeForward>(p, isa, pool));
+      for (int tokens : token_list) {
+        if (tokens == 0) continue;
+        const int sets = 8;  // routings and inputs rotate: fresh experts, as in serving
+        std::vector<RandomRouting> routings;
+        std::vector<std::vector<bf16>> inputs;
+        for (int i = 0; i < sets; ++i) {
+          routings.push_back(random_routing(tokens, s, 100 + i));
+          auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
+          inputs.push_back(to_bf16(x.data(), x.size()));
+        }
+        std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden);
+        for (auto& f : fwd) f->reset_phase_seconds();
+        int iters = std::max(3, static_cast<int>(iterations_for(tokens) * a->iter_scale));
+        std::vector<double> ms;
+        double bytes_sum = 0;
+        for (int i = -2; i < iters; ++i) {  // two warm-up calls
+          int set = (i + 2) % sets, layer = (i + 2) % layers;
+          const auto& r = routings[set];
+          auto t = Clock::now();
+          fwd[layer]->forward(lora, tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data());
+          double dt = seconds_since(t) * 1e3;
+          if (i < 0) continue;
+          ms.push_back(dt);
+          std::vector<char> touched(s.num_experts, 0);
+          for (auto e : r.expert_ids) touched[e] = 1;
+          int n = static_cast<int>(std::count(touched.begin(), touched.end(), 1));
+          bytes_sum += static_cast<double>(n) * (packed[0].bytes_per_expert() + lora_bytes_per_expert);
+        }
+        std::sort(ms.begin(), ms.end());
+        double median = ms[ms.size() / 2], bytes = bytes_sum / iters;
+        double flops = 2.0 * tokens * s.top_k * (3.0 * s.hidden * s.intermediate +
+                                                 rank * (2.0 * s.hidden + 2.0 * s.intermediate + s.intermediate + s.hidden));
+        double floor_ms = std::max(bytes / bw, peak > 0 ? flops / peak : 0.0) * 1e3;
+        if (a->json)
+          std::printf("{\"shape\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,"
+                      "\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,"
+                      "\"layers\":%d,\"iters\":%d}\n",
+                      a->shape.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), median, ms.front(), floor_ms, median / floor_ms,
+                      bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters);
+        else
+          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f\n", tokens, rank, iters, median, ms.front(), bytes / median / 1e6,
+                      flops / median / 1e9, floor_ms, median / floor_ms);
+        if (a->phases) {
+          std::array<double, MoeForward::kPhases> total{};
+          for (auto& f : fwd)
+            for (int i = 0; i < MoeForward::kPhases; ++i) total[i] += f->phase_seconds()[i];
+          std::printf("        phases, mean ms per call:");
+          for (int i = 0; i < MoeForward::kPhases; ++i) std::printf(" %s %.3f", MoeForward::phase_name(i), total[i] * 1e3 / (iters + 2));
+          std::printf("\n");
+          for (auto& f : fwd) f->reset_phase_seconds();
+        }
+        std::fflush(stdout);
+      }
+    }
+    status = 0;
+  });
+}
+
+}  // namespace tilemoe::cli
