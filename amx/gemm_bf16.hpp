@@ -43,7 +43,10 @@ using GemmBf16Fn = void (*)(const GemmBf16Args&);
 
 void gemm_bf16_portable(const GemmBf16Args& args);
 void gemm_bf16_avx512(const GemmBf16Args& args);  // only where isa_available(Isa::avx512_bf16)
-void gemm_bf16_amx(const GemmBf16Args& args);     // only where isa_available(Isa::amx_bf16)
+// Only where isa_available(Isa::amx_bf16). A is re-read for every pair of panels, so a call's
+// A (m × k_padded bf16) should fit in L2 next to 512 KiB of weights: split larger m over calls
+// (e.g. m <= 256 at K = 2048).
+void gemm_bf16_amx(const GemmBf16Args& args);
 
 // Returns this thread's AMX tile registers to their initial state. A thread that keeps tiles
 // configured carries 8 KiB of extra state through every context switch and can keep its core

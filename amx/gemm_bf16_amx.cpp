@@ -1,4 +1,4 @@
-// AMX-BF16 GEMM: the prefill hot path (m >= ~8 rows per expert).
+// AMX-BF16 GEMM: the prefill hot path (m >= kAmxMinRows rows per expert in the kernel table).
 //
 // Tile registers (palette 1, every row 64 bytes), 2×2 blocking = 32 rows × 32 columns:
 //   tmm0: C rows [0,16)  × panel p      tmm1: C rows [0,16)  × panel p+1     (16 f32 a row)
@@ -15,8 +15,12 @@
 // panel's 16 floats), so no stack buffer is needed for any ldc or alignment.
 //
 // The configuration changes only between those two passes; panels are processed in groups
-// whose weights stay in L2 so that the tail pass re-reads them from L2, not memory. Within a
-// pass, K is swept in chunks (kChunkBlocks) shared by all 32-row blocks of a panel pair.
+// whose weights stay in L2 so that the tail pass re-reads them from L2, not memory.
+//
+// Tried on a 16-core AMX Xeon and dropped, as they were no faster within run-to-run noise
+// (~4-4.5 TFLOP/s at m >= 64, K = 2048, N = 1408, 16 threads): sweeping K in chunks of 4-16
+// k-blocks shared by all row blocks (partial sums kept in C), copying A into tile order in a
+// stack buffer, stream loads (TILELOADDT1) for B, and 256 KiB - 1 MiB panel groups.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -54,10 +58,6 @@ constexpr int kTileRowBytes = 64;
 constexpr int kPrefetchBlocks = 4;
 // Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
 constexpr std::size_t kGroupBytes = 512 * 1024;
-// K is swept in chunks of this many k-blocks (0: all of K at once), every 32-row block taking
-// the same chunk in turn, so that a panel pair's chunk of B (2 × 8 KiB) is re-read from L1
-// rather than L2; partial sums wait in C, which costs 4 C tile loads and stores per chunk.
-constexpr int kChunkBlocks = 8;
 
 // rows0: rows of the first row tile (tmm0, tmm1, tmm4); rows1: of the second (tmm2, tmm3, tmm5).
 TileConfig make_config(int rows0, int rows1) {
@@ -100,23 +100,27 @@ inline void prefetch_block(const bf16* block) {
   for (int line = 0; line < kBlockElements * 2; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
 }
 
-// k-blocks [kb_begin, kb_end) of one operand into the C tiles.
+// All k-blocks of one operand into the C tiles.
 template <bool TwoRowTiles, bool TwoPanels>
-inline void k_sweep(const Operand& op, int row0, int panel, int kb_begin, int kb_end, bool prefetch_b) {
+inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b) {
   const bf16* a0 = op.a + row0 * op.lda;
   const bf16* b0 = op.packed + panel * op.panel_stride;
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
+  for (int kb = 0; kb < op.kblocks; ++kb) {
     const bf16* bk = b0 + static_cast<std::size_t>(kb) * kBlockElements;
     if (prefetch_b) {
       prefetch_block(bk + kPrefetchBlocks * kBlockElements);
       if constexpr (TwoPanels) prefetch_block(bk + op.panel_stride + kPrefetchBlocks * kBlockElements);
     }
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * kBlockK;
-    _tile_loadd(6, bk, kTileRowBytes);
-    if constexpr (TwoPanels) _tile_loadd(7, bk + op.panel_stride, kTileRowBytes);
+    // Each load sits right before the first product that reads it, so that it waits only for
+    // the products of the previous k-block that read the same register.
     _tile_loadd(4, ak, op.lda_bytes);
+    _tile_loadd(6, bk, kTileRowBytes);
     _tile_dpbf16ps(0, 4, 6);
-    if constexpr (TwoPanels) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (TwoPanels) {
+      _tile_loadd(7, bk + op.panel_stride, kTileRowBytes);
+      _tile_dpbf16ps(1, 4, 7);
+    }
     if constexpr (TwoRowTiles) {
       _tile_loadd(5, ak + kTileRows * op.lda, op.lda_bytes);
       _tile_dpbf16ps(2, 5, 6);
@@ -135,14 +139,14 @@ struct Job {
   bool accumulate;
 };
 
-// Rows [row0, row0 + configured rows) × panels p (and p+1), k-steps [step_begin, step_end) of
-// the two products laid end to end: C tiles in, K sweeps, C tiles out.
+// Rows [row0, row0 + configured rows) × panels p (and p+1): C tiles in, K sweeps of both
+// products, C tiles out.
 template <bool TwoRowTiles, bool TwoPanels>
-void tile_block(const Job& job, int row0, int panel, int step_begin, int step_end, bool prefetch_b) {
+void tile_block(const Job& job, int row0, int panel, bool prefetch_b) {
   float* c0 = job.c + row0 * job.ldc + (panel - job.panel_begin) * kPanelColumns;
   float* c1 = nullptr;  // second row tile's C, formed only when those rows exist
   if constexpr (TwoRowTiles) c1 = c0 + kTileRows * job.ldc;
-  if (job.accumulate || step_begin > 0) {  // later chunks continue the partial sums in C
+  if (job.accumulate) {
     _tile_loadd(0, c0, job.ldc_bytes);
     if constexpr (TwoPanels) _tile_loadd(1, c0 + kPanelColumns, job.ldc_bytes);
     if constexpr (TwoRowTiles) {
@@ -157,12 +161,8 @@ void tile_block(const Job& job, int row0, int panel, int step_begin, int step_en
       if constexpr (TwoPanels) _tile_zero(3);
     }
   }
-  const int split = job.first.kblocks;
-  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, step_begin, std::min(step_end, split), prefetch_b);
-  if (job.has_second && step_end > split) {
-    k_sweep<TwoRowTiles, TwoPanels>(job.second, row0, panel, std::max(step_begin - split, 0), step_end - split,
-                                    prefetch_b);
-  }
+  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, prefetch_b);
+  if (job.has_second) k_sweep<TwoRowTiles, TwoPanels>(job.second, row0, panel, prefetch_b);
   _tile_stored(0, c0, job.ldc_bytes);
   if constexpr (TwoPanels) _tile_stored(1, c0 + kPanelColumns, job.ldc_bytes);
   if constexpr (TwoRowTiles) {
@@ -173,22 +173,15 @@ void tile_block(const Job& job, int row0, int panel, int step_begin, int step_en
 
 template <bool TwoRowTiles>
 void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_end, bool first_pass) {
-  const int steps = job.first.kblocks + (job.has_second ? job.second.kblocks : 0);
-  const int chunk = kChunkBlocks > 0 ? kChunkBlocks : std::max(steps, 1);
   for (int p = p_begin; p < p_end; p += 2) {
-    int s = 0;
-    do {  // at least once, so that k_padded == 0 still writes C
-      const int e = std::min(steps, s + chunk);
-      for (int row = row_begin; row < row_end; row += kBlockRows) {
-        const bool prefetch_b = first_pass && row == row_begin;
-        if (p + 1 < p_end) {
-          tile_block<TwoRowTiles, true>(job, row, p, s, e, prefetch_b);
-        } else {
-          tile_block<TwoRowTiles, false>(job, row, p, s, e, prefetch_b);
-        }
+    for (int row = row_begin; row < row_end; row += kBlockRows) {
+      const bool prefetch_b = first_pass && row == row_begin;
+      if (p + 1 < p_end) {
+        tile_block<TwoRowTiles, true>(job, row, p, prefetch_b);
+      } else {
+        tile_block<TwoRowTiles, false>(job, row, p, prefetch_b);
       }
-      s = e;
-    } while (s < steps);
+    }
   }
 }
 
@@ -223,8 +216,8 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   const int tail = args.m - m_full;
   const std::size_t panel_bytes =
       (job.first.panel_stride + (job.has_second ? job.second.panel_stride : 0)) * sizeof(bf16);
-  const std::size_t group_fit = panel_bytes == 0 ? 2 : kGroupBytes / panel_bytes;
-  const int group = static_cast<int>(std::max<std::size_t>(2, std::min<std::size_t>(group_fit, 1u << 20) & ~std::size_t{1}));
+  const std::size_t group_fit = std::min<std::size_t>(panel_bytes == 0 ? 2 : kGroupBytes / panel_bytes, 1u << 20);
+  const int group = static_cast<int>(std::max<std::size_t>(2, group_fit & ~std::size_t{1}));  // whole pairs
 
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);

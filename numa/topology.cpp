@@ -57,8 +57,24 @@ std::vector<int> allowed_cpus() {
 
 struct HwlocDeleter {
   void operator()(hwloc_topology* t) const { hwloc_topology_destroy(t); }
+  void operator()(hwloc_bitmap_s* b) const { hwloc_bitmap_free(b); }
 };
 using HwlocTopology = std::unique_ptr<hwloc_topology, HwlocDeleter>;
+using HwlocBitmap = std::unique_ptr<hwloc_bitmap_s, HwlocDeleter>;
+
+// The PUs the process may run on. hwloc itself drops only what cgroups forbid; taskset and
+// numactl --cpunodebind show up only in the process's binding, which on Linux is the union over
+// its threads, so a thread pinned before the first probe does not shrink the machine.
+HwlocBitmap usable_pus(hwloc_topology_t topo) {
+  HwlocBitmap set(hwloc_bitmap_dup(hwloc_topology_get_allowed_cpuset(topo)));
+  HwlocBitmap bound(hwloc_bitmap_alloc());
+  if (set == nullptr || bound == nullptr) return nullptr;
+  if (hwloc_get_cpubind(topo, bound.get(), HWLOC_CPUBIND_PROCESS) == 0 &&
+      hwloc_bitmap_intersects(bound.get(), set.get())) {
+    hwloc_bitmap_and(set.get(), set.get(), bound.get());
+  }
+  return set;
+}
 
 std::optional<Topology> probe_with_hwloc() {
   hwloc_topology_t raw = nullptr;
@@ -79,13 +95,17 @@ std::optional<Topology> probe_with_hwloc() {
     result.nodes.push_back(std::move(info));
   }
 
+  const HwlocBitmap usable = usable_pus(raw);
+  const HwlocBitmap usable_in_core(hwloc_bitmap_alloc());
+  if (usable == nullptr || usable_in_core == nullptr) return std::nullopt;
   // Some virtual machines report PUs without Core objects; each PU is a core there.
   const hwloc_obj_type_t core_type =
       hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
   hwloc_obj_t first_core = nullptr;
   for (hwloc_obj_t core = hwloc_get_next_obj_by_type(raw, core_type, nullptr); core != nullptr;
        core = hwloc_get_next_obj_by_type(raw, core_type, core)) {
-    const int pu = hwloc_bitmap_first(core->cpuset);
+    hwloc_bitmap_and(usable_in_core.get(), core->cpuset, usable.get());
+    const int pu = hwloc_bitmap_first(usable_in_core.get());
     if (pu < 0) continue;
     // A core can be local to several nodes (DRAM and HBM of one socket); the first node in
     // hwloc's order is the ordinary DRAM one, and the others end up empty and are dropped.
@@ -101,7 +121,7 @@ std::optional<Topology> probe_with_hwloc() {
   std::erase_if(result.nodes, [](const NumaNodeInfo& n) { return n.cpus.empty(); });
   if (result.nodes.empty() || first_core == nullptr) return std::nullopt;
   for (const auto& n : result.nodes) result.cores += static_cast<int>(n.cpus.size());
-  result.pus = std::max(hwloc_get_nbobjs_by_type(raw, HWLOC_OBJ_PU), result.cores);
+  result.pus = std::max(hwloc_bitmap_weight(usable.get()), result.cores);
 
   // Caches seen from the first core; production machines are homogeneous enough that one core
   // speaks for all (hybrid client chips are not a target).

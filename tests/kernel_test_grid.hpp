@@ -250,6 +250,18 @@ inline void check_gemm_features(GemmBf16Fn gemm) {
   }
 }
 
+// An empty first product (k = 0): C is still written (zeros, or the second product alone).
+inline void check_gemm_empty_k(GemmBf16Fn gemm) {
+  std::mt19937 rng(23);
+  for (int m : {1, 5, 40}) {
+    check_gemm_case(gemm, GemmCase{m, 20, 0}, rng);
+    GemmCase tc{m, 33, 0};
+    tc.k2 = 16;
+    tc.accumulate = true;
+    check_gemm_case(gemm, tc, rng);
+  }
+}
+
 // K large enough that the kernels split the panels into several L2-sized groups.
 inline void check_gemm_large(GemmBf16Fn gemm) {
   std::mt19937 rng(11);
@@ -319,6 +331,7 @@ inline void check_kernels(Isa isa) {
   SECTION("gemm grid") { check_gemm_grid(raw_gemm(isa)); }
   SECTION("gemm features") { check_gemm_features(raw_gemm(isa)); }
   SECTION("gemm large k") { check_gemm_large(raw_gemm(isa)); }
+  SECTION("gemm empty k") { check_gemm_empty_k(raw_gemm(isa)); }
   SECTION("table gemm") {
     check_gemm_features(table.gemm_bf16);
     check_gemm_large(table.gemm_bf16);

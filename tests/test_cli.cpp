@@ -208,3 +208,16 @@ TEST_CASE("bad input exits 1 with one clear line and no output file", "[cli][err
     }
   }
 }
+
+TEST_CASE("info and demo run and succeed", "[cli]") {
+  auto info = run_cli("info");
+  CHECK(info.status == 0);
+  auto demo = run_cli("demo --shape qwen3-30b --tokens 3 --lora-rank 4");
+  INFO(demo.err);
+  CHECK(demo.status == 0);
+  auto help = run_cli("bench --help");
+  CHECK(help.status == 0);
+  auto bad = run_cli("bench --tokens 1,x");
+  CHECK(bad.status == 1);
+  CHECK(bad.err.find("'x' is not a non-negative integer") != std::string::npos);
+}

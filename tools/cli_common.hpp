@@ -37,6 +37,7 @@ void add_forward_backward_commands(CLI::App& app, int& status);
 void add_convert_lora_command(CLI::App& app, int& status);
 void add_demo_command(CLI::App& app, int& status);
 void add_bench_command(CLI::App& app, int& status);
+void add_info_command(CLI::App& app, int& status);
 
 void warn(const std::string& message);
 

@@ -87,6 +87,8 @@ void add_bench_command(CLI::App& app, int& status) {
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     numa::ThreadPool& pool = pool_for_threads(a->threads);
     const auto& topo = numa::system_topology();
+    // The calling thread is worker 0: give it the core the pool leaves for it.
+    if (!topo.nodes.empty() && !topo.nodes[0].cpus.empty()) numa::pin_current_thread(topo.nodes[0].cpus[0]);
 
     double bw = numa::measure_read_bandwidth(pool, std::size_t(2) << 30) * 1e9;
     double peak = measure_peak_flops(pool, isa);

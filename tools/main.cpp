@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   tilemoe::cli::add_convert_lora_command(app, status);
   tilemoe::cli::add_demo_command(app, status);
   tilemoe::cli::add_bench_command(app, status);
+  tilemoe::cli::add_info_command(app, status);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
