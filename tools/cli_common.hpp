@@ -40,5 +40,6 @@ void add_bench_command(CLI::App& app, int& status);
 void add_info_command(CLI::App& app, int& status);
 
 void warn(const std::string& message);
+void run_convert_bench(const std::string& shape_name, int rank, const std::string& workdir);
 
 }  // namespace tilemoe::cli

@@ -66,7 +66,8 @@ void add_bench_command(CLI::App& app, int& status) {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto";
     int threads = 0, layers = 0;
     double iter_scale = 1.0;
-    bool json = false, phases = false;
+    bool json = false, phases = false, convert = false;
+    std::string workdir = "/tmp";
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward against the machine's measured limits");
@@ -79,7 +80,16 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per case");
   cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward");
+  cmd->add_flag("--convert-lora", a->convert,
+                "Instead: time convert-lora on a synthetic PEFT adapter of DeepSeek-V3's size (--shape v3 --lora-rank 16)");
+  cmd->add_option("--workdir", a->workdir, "Where --convert-lora writes its files (about 2x the adapter's size)")->capture_default_str();
   cmd->callback([a, &status] {
+    if (a->convert) {
+      auto ranks = parse_int_list(a->ranks == "0,16" ? "16" : a->ranks, "--lora-rank");
+      run_convert_bench(a->shape == "v2-lite" ? "v3" : a->shape, std::max(1, ranks.front()), a->workdir);
+      status = 0;
+      return;
+    }
     MoeShape s = shape_by_name(a->shape);
     auto token_list = parse_int_list(a->tokens, "--tokens");
     auto rank_list = parse_int_list(a->ranks, "--lora-rank");
