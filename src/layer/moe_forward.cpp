@@ -84,6 +84,30 @@ void MoeForward::compute_xa(ExpertLora& l, const bf16* v, std::size_t ldv, int r
       l.xa[static_cast<std::size_t>(i) * l.rank_k_padded + j] = float_to_bf16(l.scale * scratch[static_cast<std::size_t>(i) * cols + j]);
 }
 
+// C = A W^T for panels [p0, p1) of one expert's packed projection, with its LoRA (when given and
+// active) fused as extra K steps or added from f32 over the n real columns.
+void MoeForward::expert_gemm(const bf16* a, std::size_t lda, int m, const bf16* packed, int p0, int p1, const ExpertLora* lora,
+                             int n, float* c, std::size_t ldc) const {
+  kernels::GemmBf16Args g{};
+  g.a = a;
+  g.lda = lda;
+  g.m = m;
+  g.k_padded = static_cast<int>(lda);
+  g.packed_b = packed;
+  g.panel_begin = p0;
+  g.panel_end = p1;
+  g.c = c;
+  g.ldc = ldc;
+  if (lora && lora->active && lora->packed) {
+    g.a2 = lora->xa.data();
+    g.lda2 = static_cast<std::size_t>(lora->rank_k_padded);
+    g.k2_padded = lora->rank_k_padded;
+    g.packed_b2 = lora->b_packed.data();
+  }
+  kt_.gemm_bf16(g);
+  if (lora) add_lora_epilogue(*lora, m, p0 * kernels::kPanelColumns, n, c, ldc);
+}
+
 void MoeForward::forward(const LayerLora& lora, int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights,
                          float* out) {
   const MoeShape& s = w_.shape();
@@ -147,31 +171,11 @@ void MoeForward::forward(const LayerLora& lora, int tokens, int top_k, const bf1
     float* cg = scratch.data();
     float* cu = cg + static_cast<std::size_t>(m) * cols;
     const bf16* a = xs_.data() + groups.offsets[e] * hk;
-    for (Projection p : {Projection::gate, Projection::up}) {
-      kernels::GemmBf16Args g{};
-      g.a = a;
-      g.lda = hk;
-      g.m = m;
-      g.k_padded = static_cast<int>(hk);
-      g.packed_b = w_.packed(p, e);
-      g.panel_begin = p0;
-      g.panel_end = p1;
-      g.c = p == Projection::gate ? cg : cu;
-      g.ldc = static_cast<std::size_t>(cols);
-      const ExpertLora& l = lora_[e][static_cast<int>(p)];
-      if (any_lora && l.active && l.packed) {
-        g.a2 = l.xa.data();
-        g.lda2 = static_cast<std::size_t>(l.rank_k_padded);
-        g.k2_padded = l.rank_k_padded;
-        g.packed_b2 = l.b_packed.data();
-      }
-      kt_.gemm_bf16(g);
-      if (any_lora)
-        add_lora_epilogue(l, m, p0 * kernels::kPanelColumns, std::min(cols, s.intermediate - p0 * kernels::kPanelColumns), g.c,
-                          static_cast<std::size_t>(cols));
-    }
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.intermediate - col0);
+    for (Projection p : {Projection::gate, Projection::up})
+      expert_gemm(a, hk, m, w_.packed(p, e), p0, p1, any_lora ? &lora_[e][static_cast<int>(p)] : nullptr, n,
+                  p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols));
     kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n,
                       h_.data() + groups.offsets[e] * ik + col0, ik);
   });
@@ -201,27 +205,10 @@ void MoeForward::forward(const LayerLora& lora, int tokens, int top_k, const bf1
     int cols = (p1 - p0) * kernels::kPanelColumns;
     auto& scratch = scratch_[worker];
     scratch.resize(static_cast<std::size_t>(m) * cols);
-    kernels::GemmBf16Args g{};
-    g.a = h_.data() + groups.offsets[e] * ik;
-    g.lda = ik;
-    g.m = m;
-    g.k_padded = static_cast<int>(ik);
-    g.packed_b = w_.packed(Projection::down, e);
-    g.panel_begin = p0;
-    g.panel_end = p1;
-    g.c = scratch.data();
-    g.ldc = static_cast<std::size_t>(cols);
-    const ExpertLora& l = lora_[e][static_cast<int>(Projection::down)];
-    if (any_lora && l.active && l.packed) {
-      g.a2 = l.xa.data();
-      g.lda2 = static_cast<std::size_t>(l.rank_k_padded);
-      g.k2_padded = l.rank_k_padded;
-      g.packed_b2 = l.b_packed.data();
-    }
-    kt_.gemm_bf16(g);
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.hidden - col0);
-    if (any_lora) add_lora_epilogue(l, m, col0, n, scratch.data(), static_cast<std::size_t>(cols));
+    expert_gemm(h_.data() + groups.offsets[e] * ik, ik, m, w_.packed(Projection::down, e), p0, p1,
+                any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr, n, scratch.data(), static_cast<std::size_t>(cols));
     for (int i = 0; i < m; ++i)
       std::memcpy(y_.data() + static_cast<std::size_t>(groups.slot[groups.offsets[e] + i]) * hidden + col0,
                   scratch.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n) * sizeof(float));

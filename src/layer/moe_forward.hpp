@@ -58,6 +58,8 @@ class MoeForward {
 
   void prepare_lora(const LayerLora& lora, int e, Projection p, int rows, ExpertLora& dst);
   void project_lora(ExpertLora& l, const bf16* v, std::size_t ldv, int rows, int in, int k_padded, std::vector<float>& scratch);
+  void expert_gemm(const bf16* a, std::size_t lda, int m, const bf16* packed, int p0, int p1, const ExpertLora* lora, int n, float* c,
+                   std::size_t ldc) const;
   static void add_lora_epilogue(const ExpertLora& l, int rows, int col0, int n, float* c, std::size_t ldc);
   void compute_xa(ExpertLora& l, const bf16* v, std::size_t ldv, int rows, int k_padded, std::vector<float>& scratch);
 
