@@ -74,29 +74,56 @@ std::optional<std::uint64_t> as_u64(const json& v) {
   return std::nullopt;
 }
 
-json parse_header(const std::string& path, const char* begin, const char* end) {
-  // One set of keys per open object, to refuse duplicates: a second "w" entry would silently
-  // replace the first, and which one a file "means" is then anyone's guess.
+// Refuses duplicate keys and deep nesting in one linear SAX pass: a second "w" entry would
+// silently replace the first, and which one a file "means" is then anyone's guess. (nlohmann's
+// callback parser could do this, but it rescans the parent object after every child object,
+// which is quadratic: minutes for the ~90k entries of a large adapter.)
+struct HeaderShapeCheck {
+  const std::string& path;
   std::vector<std::set<std::string>> keys;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth >= kMaxJsonDepth)
-          bad(path, "header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-        if (event == json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end: keys.pop_back(); break;
-      case json::parse_event_t::key:
-        if (!keys.back().insert(parsed.get<std::string>()).second)
-          bad(path, "header has duplicate key " + quote_key(parsed.get<std::string>()));
-        break;
-      default: break;
-    }
+  int depth = 0;
+
+  bool enter() {
+    if (++depth > kMaxJsonDepth) bad(path, "header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     return true;
-  };
+  }
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    keys.emplace_back();
+    return enter();
+  }
+  bool key(std::string& k) {
+    if (!keys.back().insert(k).second) bad(path, "header has duplicate key " + quote_key(k));
+    return true;
+  }
+  bool end_object() {
+    keys.pop_back();
+    --depth;
+    return true;
+  }
+  bool start_array(std::size_t) { return enter(); }
+  bool end_array() {
+    --depth;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    std::string what = e.what();
+    if (what.size() > 300) what = what.substr(0, 300) + "...";
+    bad(path, "header is not valid JSON: " + what);
+  }
+};
+
+json parse_header(const std::string& path, const char* begin, const char* end) {
+  HeaderShapeCheck check{path, {}, 0};
+  json::sax_parse(begin, end, &check);
   try {
-    return json::parse(begin, end, callback);
+    return json::parse(begin, end);
   } catch (const json::exception& e) {
     std::string what = e.what();
     if (what.size() > 300) what = what.substr(0, 300) + "...";
@@ -288,6 +315,14 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
   auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
                              [](const TensorInfo& t, std::string_view n) { return t.name < n; });
   return it != tensors_.end() && it->name == name ? &*it : nullptr;
+}
+
+void SafetensorsFile::prefetch(std::size_t offset, std::size_t bytes) const noexcept {
+  if (!base_ || offset >= size_) return;
+  bytes = std::min(bytes, size_ - offset);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::size_t begin = offset / page * page;
+  ::madvise(const_cast<std::byte*>(base_) + begin, offset + bytes - begin, MADV_WILLNEED);
 }
 
 const TensorInfo& SafetensorsFile::get(std::string_view name) const {

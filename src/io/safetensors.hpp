@@ -42,6 +42,10 @@ class SafetensorsFile {
   // Start of the tensor's bytes in the mapping; not aligned in general (the header length is
   // the file's choice), so read through memcpy or the convert_* functions.
   const std::byte* data(const TensorInfo& t) const;
+  // Asks the kernel to read [offset, offset + bytes) of the file ahead, in one sequential sweep:
+  // for gathers that touch many small tensors of one region, which would otherwise fault them in
+  // one scattered read at a time. Out-of-range parts are ignored; only a hint.
+  void prefetch(std::size_t offset, std::size_t bytes) const noexcept;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:

@@ -1,5 +1,7 @@
 #include "src/lora/lora_file.hpp"
 
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -11,6 +13,18 @@
 
 namespace tilemoe {
 namespace {
+
+// The source byte span that one stacked tensor gathers from (its experts' A or B tensors).
+void prefetch_sources(const io::SafetensorsFile& src, const std::vector<PeftExpertEntry>& list, bool a) {
+  std::size_t lo = SIZE_MAX, hi = 0;
+  for (const auto& e : list) {
+    if (e.rank == 0) continue;
+    const auto& t = src.get(a ? e.key_a : e.key_b);
+    lo = std::min(lo, t.offset);
+    hi = std::max(hi, t.offset + t.nbytes);
+  }
+  if (lo < hi) src.prefetch(lo, hi - lo);
+}
 
 std::string tensor_key(int layer, Projection p, const char* what) {
   return "layer_" + std::to_string(layer) + "." + projection_name(p) + "_lora_" + what;
@@ -84,6 +98,7 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
       // A: each expert's [r_e, in] block is contiguous in both files; rows past r_e are zero.
       w.add_streamed(tensor_key(layer, p, "a"), out_dtype, {s.num_experts, rank, in},
                      [&src, &list, rank, in, esize, out_dtype, done, progress, total_ref = &total](std::byte* dst, std::size_t n) {
+                       prefetch_sources(src, list, true);
                        std::memset(dst, 0, n);
                        std::size_t per_expert = static_cast<std::size_t>(rank) * in * esize;
                        for (std::size_t e = 0; e < list.size(); ++e) {
@@ -99,6 +114,7 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
       // B: [out, r_e] rows are re-strided to [out, r].
       w.add_streamed(tensor_key(layer, p, "b"), out_dtype, {s.num_experts, out, rank},
                      [&src, &list, rank, out, esize, out_dtype, done, progress, total_ref = &total](std::byte* dst, std::size_t n) {
+                       prefetch_sources(src, list, false);
                        std::memset(dst, 0, n);
                        std::size_t per_expert = static_cast<std::size_t>(out) * rank * esize;
                        std::vector<float> row;
