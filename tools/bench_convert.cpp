@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "src/io/safetensors_writer.hpp"
+#include "src/layer/moe_compute.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "src/lora/lora_file.hpp"
 #include "tools/cli_common.hpp"
@@ -39,8 +40,7 @@ void run_convert_bench(const std::string& shape_name, int rank, const std::strin
     for (int ab = 0; ab < 2; ++ab) {
       std::size_t n = static_cast<std::size_t>(rank) * (ab == 0 ? projection_in(s, p) : projection_out(s, p));
       auto v = random_activations(n, blocks.size() + 1, 0.05f);
-      blocks.emplace_back(n);
-      for (std::size_t i = 0; i < n; ++i) blocks.back()[i] = float_to_bf16(v[i]);
+      blocks.push_back(to_bf16(v.data(), n));
     }
   for (int l = first_moe; l < first_moe + layers; ++l)
     for (int e = 0; e < s.num_experts; ++e)

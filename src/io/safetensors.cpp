@@ -78,6 +78,12 @@ std::optional<std::uint64_t> as_u64(const json& v) {
 // silently replace the first, and which one a file "means" is then anyone's guess. (nlohmann's
 // callback parser could do this, but it rescans the parent object after every child object,
 // which is quadratic: minutes for the ~90k entries of a large adapter.)
+[[noreturn]] void bad_json(const std::string& path, const std::exception& e) {
+  std::string what = e.what();
+  if (what.size() > 300) what = what.substr(0, 300) + "...";
+  bad(path, "header is not valid JSON: " + what);
+}
+
 struct HeaderShapeCheck {
   const std::string& path;
   std::vector<std::set<std::string>> keys;
@@ -112,11 +118,7 @@ struct HeaderShapeCheck {
     --depth;
     return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 300) what = what.substr(0, 300) + "...";
-    bad(path, "header is not valid JSON: " + what);
-  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) { bad_json(path, e); }
 };
 
 json parse_header(const std::string& path, const char* begin, const char* end) {
@@ -125,9 +127,7 @@ json parse_header(const std::string& path, const char* begin, const char* end) {
   try {
     return json::parse(begin, end);
   } catch (const json::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 300) what = what.substr(0, 300) + "...";
-    bad(path, "header is not valid JSON: " + what);
+    bad_json(path, e);
   }
 }
 

@@ -1,6 +1,5 @@
 #include "src/lora/lora_file.hpp"
 
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <memory>
