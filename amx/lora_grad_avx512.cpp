@@ -1,0 +1,162 @@
+// LoRA gradient outer products with AVX-512, register-blocked: a tile of up to 16 q's × 16 or 32
+// o's lives in zmm accumulators (one per q and 16 o's) for the whole pass over the rows, so each
+// row costs one bf16->f32 conversion of v per 16 o's and one broadcast of u per q; g is touched
+// once per tile. The [n][rank] layout transposes the finished tile in registers (64 shuffles per
+// 16×16, once per tile) so that g is still read and written a row at a time.
+// GCC 12's AVX-512 headers self-initialise their "undefined" vectors and then warn about them
+// (GCC PR105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <utility>
+
+#include "amx/lora_grad.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+constexpr int kMaxQ = 16;  // accumulators per 16 o's; with 2 × 16 o's at most 8 q's (16 zmm)
+
+inline __mmask16 tail_mask(int count) {
+  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
+// 16 bf16 (lanes outside the mask read as 0 and are not loaded) widened to f32: bf16 is the top
+// half of an f32.
+inline __m512 load_bf16(const bf16* p, __mmask16 mask) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// x[c] becomes column c of the 16×16 matrix whose row r was x[r].
+inline void transpose16(__m512 (&x)[16]) {
+  __m512 t[16];
+  // t[2i] lane l = (r[2i][4l], r[2i+1][4l], r[2i][4l+1], r[2i+1][4l+1]); t[2i+1] the same for 4l+2, 4l+3.
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+  }
+  // s[4i+e] lane l = rows 4i..4i+3 of column 4l+e.
+  __m512 s[16];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    s[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    s[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    s[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    s[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  // Column 4l+e, lane i = s[4i+e] lane l: a 4×4 transpose of 128-bit lanes for each e.
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    const __m512 u0 = _mm512_shuffle_f32x4(s[e], s[4 + e], 0x44);
+    const __m512 u1 = _mm512_shuffle_f32x4(s[e], s[4 + e], 0xee);
+    const __m512 u2 = _mm512_shuffle_f32x4(s[8 + e], s[12 + e], 0x44);
+    const __m512 u3 = _mm512_shuffle_f32x4(s[8 + e], s[12 + e], 0xee);
+    x[0 + e] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+    x[4 + e] = _mm512_shuffle_f32x4(u0, u2, 0xdd);
+    x[8 + e] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+    x[12 + e] = _mm512_shuffle_f32x4(u1, u3, 0xdd);
+  }
+}
+
+inline void add_masked(float* p, __mmask16 mask, __m512 v) {
+  _mm512_mask_storeu_ps(p, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, p), v));
+}
+
+struct Args {
+  const bf16* v;
+  std::size_t ldv;
+  const float* u;
+  std::size_t ldu;
+  int rows, n;
+  float* g;
+  std::size_t ldg;
+  bool rank_major;
+};
+
+// The tile q0..q0+Q-1 × o0..o0+16B-1 (o clipped to n).
+template <int Q, int B>
+void tile(const Args& a, int q0, int o0) {
+  __mmask16 mask[B];
+#pragma GCC unroll 2
+  for (int b = 0; b < B; ++b) mask[b] = tail_mask(a.n - o0 - 16 * b);
+  __m512 acc[Q][B];
+#pragma GCC unroll 16
+  for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 2
+    for (int b = 0; b < B; ++b) acc[q][b] = _mm512_setzero_ps();
+
+  const bf16* vi = a.v + o0;
+  const float* ui = a.u + q0;
+  for (int i = 0; i < a.rows; ++i, vi += a.ldv, ui += a.ldu) {
+    __m512 x[B];
+#pragma GCC unroll 2
+    for (int b = 0; b < B; ++b) x[b] = load_bf16(vi + 16 * b, mask[b]);
+#pragma GCC unroll 16
+    for (int q = 0; q < Q; ++q) {
+      const __m512 uq = _mm512_set1_ps(ui[q]);
+#pragma GCC unroll 2
+      for (int b = 0; b < B; ++b) acc[q][b] = _mm512_fmadd_ps(uq, x[b], acc[q][b]);
+    }
+  }
+
+  if (a.rank_major) {
+#pragma GCC unroll 16
+    for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 2
+      for (int b = 0; b < B; ++b) {
+        if (mask[b] != 0) add_masked(a.g + static_cast<std::size_t>(q0 + q) * a.ldg + o0 + 16 * b, mask[b], acc[q][b]);
+      }
+    return;
+  }
+  const __mmask16 qmask = tail_mask(Q);
+#pragma GCC unroll 2
+  for (int b = 0; b < B; ++b) {
+    __m512 x[16];
+#pragma GCC unroll 16
+    for (int q = 0; q < 16; ++q) x[q] = q < Q ? acc[q][b] : _mm512_setzero_ps();
+    transpose16(x);  // x[o] now holds the Q sums of column o0 + 16b + o
+    const int count = a.n - o0 - 16 * b;
+    for (int o = 0; o < 16 && o < count; ++o) {
+      add_masked(a.g + static_cast<std::size_t>(o0 + 16 * b + o) * a.ldg + q0, qmask, x[o]);
+    }
+  }
+}
+
+using TileFn = void (*)(const Args&, int, int);
+
+template <int B, int... Qs>
+constexpr auto make_tiles(std::integer_sequence<int, Qs...>) {
+  struct Table {
+    TileFn fn[sizeof...(Qs)];
+  };
+  return Table{{tile<Qs + 1, B>...}};
+}
+
+// Index Q-1. Two blocks of 16 o's where Q <= 8 keeps 16 accumulators busy for the common
+// ranks 8 and below, and halves how often u is broadcast.
+constexpr auto kTiles1 = make_tiles<1>(std::make_integer_sequence<int, kMaxQ>{});
+constexpr auto kTiles2 = make_tiles<2>(std::make_integer_sequence<int, kMaxQ / 2>{});
+
+}  // namespace
+
+void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
+                            int rank, float* g, std::size_t ldg, bool rank_major) {
+  if (rows <= 0 || n <= 0) return;
+  const Args a{v, ldv, u, ldu, rows, n, g, ldg, rank_major};
+  for (int q0 = 0; q0 < rank; q0 += kMaxQ) {
+    const int q = rank - q0 < kMaxQ ? rank - q0 : kMaxQ;
+    const bool two = q <= kMaxQ / 2;
+    const TileFn fn = two ? kTiles2.fn[q - 1] : kTiles1.fn[q - 1];
+    const int step = two ? 32 : 16;
+    for (int o0 = 0; o0 < n; o0 += step) fn(a, q0, o0);
+  }
+}
+
+}  // namespace tilemoe::kernels

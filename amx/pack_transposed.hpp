@@ -1,0 +1,41 @@
+#pragma once
+// The packed layout (pack_bf16.hpp) of Wᵀ, built on the fly from the forward-packed W.
+//
+// The backward multiplies by W itself, C[m][K] = A[m][N] · W[N][K]: a GEMM whose "weight" is Wᵀ
+// (K outputs, N reduction). Rather than keep a second packed copy of every weight matrix, the
+// caller repacks the two Wᵀ panels it is about to use (32 of W's k-columns: one forward k-block)
+// into a small buffer and runs the ordinary GEMM kernels on it.
+//
+// Wᵀ packed by the same rules has panels over K and k-blocks over N (padded to 32):
+//   block (q', j)[r*32 + c*2 + p] = Wᵀ[q'*16 + c][j*32 + 2r + p] = W[j*32 + 2r + p][q'*16 + c]
+#include <cstddef>
+
+#include "amx/pack_bf16.hpp"
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe::kernels {
+
+// k-blocks of the transposed layout: the forward padded N to 16, the transposed needs 32.
+inline int transposed_kblocks(int panels) { return (panels + 1) / 2; }
+
+// Writes the two Wᵀ panels that hold W's k-block kb (Wᵀ panels 2kb and 2kb+1), every one of their
+// transposed_kblocks(panels) k-blocks: panel q (0 or 1), k-block j goes to
+//   dst + q * dst_panel_stride + j * kBlockElements
+// with element [r*32 + c*2 + p] = W[j*32 + 2r + p][kb*32 + q*16 + c], and zero where
+// j*32 + 2r + p >= panels*16 (an odd panel count leaves half of the last k-block zero).
+//
+// packed_w: the whole forward-packed W (panels × kblocks blocks); 0 <= kb < kblocks.
+// dst_panel_stride >= transposed_kblocks(panels) * kBlockElements (elements); it lets a caller
+// stack several matrices along the reduction (e.g. gate then up in one buffer: the up call writes
+// at dst + transposed_kblocks(panels_gate) * kBlockElements with the same stride). Nothing between
+// the panels is written. Pure: no allocation, no threads.
+using PackTransposedFn = void (*)(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
+                                  std::size_t dst_panel_stride);
+
+void pack_transposed_kblock_portable(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
+                                     std::size_t dst_panel_stride);
+// Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW).
+void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
+                                   std::size_t dst_panel_stride);
+
+}  // namespace tilemoe::kernels
