@@ -18,4 +18,19 @@ void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up,
 void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
                           bf16* h, std::size_t ldh);
 
+// The epilogue's backward, with g, u the forward's gate and up (bf16, as the cache keeps them,
+// row stride ldgu) and dh = dL/dh (f32):
+//   s = sigmoid(g);  dup = dh * g * s;  dgate = dh * u * s * (1 + g * (1 - s))   (silu', exact)
+// written as bf16 at row stride ldo; when h != nullptr also h = bf16(g * s * u), the forward's h
+// recomputed for the down projection's LoRA gradient. Same formulas as PyTorch's autograd, so
+// NaN and infinities give what PyTorch gives.
+using SiluMulBackwardFn = void (*)(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                                   bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
+
+void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                                bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
+// Only where isa_available(Isa::avx512_bf16).
+void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
+
 }  // namespace tilemoe::kernels

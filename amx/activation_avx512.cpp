@@ -53,7 +53,39 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(rounded);
 }
 
+inline __m512 bf16_to_f32(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+
+// One vector of silu_mul_backward; `mask` selects the columns that exist.
+inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, const bf16* u16, bf16* dg, bf16* du, bf16* h) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 dh = _mm512_maskz_loadu_ps(mask, d);
+  const __m512 g = bf16_to_f32(_mm256_maskz_loadu_epi16(mask, g16));
+  const __m512 u = bf16_to_f32(_mm256_maskz_loadu_epi16(mask, u16));
+  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+  const __m512 silu = _mm512_mul_ps(g, s);
+  _mm256_mask_storeu_epi16(du, mask, to_bf16(_mm512_mul_ps(dh, silu)));
+  const __m512 dsilu = _mm512_mul_ps(s, _mm512_fmadd_ps(g, _mm512_sub_ps(one, s), one));
+  _mm256_mask_storeu_epi16(dg, mask, to_bf16(_mm512_mul_ps(_mm512_mul_ps(dh, u), dsilu)));
+  if (h) _mm256_mask_storeu_epi16(h, mask, to_bf16(_mm512_mul_ps(silu, u)));
+}
+
 }  // namespace
+
+void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh) {
+  for (int i = 0; i < m; ++i) {
+    const float* di = dh + i * ldd;
+    const bf16* gi = gate + i * ldgu;
+    const bf16* ui = up + i * ldgu;
+    bf16* dgi = dgate + i * ldo;
+    bf16* dui = dup + i * ldo;
+    bf16* hi = h ? h + i * ldh : nullptr;
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 mask = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1u);
+      silu_backward_vec(mask, di + j, gi + j, ui + j, dgi + j, dui + j, hi ? hi + j : nullptr);
+    }
+  }
+}
 
 void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
                           bf16* h, std::size_t ldh) {

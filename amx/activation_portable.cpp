@@ -19,4 +19,20 @@ void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up,
   }
 }
 
+void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                                bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh) {
+  for (int i = 0; i < m; ++i) {
+    const float* di = dh + i * ldd;
+    const bf16* gi = gate + i * ldgu;
+    const bf16* ui = up + i * ldgu;
+    for (int j = 0; j < n; ++j) {
+      const float g = bf16_to_float(gi[j]), u = bf16_to_float(ui[j]), d = di[j];
+      const float s = 1.0f / (1.0f + std::exp(-g));
+      dup[i * ldo + j] = float_to_bf16(d * (g * s));
+      dgate[i * ldo + j] = float_to_bf16(d * u * (s * (1.0f + g * (1.0f - s))));
+      if (h) h[i * ldh + j] = float_to_bf16(g * s * u);
+    }
+  }
+}
+
 }  // namespace tilemoe::kernels

@@ -4,6 +4,8 @@
 #include "amx/activation.hpp"
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
+#include "amx/lora_grad.hpp"
+#include "amx/pack_transposed.hpp"
 
 namespace tilemoe::kernels {
 
@@ -20,6 +22,9 @@ struct KernelTable {
   Isa isa;
   GemmBf16Fn gemm_bf16;
   SiluMulBf16Fn silu_mul_bf16;
+  SiluMulBackwardFn silu_mul_backward;
+  PackTransposedFn pack_transposed_kblock;  // backward: Wᵀ panels from the forward layout
+  LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.
   int amx_min_rows;

@@ -14,27 +14,6 @@ void check_ld(int n, int k, std::size_t ld, const char* what) {
   }
 }
 
-// Walks the packed layout in storage order, so writes are sequential and the reads touch 16
-// weight rows at a time; `load(col, kk)` is called only inside the unpadded matrix.
-template <typename Load>
-void pack_with(int n, int k, bf16* packed, Load load) {
-  const PackedShape s = packed_shape(n, k);
-  bf16* out = packed;
-  for (int nb = 0; nb < s.panels; ++nb) {
-    for (int kb = 0; kb < s.kblocks; ++kb) {
-      for (int r = 0; r < kBlockK / 2; ++r) {
-        const int kk = kb * kBlockK + 2 * r;
-        for (int c = 0; c < kPanelColumns; ++c) {
-          const int col = nb * kPanelColumns + c;
-          const bool in_n = col < n;
-          *out++ = (in_n && kk < k) ? load(col, kk) : bf16{0};
-          *out++ = (in_n && kk + 1 < k) ? load(col, kk + 1) : bf16{0};
-        }
-      }
-    }
-  }
-}
-
 }  // namespace
 
 PackedShape packed_shape(int n, int k) {
@@ -59,12 +38,12 @@ std::size_t packed_bf16_elements(int n, int k) {
 
 void pack_bf16_weights(const bf16* w, int n, int k, std::size_t ldw, bf16* packed) {
   check_ld(n, k, ldw, "pack_bf16_weights");
-  pack_with(n, k, packed, [&](int col, int kk) { return w[static_cast<std::size_t>(col) * ldw + kk]; });
+  pack_weights_with(n, k, packed, [&](int col, int kk) { return w[static_cast<std::size_t>(col) * ldw + kk]; });
 }
 
 void pack_f32_weights_to_bf16(const float* w, int n, int k, std::size_t ldw, bf16* packed) {
   check_ld(n, k, ldw, "pack_f32_weights_to_bf16");
-  pack_with(n, k, packed,
+  pack_weights_with(n, k, packed,
             [&](int col, int kk) { return float_to_bf16(w[static_cast<std::size_t>(col) * ldw + kk]); });
 }
 

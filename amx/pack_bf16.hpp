@@ -34,4 +34,27 @@ void pack_f32_weights_to_bf16(const float* w, int n, int k, std::size_t ldw, bf1
 // The inverse of pack_bf16_weights (padding dropped), for tests and debugging.
 void unpack_bf16_weights(const bf16* packed, int n, int k, bf16* w, std::size_t ldw);
 
+// Packs W[n][k] given element by element: `load(col, kk)` returns W[col][kk] as bf16 and is
+// called only inside the unpadded matrix. For factors read in another orientation or pieced
+// together from several arrays (the LoRA terms of the backward). Walks the packed layout in
+// storage order, so writes are sequential.
+template <typename Load>
+void pack_weights_with(int n, int k, bf16* packed, Load load) {
+  const PackedShape s = packed_shape(n, k);
+  bf16* out = packed;
+  for (int nb = 0; nb < s.panels; ++nb) {
+    for (int kb = 0; kb < s.kblocks; ++kb) {
+      for (int r = 0; r < kBlockK / 2; ++r) {
+        const int kk = kb * kBlockK + 2 * r;
+        for (int c = 0; c < kPanelColumns; ++c) {
+          const int col = nb * kPanelColumns + c;
+          const bool in_n = col < n;
+          *out++ = (in_n && kk < k) ? load(col, kk) : bf16{0};
+          *out++ = (in_n && kk + 1 < k) ? load(col, kk + 1) : bf16{0};
+        }
+      }
+    }
+  }
+}
+
 }  // namespace tilemoe::kernels
