@@ -18,21 +18,37 @@
 #include "amx/isa.hpp"
 #include "amx/kernel_table.hpp"
 #include "numa/thread_pool.hpp"
+#include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
-#include "src/lora/lora_weights.hpp"
+#include "src/lora/lora_view.hpp"
 #include "src/routing/token_groups.hpp"
 
 namespace tilemoe {
+
+// Where a forward leaves what backward needs (the cache entry's memory), rows grouped by expert
+// in TokenGroups order: gate and up before the activation, and s·v·Aᵀ of every projection with
+// LoRA (row stride: that projection's rank).
+struct ForwardSave {
+  bf16* gate = nullptr;  // [rows][intermediate]
+  bf16* up = nullptr;    // [rows][intermediate]
+  std::array<float*, 3> xa{};
+};
 
 class MoeForward {
  public:
   MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool);
 
-  // x: bf16 [T][H]; expert_ids, weights: [T][k]; out: f32 [T][H], overwritten.
+  // x: bf16 [T][H]; expert_ids, weights: [T][k]; out: f32 [T][H], overwritten. Ids are checked
+  // before anything is written; the LoRA factors are read in place.
+  void forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids,
+               const float* weights, float* out, const ForwardSave* save = nullptr);
   void forward(const LayerLora& lora, int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,
-               float* out);
+               float* out) {
+    forward(lora_view(lora), tokens, top_k, x, expert_ids, weights, out);
+  }
 
   kernels::Isa isa() const { return isa_; }
+  const kernels::KernelTable& kernel_table() const { return kt_; }
 
   // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,
   // down, combine): what the bench's --phases prints to show where time goes.
@@ -42,27 +58,6 @@ class MoeForward {
   void reset_phase_seconds() { phase_seconds_ = {}; }
 
  private:
-  struct ExpertLora {  // one projection of one expert for this call
-    bool active = false;
-    bool packed = false;       // fused into the tile GEMM (many rows) or applied from f32 (few rows)
-    float scale = 0;
-    const float* a = nullptr;  // the caller's [rank][in] and [out][rank]
-    const float* b = nullptr;
-    int rank = 0;
-    std::vector<float> xa_f32; // s * v A^T, [rows][rank], when not packed
-    int rank_panels = 0;       // LoRA A packed as n = rank
-    int rank_k_padded = 0;     // LoRA B packed as k = rank
-    std::vector<bf16> a_packed, b_packed;
-    std::vector<bf16> xa;      // s * v A^T, [rows][rank_k_padded]
-  };
-
-  void prepare_lora(const LayerLora& lora, int e, Projection p, int rows, ExpertLora& dst);
-  void project_lora(ExpertLora& l, const bf16* v, std::size_t ldv, int rows, int in, int k_padded, std::vector<float>& scratch);
-  void expert_gemm(const bf16* a, std::size_t lda, int m, const bf16* packed, int p0, int p1, const ExpertLora* lora, int n, float* c,
-                   std::size_t ldc) const;
-  static void add_lora_epilogue(const ExpertLora& l, int rows, int col0, int n, float* c, std::size_t ldc);
-  void compute_xa(ExpertLora& l, const bf16* v, std::size_t ldv, int rows, int k_padded, std::vector<float>& scratch);
-
   const PackedExpertWeights& w_;
   kernels::Isa isa_;
   const kernels::KernelTable& kt_;
@@ -72,7 +67,7 @@ class MoeForward {
   std::vector<bf16> xs_, h_;
   std::vector<float> y_;
   std::vector<int> active_;
-  std::vector<std::array<ExpertLora, 3>> lora_;
+  std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<std::vector<float>> scratch_;  // per worker
   std::array<double, kPhases> phase_seconds_{};
 };

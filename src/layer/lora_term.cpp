@@ -1,0 +1,103 @@
+#include "src/layer/lora_term.hpp"
+
+#include <algorithm>
+
+#include "amx/pack_bf16.hpp"
+
+namespace tilemoe {
+
+void LoraTerm::prepare(kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale, int rows) {
+  active_ = rank > 0;
+  if (!active_) return;
+  a_ = a;
+  b_ = b;
+  rank_ = rank;
+  in_ = in;
+  scale_ = scale;
+  packed_ = rows >= kLoraPackRows;
+  if (!packed_) return;
+  rank_panels_ = kernels::packed_shape(rank, in).panels;
+  rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
+  a_packed_.resize(kernels::packed_bf16_elements(rank, in));
+  b_packed_.resize(kernels::packed_bf16_elements(out, rank));
+  kernels::pack_weights_with(rank, in, a_packed_.data(), [&](int j, int k) { return float_to_bf16(a.at(j, k)); });
+  kernels::pack_weights_with(out, rank, b_packed_.data(), [&](int o, int q) { return float_to_bf16(b.at(o, q)); });
+}
+
+void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
+                       std::vector<float>& scratch, float* save, std::size_t ld_save) {
+  if (!active_) return;
+  if (!packed_) {
+    xa_f32_.resize(static_cast<std::size_t>(rows) * rank_);
+    kernels::lora_project_rows(v, ldv, rows, in_, a_, rank_, scale_, xa_f32_.data(), static_cast<std::size_t>(rank_));
+    if (save)
+      for (int i = 0; i < rows; ++i)
+        std::copy_n(xa_f32_.data() + static_cast<std::size_t>(i) * rank_, rank_, save + static_cast<std::size_t>(i) * ld_save);
+    return;
+  }
+  // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
+  const int cols = rank_panels_ * kernels::kPanelColumns;
+  scratch.resize(static_cast<std::size_t>(rows) * cols);
+  kernels::GemmBf16Args g{};
+  g.a = v;
+  g.lda = ldv;
+  g.m = rows;
+  g.k_padded = k_padded;
+  g.packed_b = a_packed_.data();
+  g.panel_begin = 0;
+  g.panel_end = rank_panels_;
+  g.c = scratch.data();
+  g.ldc = static_cast<std::size_t>(cols);
+  kt.gemm_bf16(g);
+  xa_.assign(static_cast<std::size_t>(rows) * rank_k_padded_, bf16{0});
+  for (int i = 0; i < rows; ++i) {
+    const float* si = scratch.data() + static_cast<std::size_t>(i) * cols;
+    bf16* xi = xa_.data() + static_cast<std::size_t>(i) * rank_k_padded_;
+    float* keep = save ? save + static_cast<std::size_t>(i) * ld_save : nullptr;
+    for (int j = 0; j < rank_; ++j) {
+      const float x = scale_ * si[j];
+      xi[j] = float_to_bf16(x);
+      if (keep) keep[j] = x;
+    }
+  }
+}
+
+bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
+  if (!active_ || !packed_) return false;
+  const std::size_t panel_stride = static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns;
+  g.a2 = xa_.data();
+  g.lda2 = static_cast<std::size_t>(rank_k_padded_);
+  g.k2_padded = rank_k_padded_;
+  g.packed_b2 = b_packed_.data() + static_cast<std::ptrdiff_t>(panel_shift) * static_cast<std::ptrdiff_t>(panel_stride);
+  return true;
+}
+
+void LoraTerm::add_f32(int rows, int col0, int n, float* c, std::size_t ldc) const {
+  if (!active_ || packed_) return;
+  kernels::lora_expand_rows_add(xa_f32_.data(), static_cast<std::size_t>(rank_), rows, rank_, b_, col0, n, c, ldc);
+}
+
+void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
+                          int panel_shift, int n) {
+  const LoraTerm* fused = nullptr;
+  for (int t = 0; t < term_count && !fused; ++t)
+    if (terms[t] && terms[t]->fuse_into(g, panel_shift)) fused = terms[t];
+  kt.gemm_bf16(g);
+  const int col0 = (g.panel_begin + panel_shift) * kernels::kPanelColumns;
+  for (int t = 0; t < term_count; ++t) {
+    const LoraTerm* term = terms[t];
+    if (!term || !term->active() || term == fused) continue;
+    if (!term->packed()) {
+      term->add_f32(g.m, col0, n, g.c, g.ldc);
+      continue;
+    }
+    // A second packed term: its own accumulating call with an empty main product.
+    kernels::GemmBf16Args extra = g;
+    extra.k_padded = 0;
+    extra.accumulate = true;
+    term->fuse_into(extra, panel_shift);
+    kt.gemm_bf16(extra);
+  }
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,63 @@
+#pragma once
+// One expert's LoRA term in one GEMM of the layer:
+//
+//   C = V W'ᵀ + (s V A'ᵀ) B'ᵀ,   A': [rank][in], B': [out][rank], read in place through strides.
+//
+// Forward uses it with A' = A and B' = B. Backward runs the transposed products with the same
+// code: dH = dY Wd + (s dY Bd) Ad is the term with A' = Bdᵀ and B' = Adᵀ, and dX likewise for
+// gate and up, so the factors are never copied into another orientation.
+//
+// Two forms, chosen by the number of rows: from kLoraPackRows rows on, A' and B' are packed to
+// bf16 once per call so that the tile kernels fuse B' as extra K steps of the main GEMM (the
+// packing is amortised over the rows); below, the term is computed from the f32 factors.
+#include <cstddef>
+#include <vector>
+
+#include "amx/kernel_table.hpp"
+#include "amx/lora_rows.hpp"
+
+namespace tilemoe {
+
+inline constexpr int kLoraPackRows = 16;
+
+class LoraTerm {
+ public:
+  void deactivate() { active_ = false; }
+  void prepare(kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale, int rows);
+
+  bool active() const { return active_; }
+  bool packed() const { return packed_; }
+  int rank() const { return rank_; }
+
+  // xa = s V A'ᵀ for `rows` rows of V (bf16, row stride ldv, zeros in [in, k_padded)). When
+  // `save` is given, the f32 values are also written there ([rows][ld_save]): backward needs them.
+  void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
+               std::vector<float>& scratch, float* save, std::size_t ld_save);
+
+  // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
+  // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.
+  bool fuse_into(kernels::GemmBf16Args& g, int panel_shift) const;
+  // Adds the term, when it is not packed, from f32 to the rows of C at global columns
+  // [col0, col0 + n).
+  void add_f32(int rows, int col0, int n, float* c, std::size_t ldc) const;
+
+ private:
+  bool active_ = false, packed_ = false;
+  int rank_ = 0, in_ = 0;
+  float scale_ = 0;
+  kernels::StridedF32 a_, b_;
+  std::vector<float> xa_f32_;  // [rows][rank], when not packed
+  int rank_panels_ = 0;        // A' packed as n = rank
+  int rank_k_padded_ = 0;      // B' packed as k = rank
+  std::vector<bf16> a_packed_, b_packed_;
+  std::vector<bf16> xa_;       // bf16(s V A'ᵀ), [rows][rank_k_padded_], when packed
+};
+
+// C = V W'ᵀ over panels [p0, p1) of `packed_b` (panel_shift as in fuse_into), plus every active
+// term: the first packed one fused as extra K steps, the others added after. n: the real
+// columns of C from global column col0. g carries a, lda, m, k_padded, packed_b, the panel
+// range, c and ldc.
+void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
+                          int panel_shift, int n);
+
+}  // namespace tilemoe

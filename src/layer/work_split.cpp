@@ -1,0 +1,39 @@
+#include "src/layer/work_split.hpp"
+
+#include <algorithm>
+
+namespace tilemoe {
+
+namespace {
+int panels_per_item(int rows) { return rows >= 64 ? 8 : rows >= 16 ? 2 : 1; }
+}  // namespace
+
+std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit) {
+  std::vector<ExpertItem> items;
+  for (int e : active) {
+    const int step = std::max(unit, panels_per_item(groups.count(e)) / unit * unit);
+    for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
+  }
+  return items;
+}
+
+void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
+                       const float* weights, float* out) {
+  pool.parallel_for(static_cast<std::size_t>(tokens), [&](std::size_t t, int) {
+    float* o = out + t * width;
+    std::fill(o, o + width, 0.0f);
+    for (int j = 0; j < top_k; ++j) {
+      const std::size_t slot = t * top_k + j;
+      if (ids[slot] < 0) continue;
+      const float* y = rows + slot * width;
+      if (weights) {
+        const float wt = weights[slot];
+        for (std::size_t c = 0; c < width; ++c) o[c] += wt * y[c];
+      } else {
+        for (std::size_t c = 0; c < width; ++c) o[c] += y[c];
+      }
+    }
+  }, 4);
+}
+
+}  // namespace tilemoe

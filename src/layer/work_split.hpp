@@ -1,0 +1,30 @@
+#pragma once
+// How the layer's GEMM phases split into items, and the deterministic combine of per-slot rows.
+// Item boundaries depend on the routing only, never on the thread count, which is what makes
+// the output bit-identical for any number of threads.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "numa/thread_pool.hpp"
+#include "src/routing/token_groups.hpp"
+
+namespace tilemoe {
+
+struct ExpertItem {
+  int expert;
+  int p0, p1;  // panels [p0, p1) of the expert's output columns
+};
+
+// Items (expert, column chunk) over `panels` output panels of every active expert, chunks being
+// whole multiples of `unit` panels. With many rows an item covers more columns so that its block
+// of rows (re-read for every column chunk) is reused across several tiles; with few rows, small
+// chunks keep decode spread over every core.
+std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1);
+
+// out[t] = sum_j w[t,j] * rows[t*k + j] over slots with ids >= 0, in slot order (the same sum
+// whatever the thread count); weights == nullptr sums the rows unweighted.
+void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
+                       const float* weights, float* out);
+
+}  // namespace tilemoe
