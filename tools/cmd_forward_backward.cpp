@@ -36,12 +36,14 @@ void run(const LayerArgs& a, bool backward) {
 
   io::SafetensorsWriter out;
   std::vector<float> y(static_cast<std::size_t>(in.tokens) * l.config.shape.hidden);
-  moe_forward(l.experts.view(), l.lora.lora, batch, opt, y.data());
-  out.add_f32("output", hidden_shape, std::move(y));
-  if (backward) {
-    std::vector<float> dx(static_cast<std::size_t>(in.tokens) * l.config.shape.hidden);
+  if (!backward) {
+    moe_forward(l.experts.view(), l.lora.lora, batch, opt, y.data());
+    out.add_f32("output", hidden_shape, std::move(y));
+  } else {
+    std::vector<float> dx(y.size());
     LayerLora grads = l.lora.lora.zeros_like();
-    moe_backward(l.experts.view(), l.lora.lora, batch, in.grad_output.data(), opt, dx.data(), &grads);
+    moe_backward(l.experts.view(), l.lora.lora, batch, in.grad_output.data(), opt, y.data(), dx.data(), &grads);
+    out.add_f32("output", hidden_shape, std::move(y));
     out.add_f32("grad_input", hidden_shape, std::move(dx));
     for (Projection p : kProjections) {
       const auto& g = grads[p];

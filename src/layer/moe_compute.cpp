@@ -1,5 +1,6 @@
 #include "src/layer/moe_compute.hpp"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -7,6 +8,7 @@
 #include "amx/isa.hpp"
 #include "numa/topology.hpp"
 #include "src/layer/moe_forward.hpp"
+#include "src/layer/moe_sft_layer.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe {
@@ -51,9 +53,22 @@ void moe_forward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBat
 }
 
 void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const float* grad_output,
-                  const ComputeOptions& opt, float* grad_input, LayerLora* lora_grad) {
-  resolve_backend(opt.isa);  // validates the name; the fast backward arrives with the fine-tuning work
-  reference_backward(w, lora, batch, grad_output, grad_input, lora_grad);
+                  const ComputeOptions& opt, float* output, float* grad_input, LayerLora* lora_grad) {
+  std::string backend = resolve_backend(opt.isa);
+  if (backend == "reference") {
+    if (output) reference_forward(w, lora, batch, output);
+    return reference_backward(w, lora, batch, grad_output, grad_input, lora_grad);
+  }
+  auto isa = *kernels::parse_isa(backend);
+  numa::ThreadPool& pool = pool_for_threads(opt.threads);
+  PackedExpertWeights packed = PackedExpertWeights::pack(w, pool);
+  const LayerLoraView view = lora_view(lora);
+  MoeSftLayer layer(packed, isa, pool, {std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)}, view);
+  auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * w.shape.hidden);
+  std::vector<float> scratch_out;
+  if (!output) scratch_out.resize(x.size()), output = scratch_out.data();
+  layer.forward_sft(batch.tokens, batch.top_k, x.data(), batch.expert_ids, batch.weights, output, true);
+  layer.backward(grad_output, grad_input, lora_grad ? lora_grad_view(*lora_grad) : LayerLoraGrad{});
 }
 
 }  // namespace tilemoe

@@ -22,12 +22,13 @@ numa::ThreadPool& pool_for_threads(int threads);
 
 std::vector<bf16> to_bf16(const float* x, std::size_t n);
 
-// Packs the weights on every call: for one-shot use (the CLI). Servers and the bench keep a
-// PackedExpertWeights and a MoeForward (src/layer/moe_forward.hpp).
-// Backward runs the reference path for now.
+// Packs the weights on every call: for one-shot use (the CLI). Servers and trainers keep a
+// PackedExpertWeights and a MoeForward or MoeSftLayer (src/layer/).
 void moe_forward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const ComputeOptions& opt,
                  float* output);
+// Forward and backward of loss = sum(output * grad_output): output (when not null), grad_input and,
+// when lora_grad is given (shaped like lora), every LoRA gradient; all overwritten.
 void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const float* grad_output,
-                  const ComputeOptions& opt, float* grad_input, LayerLora* lora_grad);
+                  const ComputeOptions& opt, float* output, float* grad_input, LayerLora* lora_grad);
 
 }  // namespace tilemoe

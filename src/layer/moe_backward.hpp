@@ -1,0 +1,64 @@
+#pragma once
+// The fast backward of one MoE layer on one node, from a forward cache entry:
+//
+//   dY = w * dO (per routing slot)        dP_d = s dY Bd          dH = dY Wd + dP_d Ad
+//   dG, dU = silu_mul_backward(dH; G, U)  dP_g = s dG Bg (up alike) dX = dG Wg + dU Wu + dP_g Ag + dP_u Au
+//   grad_input[t] = sum over the token's slots of dX
+//   dB_p = dOut_pᵀ (s In_p A_pᵀ)   dA_p = dP_pᵀ In_p      (In/Out: x/gate|up, h/down)
+//
+// The products with W (not Wᵀ) read the forward's packed weights: each item repacks the 32
+// columns it needs into a per-worker buffer (kernels::pack_transposed_kblock) and runs the
+// ordinary tile kernels on it, so backward costs no second copy of the weights. The LoRA terms
+// are the forward's LoraTerm with transposed factors. Items depend on the routing only, so the
+// results are bit-identical for any thread count.
+//
+// Phases (each a parallel_for): gather, lora_prep, dh (with the SwiGLU backward), lora_grads,
+// dx, combine.
+#include <array>
+#include <vector>
+
+#include "amx/kernel_table.hpp"
+#include "numa/thread_pool.hpp"
+#include "src/layer/forward_cache.hpp"
+#include "src/layer/lora_term.hpp"
+#include "src/layer/packed_experts.hpp"
+#include "src/lora/lora_view.hpp"
+
+namespace tilemoe {
+
+class MoeBackward {
+ public:
+  MoeBackward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool);
+
+  // grad_output, grad_input: f32 [tokens][hidden] of the entry's batch; grad_input is
+  // overwritten. LoRA gradients go to `grads` (shaped like entry.lora; null pointers skip one):
+  // overwritten (experts without tokens get zero) or, with accumulate, added to what is there.
+  void backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
+                bool accumulate);
+
+  static constexpr int kPhases = 6;
+  static const char* phase_name(int i);
+  const std::array<double, kPhases>& phase_seconds() const { return phase_seconds_; }
+  void reset_phase_seconds() { phase_seconds_ = {}; }
+
+ private:
+  struct WorkerScratch {
+    std::vector<float> c, proj;
+    std::vector<bf16> transposed;
+  };
+
+  const PackedExpertWeights& w_;
+  const kernels::KernelTable& kt_;
+  numa::ThreadPool& pool_;
+
+  // Reused across calls: grown to the largest batch seen, never shrunk.
+  std::vector<bf16> dy_, dgu_, h_, xs_;
+  std::vector<float> dx_;
+  std::array<std::vector<float>, 3> dp_;  // s·dOut·B per projection, [rows][rank]
+  std::vector<int> active_;
+  std::vector<std::array<LoraTerm, 3>> terms_;
+  std::vector<WorkerScratch> scratch_;
+  std::array<double, kPhases> phase_seconds_{};
+};
+
+}  // namespace tilemoe

@@ -1,0 +1,59 @@
+#include "src/layer/moe_sft_layer.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+
+MoeSftLayer::MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool, const SftLayerOptions& options,
+                         const LayerLoraView& lora)
+    : shape_(weights.shape()),
+      options_(options),
+      forward_(weights, isa, pool),
+      backward_(weights, isa, pool),
+      cache_(weights.shape(), CacheLimits{options.max_tokens, options.max_top_k > 0 ? options.max_top_k : std::max(1, weights.shape().top_k), options.max_cache_depth,
+                                          options.max_lora_rank}) {
+  update_lora_weights(lora);
+}
+
+void MoeSftLayer::update_lora_weights(const LayerLoraView& lora) {
+  validate_lora_view(lora, shape_, options_.max_lora_rank, "update_lora_weights");
+  lora_ = lora;
+}
+
+void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,
+                              bool save_for_backward) {
+  if (tokens < 0 || top_k <= 0)
+    fail(ErrorKind::invalid_argument, "forward_sft: tokens (" + std::to_string(tokens) + ") must be >= 0 and top_k (" +
+                                          std::to_string(top_k) + ") positive");
+  if (!save_for_backward) return forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out);
+
+  ForwardCacheEntry& slot = cache_.slot_for_push("forward_sft");
+  const CacheLimits& lim = cache_.limits();
+  if (tokens > lim.max_tokens || top_k > lim.max_top_k)
+    fail(ErrorKind::invalid_argument, "forward_sft: a batch of " + std::to_string(tokens) + " tokens x top-" + std::to_string(top_k) +
+                                          " does not fit the forward cache (max_tokens " + std::to_string(lim.max_tokens) +
+                                          ", top-k " + std::to_string(lim.max_top_k) + ")");
+  slot.lora = lora_;
+  const ForwardSave save = slot.save_target();
+  forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out, &save);  // checks the ids before writing
+
+  const std::size_t n = static_cast<std::size_t>(tokens) * top_k;
+  std::copy_n(x, static_cast<std::size_t>(tokens) * shape_.hidden, slot.x.data());
+  std::copy_n(expert_ids, n, slot.ids.data());
+  std::copy_n(weights, n, slot.weights.data());
+  slot.tokens = tokens;
+  slot.top_k = top_k;
+  slot.rows = static_cast<int>(std::count_if(expert_ids, expert_ids + n, [](std::int64_t id) { return id >= 0; }));
+  cache_.push();
+}
+
+void MoeSftLayer::backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate) {
+  const ForwardCacheEntry& entry = cache_.top("backward");
+  backward_.backward(entry, grad_output, grad_input, grads, accumulate);
+  cache_.pop();
+}
+
+}  // namespace tilemoe

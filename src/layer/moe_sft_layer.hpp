@@ -1,0 +1,67 @@
+#pragma once
+// One MoE layer for LoRA fine-tuning: the forward that can save what backward needs on a cache
+// stack, the backward that pops it, and LoRA weights that are the caller's memory.
+//
+//   MoeSftLayer layer(packed, isa, pool, {max_tokens, max_cache_depth, max_lora_rank}, lora);
+//   layer.forward_sft(T, k, x, ids, w, out, /*save_for_backward=*/true);
+//   layer.backward(grad_out, grad_in, grads);        // pops the newest saved forward
+//   optimizer writes the LoRA arrays in place        // seen by the next forward, no call needed
+//   layer.update_lora_weights(other_set);            // or point the layer at another set
+//
+// The base weights are frozen (no gradient). Memory: the cache stack is allocated once
+// (cache_bytes()); backward reads the forward's packed weights, so it adds no weight copy.
+#include <cstdint>
+
+#include "src/layer/forward_cache.hpp"
+#include "src/layer/moe_backward.hpp"
+#include "src/layer/moe_forward.hpp"
+
+namespace tilemoe {
+
+struct SftLayerOptions {
+  int max_tokens = 0;       // the largest batch forward_sft may save
+  int max_cache_depth = 1;  // saved forwards held at once
+  int max_lora_rank = 0;    // the largest rank update_lora_weights accepts
+  int max_top_k = 0;        // routing slots per token forward_sft may save (0: the model's top-k)
+};
+
+class MoeSftLayer {
+ public:
+  // Throws invalid_argument for bad options or a LoRA set that does not fit the layer.
+  MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool, const SftLayerOptions& options,
+              const LayerLoraView& lora = {});
+
+  // Points the layer at another LoRA set (no copy). Validated first: a set that does not fit
+  // is an invalid_argument error and the layer keeps the old one. Saved forwards keep the set
+  // they were computed with.
+  void update_lora_weights(const LayerLoraView& lora);
+  const LayerLoraView& lora() const { return lora_; }
+
+  // x: bf16 [T][H]; ids, weights: [T][k]; out: f32 [T][H]. With save_for_backward the call
+  // pushes one cache entry: it is an Error(state) when the stack is full, and invalid_argument
+  // when T > max_tokens or k > max_top_k; either leaves the layer as it was.
+  void forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,
+                   bool save_for_backward);
+
+  // Pops the newest saved forward and computes, for loss = sum(out * grad_output):
+  // grad_input (f32 [T][H], overwritten) and the LoRA gradients into `grads`, shaped like the
+  // LoRA set that forward used (overwritten, zero for experts without tokens, or added to with
+  // accumulate). An empty stack is an Error(state) that changes nothing.
+  void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false);
+
+  int cached_forwards() const { return cache_.size(); }
+  std::size_t cache_bytes() const { return cache_.bytes(); }
+  const MoeShape& shape() const { return shape_; }
+  MoeForward& forward_pass() { return forward_; }
+  MoeBackward& backward_pass() { return backward_; }
+
+ private:
+  MoeShape shape_;
+  SftLayerOptions options_;
+  LayerLoraView lora_;
+  MoeForward forward_;
+  MoeBackward backward_;
+  ForwardCacheStack cache_;
+};
+
+}  // namespace tilemoe

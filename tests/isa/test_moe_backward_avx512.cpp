@@ -1,0 +1,13 @@
+#include "moe_backward_grid.hpp"
+
+using namespace tilemoe;
+
+TEST_CASE("avx512 backward equals the reference on the shape grid", "[backward][avx512]") {
+  test::run_backward_grid(kernels::Isa::avx512_bf16);
+}
+TEST_CASE("avx512 backward matches the fixtures", "[backward][avx512][fixtures]") {
+  test::run_fixture_backward(kernels::Isa::avx512_bf16);
+}
+TEST_CASE("avx512 backward is bit-identical for 1, 2 and 3 threads", "[backward][avx512]") {
+  test::run_backward_thread_identity(kernels::Isa::avx512_bf16, {1, 2, 3});
+}

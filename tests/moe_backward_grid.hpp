@@ -1,0 +1,161 @@
+#pragma once
+// The fast fine-tuning path (forward_sft + backward) of one ISA against the reference path: the
+// awkward-shape grid of the forward tests, the PyTorch + PEFT fixtures, and bit-identical
+// results for any thread count. Included by one test file per ISA.
+#include <cstring>
+
+#include "catch.hpp"
+#include "fixture_cases.hpp"
+#include "src/io/safetensors.hpp"
+#include "src/layer/moe_compute.hpp"
+#include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "src/lora/peft_adapter.hpp"
+#include "src/model/checkpoint.hpp"
+#include "test_util.hpp"
+
+namespace tilemoe::test {
+
+struct SftResult {
+  std::vector<float> out, grad_input;
+  LayerLora grads;
+};
+
+// forward_sft (saved) then backward on `isa`, gradients overwritten into buffers full of junk.
+inline SftResult run_sft(kernels::Isa isa, numa::ThreadPool& pool, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
+                         const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
+                         const std::vector<float>& grad_out) {
+  auto packed = PackedExpertWeights::pack(w.view(), pool);
+  MoeSftLayer layer(packed, isa, pool, {std::max(tokens, 1), 1, lora_view(lora).max_rank()}, lora_view(lora));
+  SftResult r;
+  r.out.resize(x.size());
+  r.grad_input.assign(x.size(), 7.0f);
+  r.grads = lora.zeros_like();
+  for (auto& p : r.grads.proj) {
+    std::fill(p.a.begin(), p.a.end(), 7.0f);  // overwrite mode must replace all of it
+    std::fill(p.b.begin(), p.b.end(), 7.0f);
+  }
+  auto xb = to_bf16(x.data(), x.size());
+  layer.forward_sft(tokens, top_k, xb.data(), ids.data(), wts.data(), r.out.data(), true);
+  layer.backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads));
+  CHECK(layer.cached_forwards() == 0);
+  return r;
+}
+
+// Norm-wise errors of every LoRA gradient tensor (all experts of one projection together).
+inline void check_lora_grads(const LayerLora& got, const LayerLora& want, double tol) {
+  for (Projection p : kProjections) {
+    INFO(projection_name(p));
+    CHECK(rel_error(got[p].a, want[p].a) <= tol);
+    CHECK(rel_error(got[p].b, want[p].b) <= tol);
+  }
+}
+
+inline void check_backward_case(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
+                                std::uint64_t seed) {
+  auto w = random_expert_weights(s, seed);
+  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  auto routing = random_routing(tokens, s, seed + 2);
+  for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;  // run elsewhere
+  auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
+  auto go = random_activations(x.size(), seed + 4);
+  MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
+  std::vector<float> want_out(x.size()), want_dx(x.size());
+  LayerLora want_grads = lora.zeros_like();
+  reference_forward(w.view(), lora, batch, want_out.data());
+  reference_backward(w.view(), lora, batch, go.data(), want_dx.data(), &want_grads);
+  SftResult got = run_sft(isa, pool, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go);
+  CHECK(rel_error(got.out, want_out) <= 1e-2);
+  CHECK(rel_error(got.grad_input, want_dx) <= 1e-2);
+  check_lora_grads(got.grads, want_grads, 2e-2);
+}
+
+inline void run_backward_grid(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  struct Case {
+    MoeShape shape;
+    int tokens, rank, every;
+  };
+  const Case cases[] = {
+      {{40, 24, 4, 2}, 1, 0, 1},     {{40, 24, 4, 2}, 3, 1, 1},      {{33, 47, 5, 3}, 17, 5, 2},  {{64, 100, 3, 1}, 64, 16, 1},
+      {{17, 200, 8, 8}, 9, 64, 3},   {{100, 33, 6, 4}, 200, 33, 2},  {{48, 31, 16, 6}, 1024, 8, 1},
+      {{320, 176, 8, 2}, 13, 8, 1},  {{256, 320, 4, 2}, 129, 16, 1}, {{31, 15, 2, 2}, 2, 2, 1},
+      {{128, 96, 12, 8}, 40, 0, 1},  {{80, 48, 4, 2}, 70, 17, 1},
+  };
+  for (const auto& c : cases) {
+    INFO("hidden " << c.shape.hidden << " inter " << c.shape.intermediate << " experts " << c.shape.num_experts << " top-"
+                   << c.shape.top_k << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.every);
+    check_backward_case(isa, c.shape, c.tokens, c.rank, c.every, pool, 31 + c.tokens);
+  }
+}
+
+// Every fixture case through forward_sft + backward: PyTorch autograd through PEFT is the oracle.
+inline void run_fixture_backward(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  for (const auto& c : fixture_cases()) {
+    auto ck = Checkpoint::open(c.dir + "/model");
+    auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
+    for (int layer : c.layers) {
+      std::string p = "layer_" + std::to_string(layer) + ".";
+      auto experts = ck.load_layer_experts(layer);
+      LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
+      auto x = io::read_as_f32(ref, p + "input");
+      auto ids = io::read_as_i64(ref, p + "expert_ids");
+      auto wts = io::read_as_f32(ref, p + "weights");
+      auto go = io::read_as_f32(ref, p + "grad_output");
+      int T = static_cast<int>(ref.get(p + "input").shape[0]), k = static_cast<int>(ref.get(p + "expert_ids").shape[1]);
+      SftResult got = run_sft(isa, pool, experts, lora.lora, T, k, x, ids, wts, go);
+      INFO(c.name << " layer " << layer);
+      CHECK(rel_error(got.out, io::read_as_f32(ref, p + "output")) <= 1e-2);
+      CHECK(rel_error(got.grad_input, io::read_as_f32(ref, p + "grad_input")) <= 1e-2);
+      int checked = 0;
+      for (Projection proj : kProjections) {
+        const auto& g = got.grads[proj];
+        for (int e = 0; e < ck.config().shape.num_experts; ++e) {
+          if (!g.present[e]) continue;
+          const int r = g.expert_rank[e];
+          std::vector<float> ga(g.a_of(e), g.a_of(e) + static_cast<std::size_t>(r) * g.in), gb;
+          for (int o = 0; o < g.out; ++o)
+            for (int q = 0; q < r; ++q) gb.push_back(g.b_of(e)[static_cast<std::size_t>(o) * g.rank + q]);
+          std::string ka = "grad." + lora.key_a(proj, e), kb = "grad." + lora.key_b(proj, e);
+          INFO(ka);
+          if (ref.find(ka)) {
+            CHECK(rel_error(ga, io::read_as_f32(ref, ka)) <= 2e-2);
+            CHECK(rel_error(gb, io::read_as_f32(ref, kb)) <= 2e-2);
+            ++checked;
+          } else {  // no token reached this expert: zero gradient
+            for (float v : ga) REQUIRE(v == 0.0f);
+            for (float v : gb) REQUIRE(v == 0.0f);
+          }
+        }
+      }
+      CHECK(checked > 0);
+    }
+  }
+}
+
+// Items depend on the routing only: grad_input and every LoRA gradient are the same bits for any
+// thread count.
+inline void run_backward_thread_identity(kernels::Isa isa, std::vector<int> thread_counts) {
+  MoeShape s{96, 72, 8, 3};
+  auto w = random_expert_weights(s, 5);
+  LayerLora lora = random_lora(s, 8, 16.0f, 6, 2);
+  for (int tokens : {1, 5, 100}) {
+    auto routing = random_routing(tokens, s, 7);
+    auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 8);
+    auto go = random_activations(x.size(), 9);
+    std::vector<SftResult> results;
+    for (int threads : thread_counts)
+      results.push_back(run_sft(isa, pool_for_threads(threads), w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go));
+    for (std::size_t i = 1; i < results.size(); ++i) {
+      INFO(tokens << " tokens, " << thread_counts[i] << " threads against " << thread_counts[0]);
+      CHECK(results[i].grad_input == results[0].grad_input);
+      for (int p = 0; p < 3; ++p) {
+        CHECK(results[i].grads.proj[p].a == results[0].grads.proj[p].a);
+        CHECK(results[i].grads.proj[p].b == results[0].grads.proj[p].b);
+      }
+    }
+  }
+}
+
+}  // namespace tilemoe::test
