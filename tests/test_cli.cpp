@@ -67,11 +67,13 @@ TEST_CASE("backward through the command line matches every fixture case", "[cli]
       REQUIRE(conv.status == 0);
       for (int layer : c.layers) {
         std::string in = write_inputs(ref, layer, test::temp_dir() + "/in.safetensors");
-        for (const std::string& adapter : {c.dir + "/adapter", converted}) {
+        // Every implementation: the reference path, the portable kernels and the fastest this CPU has.
+        for (const auto& [isa, adapter] : {std::pair<std::string, std::string>{"reference", c.dir + "/adapter"}, {"reference", converted},
+                                           {"portable", converted}, {"auto", c.dir + "/adapter"}, {"auto", converted}}) {
           std::string out = test::temp_dir() + "/out.safetensors";
-          auto r = run_cli("backward --isa reference --model " + c.dir + "/model --layer " + std::to_string(layer) + " --adapter " +
+          auto r = run_cli("backward --isa " + isa + " --model " + c.dir + "/model --layer " + std::to_string(layer) + " --adapter " +
                            adapter + " --input " + in + " --output " + out);
-          INFO(c.name << " layer " << layer << " adapter " << adapter << ": " << r.err);
+          INFO(c.name << " layer " << layer << " isa " << isa << " adapter " << adapter << ": " << r.err);
           REQUIRE(r.status == 0);
           auto got = io::SafetensorsFile::open(out);
           std::string p = "layer_" + std::to_string(layer) + ".";
@@ -220,4 +222,23 @@ TEST_CASE("info and demo run and succeed", "[cli]") {
   auto bad = run_cli("bench --tokens 1,x");
   CHECK(bad.status == 1);
   CHECK(bad.err.find("'x' is not a non-negative integer") != std::string::npos);
+}
+
+TEST_CASE("train-demo's loss falls, on the portable kernels and the fastest", "[cli][train]") {
+  for (const char* isa : {"portable", "auto"}) {
+    auto r = run_cli(std::string("train-demo --steps 60 --isa ") + isa);
+    INFO(isa << ": " << r.err);
+    CHECK(r.status == 0);  // exit 0 only when the final loss is below the first
+  }
+  auto bad = run_cli("train-demo --isa reference");
+  CHECK(bad.status == 1);
+  CHECK(bad.err.find("--isa reference is not one") != std::string::npos);
+}
+
+TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
+  auto r = run_cli("bench --backward --shape mini --tokens 1,20 --lora-rank 4 --layers 2 --iter-scale 0.05 --json");
+  INFO(r.err);
+  CHECK(r.status == 0);
+  auto o = run_cli("bench --backward --grad-overwrite --shape mini --tokens 3 --lora-rank 0 --layers 2 --iter-scale 0.05");
+  CHECK(o.status == 0);
 }

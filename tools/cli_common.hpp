@@ -38,6 +38,7 @@ void add_convert_lora_command(CLI::App& app, int& status);
 void add_demo_command(CLI::App& app, int& status);
 void add_bench_command(CLI::App& app, int& status);
 void add_info_command(CLI::App& app, int& status);
+void add_train_demo_command(CLI::App& app, int& status);
 
 void warn(const std::string& message);
 void run_convert_bench(const std::string& shape_name, int rank, const std::string& workdir);

@@ -13,6 +13,7 @@
 #include "numa/topology.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_forward.hpp"
+#include "src/layer/moe_sft_layer.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "tilemoe/error.hpp"
 #include "tools/cli_common.hpp"
@@ -66,11 +67,11 @@ void add_bench_command(CLI::App& app, int& status) {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto";
     int threads = 0, layers = 0;
     double iter_scale = 1.0;
-    bool json = false, phases = false, convert = false;
+    bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false;
     std::string workdir = "/tmp";
   };
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward against the machine's measured limits");
+  auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward (or fine-tuning step) against the machine's measured limits");
   cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3 or mixtral-8x7b")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
   cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none)")->capture_default_str();
@@ -79,7 +80,11 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per case");
-  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward");
+  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward)");
+  cmd->add_flag("--backward", a->backward,
+                "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
+  cmd->add_flag("--grad-overwrite", a->grad_overwrite,
+                "With --backward: overwrite the LoRA gradients (zeroing every expert's) instead of accumulating into them");
   cmd->add_flag("--convert-lora", a->convert,
                 "Instead: time convert-lora on a synthetic PEFT adapter of DeepSeek-V3's size (--shape v3 --lora-rank 16)");
   cmd->add_option("--workdir", a->workdir, "Where --convert-lora writes its files (about 2x the adapter's size)")->capture_default_str();
@@ -120,66 +125,118 @@ void add_bench_command(CLI::App& app, int& status) {
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
       std::printf("weights: %d layers x %.2f GB packed (made in %.1f s, packed in %.1f s: %.2f s per layer)\n", layers,
                   packed[0].bytes() / 1e9, gen_s, pack_s, pack_s / layers);
-      std::printf("%6s %5s %6s %9s %9s %9s %8s %9s %10s\n", "tokens", "rank", "iters", "median_ms", "min_ms", "GB/s", "TFLOP/s",
-                  "floor_ms", "time/floor");
+      if (a->backward)
+        std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
+                    a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
+      std::printf("%6s %5s %6s %9s %9s %9s %8s %9s %10s%s\n", "tokens", "rank", "iters", "median_ms", "min_ms", "GB/s", "TFLOP/s",
+                  "floor_ms", "time/floor", a->backward ? "    fwd_ms    bwd_ms" : "");
     }
+    const int max_tokens = std::max(1, *std::max_element(token_list.begin(), token_list.end()));
     for (int rank : rank_list) {
       LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), 3);
+      LayerLora grads = lora.zeros_like();
       std::size_t lora_bytes_per_expert = 0;
       for (Projection p : kProjections)
         lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
       std::vector<std::unique_ptr<MoeForward>> fwd;
-      for (auto& p : packed) fwd.push_back(std::make_unique<MoeForward>(p, isa, pool));
+      std::vector<std::unique_ptr<MoeSftLayer>> sft;
+      for (auto& p : packed) {
+        if (a->backward)
+          sft.push_back(std::make_unique<MoeSftLayer>(p, isa, pool, SftLayerOptions{max_tokens, 1, rank}, lora_view(lora)));
+        else
+          fwd.push_back(std::make_unique<MoeForward>(p, isa, pool));
+      }
+      auto reset_phases = [&] {
+        for (auto& f : fwd) f->reset_phase_seconds();
+        for (auto& l : sft) l->forward_pass().reset_phase_seconds(), l->backward_pass().reset_phase_seconds();
+      };
       for (int tokens : token_list) {
         if (tokens == 0) continue;
         const int sets = 8;  // routings and inputs rotate: fresh experts, as in serving
         std::vector<RandomRouting> routings;
         std::vector<std::vector<bf16>> inputs;
+        std::vector<std::vector<float>> grad_outs;
         for (int i = 0; i < sets; ++i) {
           routings.push_back(random_routing(tokens, s, 100 + i));
           auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
           inputs.push_back(to_bf16(x.data(), x.size()));
+          if (a->backward) grad_outs.push_back(random_activations(x.size(), 300 + i));
         }
-        std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden);
-        for (auto& f : fwd) f->reset_phase_seconds();
+        std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), grad_in(out.size());
+        reset_phases();
         int iters = std::max(3, static_cast<int>(iterations_for(tokens) * a->iter_scale));
-        std::vector<double> ms;
+        std::vector<double> ms, fwd_ms, bwd_ms;
         double bytes_sum = 0;
         for (int i = -2; i < iters; ++i) {  // two warm-up calls
           int set = (i + 2) % sets, layer = (i + 2) % layers;
           const auto& r = routings[set];
           auto t = Clock::now();
-          fwd[layer]->forward(lora, tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data());
+          double f_ms = 0;
+          if (a->backward) {
+            sft[layer]->forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), true);
+            f_ms = seconds_since(t) * 1e3;
+            sft[layer]->backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(grads), !a->grad_overwrite);
+          } else {
+            fwd[layer]->forward(lora, tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data());
+          }
           double dt = seconds_since(t) * 1e3;
           if (i < 0) continue;
           ms.push_back(dt);
+          fwd_ms.push_back(f_ms);
+          bwd_ms.push_back(dt - f_ms);
           std::vector<char> touched(s.num_experts, 0);
           for (auto e : r.expert_ids) touched[e] = 1;
           int n = static_cast<int>(std::count(touched.begin(), touched.end(), 1));
-          bytes_sum += static_cast<double>(n) * (packed[0].bytes_per_expert() + lora_bytes_per_expert);
+          bytes_sum += (a->backward ? 2.0 : 1.0) * n * (packed[0].bytes_per_expert() + lora_bytes_per_expert);
         }
-        std::sort(ms.begin(), ms.end());
-        double median = ms[ms.size() / 2], bytes = bytes_sum / iters;
-        double flops = 2.0 * tokens * s.top_k * (3.0 * s.hidden * s.intermediate +
-                                                 rank * (2.0 * s.hidden + 2.0 * s.intermediate + s.intermediate + s.hidden));
+        auto median_of = [](std::vector<double> v) {
+          std::sort(v.begin(), v.end());
+          return v[v.size() / 2];
+        };
+        double median = median_of(ms), fwd_median = median_of(fwd_ms), bwd_median = median_of(bwd_ms), bytes = bytes_sum / iters;
+        double min_ms = *std::min_element(ms.begin(), ms.end());
+        // Backward does twice the forward's products (dH through down, dX through gate and up).
+        double flops = (a->backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *
+                       (3.0 * s.hidden * s.intermediate + rank * (2.0 * s.hidden + 2.0 * s.intermediate + s.intermediate + s.hidden));
         double floor_ms = std::max(bytes / bw, peak > 0 ? flops / peak : 0.0) * 1e3;
         if (a->json)
-          std::printf("{\"shape\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,"
-                      "\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,"
-                      "\"layers\":%d,\"iters\":%d}\n",
-                      a->shape.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), median, ms.front(), floor_ms, median / floor_ms,
-                      bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters);
+          std::printf("{\"shape\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
+                      "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
+                      "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d}\n",
+                      a->shape.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false", median, min_ms,
+                      a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms, bytes / median / 1e6,
+                      flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters);
+        else if (a->backward)
+          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %9.3f %9.3f\n", tokens, rank, iters, median, min_ms,
+                      bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, fwd_median, bwd_median);
         else
-          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f\n", tokens, rank, iters, median, ms.front(), bytes / median / 1e6,
+          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f\n", tokens, rank, iters, median, min_ms, bytes / median / 1e6,
                       flops / median / 1e9, floor_ms, median / floor_ms);
         if (a->phases) {
-          std::array<double, MoeForward::kPhases> total{};
-          for (auto& f : fwd)
-            for (int i = 0; i < MoeForward::kPhases; ++i) total[i] += f->phase_seconds()[i];
-          std::printf("        phases, mean ms per call:");
-          for (int i = 0; i < MoeForward::kPhases; ++i) std::printf(" %s %.3f", MoeForward::phase_name(i), total[i] * 1e3 / (iters + 2));
-          std::printf("\n");
-          for (auto& f : fwd) f->reset_phase_seconds();
+          auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
+            std::printf("        %s phases, mean ms per call:", what);
+            for (int i = 0; i < count; ++i) std::printf(" %s %.3f", name(i), seconds(i) * 1e3 / (iters + 2));
+            std::printf("\n");
+          };
+          if (a->backward) {
+            print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
+              double t = 0;
+              for (auto& l : sft) t += l->forward_pass().phase_seconds()[i];
+              return t;
+            });
+            print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
+              double t = 0;
+              for (auto& l : sft) t += l->backward_pass().phase_seconds()[i];
+              return t;
+            });
+          } else {
+            print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
+              double t = 0;
+              for (auto& f : fwd) t += f->phase_seconds()[i];
+              return t;
+            });
+          }
+          reset_phases();
         }
         std::fflush(stdout);
       }
