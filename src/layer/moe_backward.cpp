@@ -27,6 +27,51 @@ void grow(std::vector<T>& v, std::size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// Experts with at most this many rows take the split-K form of the products with W: decode.
+// There a column-split item would read one 1 KiB block from each of W's panels (scattered over
+// the whole matrix, which the hardware prefetchers cannot follow) for a row or two of work; a
+// split-K item instead streams a few whole panels in order, like the forward, and the partial
+// sums (a row of f32 per item) are added up afterwards in a fixed order.
+constexpr int kSplitKMaxRows = 3;
+constexpr int kSplitKPanels = 8;
+// The split-K sums add the LoRA terms from f32, the form a term takes for few rows.
+static_assert(kSplitKMaxRows < kLoraPackRows);  // forward panels per split-K item: 352-512 KiB of weights at V2-Lite's size
+
+// One split-K item: the partial product over W's panels [nb0, nb1) (W's outputs, the reduction
+// here) for every k-column of W: c[m][k_padded] = a[:, nb0*16 ..] · W[nb0*16 .. nb1*16, :].
+void split_k_partial(const kernels::KernelTable& kt, const bf16* packed_w, const kernels::PackedShape& w, int nb0, int nb1,
+                     const bf16* a, std::size_t lda, int m, std::vector<bf16>& buffer, float* c) {
+  const int panels = nb1 - nb0;
+  const std::size_t panel_stride = static_cast<std::size_t>(kernels::transposed_kblocks(panels)) * kernels::kBlockElements;
+  grow(buffer, 2 * static_cast<std::size_t>(w.kblocks) * panel_stride);
+  const bf16* src = packed_w + static_cast<std::size_t>(nb0) * w.kblocks * kernels::kBlockElements;
+  for (int kb = 0; kb < w.kblocks; ++kb)
+    kt.pack_transposed_kblock(src, panels, w.kblocks, kb, buffer.data() + 2 * static_cast<std::size_t>(kb) * panel_stride, panel_stride);
+  kernels::GemmBf16Args g{};
+  g.a = a + static_cast<std::size_t>(nb0) * kernels::kPanelColumns;
+  g.lda = lda;
+  g.m = m;
+  g.k_padded = kernels::transposed_kblocks(panels) * kernels::kBlockK;
+  g.packed_b = buffer.data();
+  g.panel_begin = 0;
+  g.panel_end = 2 * w.kblocks;
+  g.c = c;
+  g.ldc = static_cast<std::size_t>(w.k_padded);
+  kt.gemm_bf16(g);
+}
+
+// c[i][j] = sum over `count` partials of partial[i][j], in order; partials are [m][ld] apart by stride.
+void sum_partials(const float* partials, int count, std::size_t stride, int m, int n, std::size_t ld, float* c, std::size_t ldc) {
+  for (int i = 0; i < m; ++i) {
+    float* ci = c + static_cast<std::size_t>(i) * ldc;
+    std::copy_n(partials + static_cast<std::size_t>(i) * ld, n, ci);
+    for (int q = 1; q < count; ++q) {
+      const float* pi = partials + q * stride + static_cast<std::size_t>(i) * ld;
+      for (int j = 0; j < n; ++j) ci[j] += pi[j];
+    }
+  }
+}
+
 }  // namespace
 
 const char* MoeBackward::phase_name(int i) {
@@ -65,8 +110,35 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   grow(dx_, slots * hidden);
   for (int p = 0; p < 3; ++p) grow(dp_[p], static_cast<std::size_t>(rows) * lora.proj[p].rank);
   active_.clear();
-  for (int e = 0; e < s.num_experts; ++e)
-    if (groups.count(e) > 0) active_.push_back(e);
+  column_split_.clear();
+  split_k_.clear();
+  for (int e = 0; e < s.num_experts; ++e) {
+    if (groups.count(e) == 0) continue;
+    active_.push_back(e);
+    (groups.count(e) <= kSplitKMaxRows ? split_k_ : column_split_).push_back(e);
+  }
+  // Split-K items, in the order their partials are summed: per expert, down's panels (dh), then
+  // gate's and up's (dx).
+  struct SplitKItem {
+    int e, proj, nb0, nb1;
+    std::size_t partial;
+  };
+  std::vector<SplitKItem> dh_split, dx_split;
+  std::vector<std::size_t> dh_first(s.num_experts), dx_first(s.num_experts);
+  std::size_t partial_floats = 0;
+  for (int e : split_k_) {
+    const std::size_t m = static_cast<std::size_t>(groups.count(e));
+    dh_first[e] = dh_split.size();
+    for (int nb = 0; nb < down.panels; nb += kSplitKPanels, partial_floats += m * down.k_padded)
+      dh_split.push_back({e, 2, nb, std::min(down.panels, nb + kSplitKPanels), partial_floats});
+    dx_first[e] = dx_split.size();
+    for (int proj = 0; proj < 2; ++proj)
+      for (int nb = 0; nb < gate_up.panels; nb += kSplitKPanels, partial_floats += m * gate_up.k_padded)
+        dx_split.push_back({e, proj, nb, std::min(gate_up.panels, nb + kSplitKPanels), partial_floats});
+  }
+  grow(partials_, partial_floats);
+  const int dh_items_per_expert = (down.panels + kSplitKPanels - 1) / kSplitKPanels;
+  const int dx_items_per_expert = 2 * ((gate_up.panels + kSplitKPanels - 1) / kSplitKPanels);
   if (terms_.size() < static_cast<std::size_t>(s.num_experts)) terms_.resize(s.num_experts);
   auto off = [&](int e) { return static_cast<std::size_t>(groups.offsets[e]); };
   auto rank_of = [&](Projection p) { return static_cast<std::size_t>(lora[p].rank); };
@@ -121,13 +193,25 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   }
   lap(1);
 
-  // dh: dH = dY Wd (+ LoRA) on 32-column slices of Wdᵀ, then the SwiGLU backward into dG | dU.
-  std::vector<ExpertItem> items = split_expert_columns(active_, groups, 2 * down.kblocks, 2);
-  pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
+  // dh: dH = dY Wd (+ LoRA) on 32-column slices of Wdᵀ (or split-K partials, then their sum),
+  // then the SwiGLU backward into dG | dU.
+  auto swiglu_backward = [&](int e, int col0, int n, const float* c, std::size_t ldc) {
+    bf16* gu = dgu_.data() + off(e) * gu_ld + col0;
+    kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter,
+                          groups.count(e), n, gu, gu + ik, gu_ld, need_h ? h_.data() + off(e) * inter + col0 : nullptr, inter);
+  };
+  std::vector<ExpertItem> items = split_expert_columns(column_split_, groups, 2 * down.kblocks, 2);
+  pool_.parallel_for(items.size() + dh_split.size(), [&](std::size_t item, int worker) {
+    WorkerScratch& ws = scratch_[worker];
+    if (item >= items.size()) {
+      const SplitKItem& it = dh_split[item - items.size()];
+      split_k_partial(kt_, w_.packed(Projection::down, it.e), down, it.nb0, it.nb1, dy_.data() + off(it.e) * hk, hk,
+                      groups.count(it.e), ws.transposed, partials_.data() + it.partial);
+      return;
+    }
     auto [e, p0, p1] = items[item];
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.intermediate - col0);
-    WorkerScratch& ws = scratch_[worker];
     const std::size_t panel_stride = static_cast<std::size_t>(tk_down) * kernels::kBlockElements;
     grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
     grow(ws.c, static_cast<std::size_t>(m) * cols);
@@ -146,10 +230,17 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     g.ldc = static_cast<std::size_t>(cols);
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
-    bf16* gu = dgu_.data() + off(e) * gu_ld + col0;
-    kt_.silu_mul_backward(ws.c.data(), static_cast<std::size_t>(cols), entry.gate.data() + off(e) * inter + col0,
-                          entry.up.data() + off(e) * inter + col0, inter, m, n, gu, gu + ik, gu_ld,
-                          need_h ? h_.data() + off(e) * inter + col0 : nullptr, inter);
+    swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
+  });
+  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
+    const int e = split_k_[item], m = groups.count(e);
+    std::vector<float>& c = scratch_[worker].c;
+    grow(c, static_cast<std::size_t>(m) * down.k_padded);
+    const SplitKItem& first = dh_split[dh_first[e]];
+    sum_partials(partials_.data() + first.partial, dh_items_per_expert, static_cast<std::size_t>(m) * down.k_padded, m, s.intermediate,
+                 static_cast<std::size_t>(down.k_padded), c.data(), static_cast<std::size_t>(down.k_padded));
+    if (any_lora) terms_[e][2].add_f32(m, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
+    swiglu_backward(e, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
   });
   lap(2);
 
@@ -181,13 +272,26 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   }
   lap(3);
 
-  // dx: dX = [dG | dU] [Wg ; Wu] (+ both LoRA terms) on 32-column slices of the stacked Wᵀ.
-  items = split_expert_columns(active_, groups, 2 * gate_up.kblocks, 2);
-  pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
+  // dx: dX = [dG | dU] [Wg ; Wu] (+ both LoRA terms) on 32-column slices of the stacked Wᵀ (or
+  // split-K partials over gate's and up's panels, then their sum).
+  auto store_dx = [&](int e, int col0, int n, const float* c, std::size_t ldc) {
+    for (int i = 0; i < groups.count(e); ++i)
+      std::memcpy(dx_.data() + static_cast<std::size_t>(groups.slot[off(e) + i]) * hidden + col0, c + static_cast<std::size_t>(i) * ldc,
+                  static_cast<std::size_t>(n) * sizeof(float));
+  };
+  items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2);
+  pool_.parallel_for(items.size() + dx_split.size(), [&](std::size_t item, int worker) {
+    WorkerScratch& ws = scratch_[worker];
+    if (item >= items.size()) {
+      const SplitKItem& it = dx_split[item - items.size()];
+      const Projection p = it.proj == 0 ? Projection::gate : Projection::up;
+      split_k_partial(kt_, w_.packed(p, it.e), gate_up, it.nb0, it.nb1, dgu_.data() + off(it.e) * gu_ld + (it.proj == 1 ? ik : 0),
+                      gu_ld, groups.count(it.e), ws.transposed, partials_.data() + it.partial);
+      return;
+    }
     auto [e, p0, p1] = items[item];
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.hidden - col0);
-    WorkerScratch& ws = scratch_[worker];
     const std::size_t half = static_cast<std::size_t>(tk_gate) * kernels::kBlockElements, panel_stride = 2 * half;
     grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
     grow(ws.c, static_cast<std::size_t>(m) * cols);
@@ -208,9 +312,18 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     g.ldc = static_cast<std::size_t>(cols);
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
     gemm_with_lora_terms(kt_, g, terms, 2, p0, n);
-    for (int i = 0; i < m; ++i)
-      std::memcpy(dx_.data() + static_cast<std::size_t>(groups.slot[off(e) + i]) * hidden + col0,
-                  ws.c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n) * sizeof(float));
+    store_dx(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
+  });
+  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
+    const int e = split_k_[item], m = groups.count(e);
+    std::vector<float>& c = scratch_[worker].c;
+    const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);
+    grow(c, static_cast<std::size_t>(m) * ld);
+    const SplitKItem& first = dx_split[dx_first[e]];
+    sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
+    if (any_lora)
+      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(m, 0, s.hidden, c.data(), ld);
+    store_dx(e, 0, s.hidden, c.data(), ld);
   });
   lap(4);
 

@@ -55,7 +55,8 @@ class MoeBackward {
   std::vector<bf16> dy_, dgu_, h_, xs_;
   std::vector<float> dx_;
   std::array<std::vector<float>, 3> dp_;  // s·dOut·B per projection, [rows][rank]
-  std::vector<int> active_;
+  std::vector<float> partials_;           // split-K partial products (decode)
+  std::vector<int> active_, column_split_, split_k_;
   std::vector<std::array<LoraTerm, 3>> terms_;
   std::vector<WorkerScratch> scratch_;
   std::array<double, kPhases> phase_seconds_{};
