@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "amx/activation.hpp"
+#include "amx/bf16_avx512.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -42,18 +43,6 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
   return _mm512_mul_ps(s, u);
 }
 
-// Bit-identical to tilemoe::float_to_bf16 (VCVTNEPS2BF16 would flush denormals to zero).
-inline __m256i to_bf16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  rounded = _mm512_mask_mov_epi32(rounded, nan, quiet);
-  return _mm512_cvtepi32_epi16(rounded);
-}
-
-inline __m512 bf16_to_f32(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
 
 // One vector of silu_mul_backward; `mask` selects the columns that exist.
 inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, const bf16* u16, bf16* dg, bf16* du, bf16* h) {

@@ -17,13 +17,16 @@ void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
 
 constexpr KernelTable kPortable{Isa::portable,          gemm_bf16_portable,
                                 silu_mul_bf16_portable,  silu_mul_backward_portable,
-                                pack_transposed_kblock_portable, lora_grad_outer_portable, 0};
+                                pack_transposed_kblock_portable, lora_grad_outer_portable,
+                                convert_to_bf16_portable, 0};
 constexpr KernelTable kAvx512{Isa::avx512_bf16,       gemm_bf16_avx512,
                               silu_mul_bf16_avx512,   silu_mul_backward_avx512,
-                              pack_transposed_kblock_avx512, lora_grad_outer_avx512, 0};
+                              pack_transposed_kblock_avx512, lora_grad_outer_avx512,
+                              convert_to_bf16_avx512, 0};
 constexpr KernelTable kAmx{Isa::amx_bf16,         gemm_bf16_amx_or_avx512,
                            silu_mul_bf16_avx512, silu_mul_backward_avx512,
-                           pack_transposed_kblock_avx512, lora_grad_outer_avx512, kAmxMinRows};
+                           pack_transposed_kblock_avx512, lora_grad_outer_avx512,
+                           convert_to_bf16_avx512, kAmxMinRows};
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 // One table of kernel entry points per ISA, so the layers above pick an ISA once and then call
 // through plain function pointers.
 #include "amx/activation.hpp"
+#include "amx/convert_bf16.hpp"
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
 #include "amx/lora_grad.hpp"
@@ -25,6 +26,7 @@ struct KernelTable {
   SiluMulBackwardFn silu_mul_backward;
   PackTransposedFn pack_transposed_kblock;  // backward: Wᵀ panels from the forward layout
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
+  ConvertToBf16Fn convert_to_bf16;
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.
   int amx_min_rows;

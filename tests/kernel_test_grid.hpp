@@ -324,6 +324,26 @@ inline void check_silu_mul(SiluMulBf16Fn silu_mul) {
   REQUIRE(near_misses <= m * n / 100);
 }
 
+// Bit-for-bit the scalar rounding of scale * x, specials included; nothing past n is written.
+inline void check_convert_to_bf16(ConvertToBf16Fn convert) {
+  std::mt19937 rng(9);
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 3.0e38f, -3.0e38f, 1.00390625f, 1.01171875f};
+  for (std::size_t n : {0u, 1u, 7u, 15u, 16u, 17u, 33u, 100u}) {
+    for (float scale : {1.0f, 0.37f, -2.0f}) {
+      std::vector<float> src(n);
+      for (std::size_t i = 0; i < n; ++i)
+        src[i] = i < std::size(specials) && i % 2 == 0 ? specials[i] : std::uniform_real_distribution<float>(-50, 50)(rng);
+      Guarded<bf16> dst(n + 3);
+      for (std::size_t i = 0; i < n + 3; ++i) dst[i] = bf16{0x1234};
+      convert(src.data(), n, scale, dst.data());
+      for (std::size_t i = 0; i < n + 3; ++i) {
+        INFO("n " << n << " scale " << scale << " i " << i);
+        REQUIRE(dst[i] == (i < n ? float_to_bf16(scale * src[i]) : bf16{0x1234}));
+      }
+    }
+  }
+}
+
 // The whole body for one ISA: the raw kernel over every shape, the table's entries, silu_mul.
 inline void check_kernels(Isa isa) {
   const KernelTable& table = kernel_table(isa);
@@ -337,6 +357,7 @@ inline void check_kernels(Isa isa) {
     check_gemm_large(table.gemm_bf16);
   }
   SECTION("silu_mul") { check_silu_mul(table.silu_mul_bf16); }
+  SECTION("convert_to_bf16") { check_convert_to_bf16(table.convert_to_bf16); }
 }
 
 }  // namespace tilemoe::kernels::test

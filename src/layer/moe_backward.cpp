@@ -154,9 +154,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t pos, int) {
     const std::size_t t = static_cast<std::size_t>(groups.token[pos]);
     const float wt = entry.weights[static_cast<std::size_t>(groups.slot[pos])];
-    const float* go = grad_output + t * hidden;
     bf16* dy = dy_.data() + pos * hk;
-    for (std::size_t c = 0; c < hidden; ++c) dy[c] = float_to_bf16(wt * go[c]);
+    kt_.convert_to_bf16(grad_output + t * hidden, hidden, wt, dy);
     std::fill(dy + hidden, dy + hk, bf16(0));
     bf16* gu = dgu_.data() + pos * gu_ld;
     std::fill(gu + inter, gu + ik, bf16(0));

@@ -112,12 +112,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     }
     if (save) {
       for (int i = 0; i < m; ++i) {
-        bf16* sg = save->gate + (row0 + i) * inter + col0;
-        bf16* su = save->up + (row0 + i) * inter + col0;
-        for (int j = 0; j < n; ++j) {
-          sg[j] = float_to_bf16(cg[static_cast<std::size_t>(i) * cols + j]);
-          su[j] = float_to_bf16(cu[static_cast<std::size_t>(i) * cols + j]);
-        }
+        kt_.convert_to_bf16(cg + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f, save->gate + (row0 + i) * inter + col0);
+        kt_.convert_to_bf16(cu + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f, save->up + (row0 + i) * inter + col0);
       }
     }
     kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, h_.data() + row0 * ik + col0, ik);

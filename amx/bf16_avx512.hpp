@@ -1,0 +1,21 @@
+#pragma once
+// bf16 <-> f32 in zmm registers, for the AVX-512 kernels only (include from *_avx512.cpp files,
+// which are compiled for AVX-512). Needs <immintrin.h> included first.
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe::kernels {
+
+// Bit-identical to tilemoe::float_to_bf16 (VCVTNEPS2BF16 would flush denormals to zero).
+inline __m256i to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  rounded = _mm512_mask_mov_epi32(rounded, nan, quiet);
+  return _mm512_cvtepi32_epi16(rounded);
+}
+
+inline __m512 bf16_to_f32(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+
+}  // namespace tilemoe::kernels

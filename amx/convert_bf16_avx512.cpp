@@ -1,0 +1,24 @@
+// GCC 12's AVX-512 headers self-initialise their "undefined" vectors and then warn about them
+// (GCC PR105593, fixed in 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include "amx/bf16_avx512.hpp"
+#include "amx/convert_bf16.hpp"
+
+namespace tilemoe::kernels {
+
+void convert_to_bf16_avx512(const float* src, std::size_t n, float scale, bf16* dst) {
+  const __m512 s = _mm512_set1_ps(scale);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), to_bf16(_mm512_mul_ps(s, _mm512_loadu_ps(src + i))));
+  if (i < n) {
+    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(dst + i, mask, to_bf16(_mm512_mul_ps(s, _mm512_maskz_loadu_ps(mask, src + i))));
+  }
+}
+
+}  // namespace tilemoe::kernels
