@@ -41,6 +41,23 @@ struct GemmBf16Args {
 
 using GemmBf16Fn = void (*)(const GemmBf16Args&);
 
+// The arguments of a plain product C = A Wᵀ over panels [panel_begin, panel_end); the second
+// product and accumulate are left off.
+inline GemmBf16Args gemm_args(const bf16* a, std::size_t lda, int m, int k_padded, const bf16* packed_b, int panel_begin,
+                              int panel_end, float* c, std::size_t ldc) {
+  GemmBf16Args g{};
+  g.a = a;
+  g.lda = lda;
+  g.m = m;
+  g.k_padded = k_padded;
+  g.packed_b = packed_b;
+  g.panel_begin = panel_begin;
+  g.panel_end = panel_end;
+  g.c = c;
+  g.ldc = ldc;
+  return g;
+}
+
 void gemm_bf16_portable(const GemmBf16Args& args);
 void gemm_bf16_avx512(const GemmBf16Args& args);  // only where isa_available(Isa::avx512_bf16)
 // Only where isa_available(Isa::amx_bf16). A is re-read for every pair of panels, so a call's

@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "catch.hpp"
+#include "src/io/safetensors.hpp"
+#include "src/lora/peft_adapter.hpp"
 #include "test_util.hpp"
 
 namespace tilemoe::test {
@@ -28,6 +31,35 @@ inline std::vector<FixtureCase> fixture_cases() {
     out.push_back(c);
   }
   return out;
+}
+
+// Every LoRA gradient against PyTorch's `grad.<PEFT key>` (norm-wise, 2e-2), each at the expert's
+// own rank (rank_pattern pads smaller ranks with zeros); experts no token reached have no key
+// there and must have an all-zero gradient. Returns how many gradient pairs were compared.
+inline int check_fixture_lora_grads(const LayerLora& grads, const LoadedLora& lora, const io::SafetensorsFile& ref, int num_experts) {
+  int checked = 0;
+  for (Projection proj : kProjections) {
+    const auto& g = grads[proj];
+    for (int e = 0; e < num_experts && g.rank > 0; ++e) {
+      if (!g.present[e]) continue;
+      const int r = g.expert_rank[e];
+      std::vector<float> ga(g.a_of(e), g.a_of(e) + static_cast<std::size_t>(r) * g.in), gb;
+      for (int o = 0; o < g.out; ++o)
+        for (int q = 0; q < r; ++q) gb.push_back(g.b_of(e)[static_cast<std::size_t>(o) * g.rank + q]);
+      const std::string ka = "grad." + lora.key_a(proj, e), kb = "grad." + lora.key_b(proj, e);
+      INFO(ka);
+      if (ref.find(ka)) {
+        CHECK(rel_error(ga, io::read_as_f32(ref, ka)) <= 2e-2);
+        CHECK(rel_error(gb, io::read_as_f32(ref, kb)) <= 2e-2);
+        ++checked;
+      } else {
+        for (float v : ga) REQUIRE(v == 0.0f);
+        for (float v : gb) REQUIRE(v == 0.0f);
+      }
+    }
+  }
+  CHECK(checked > 0);
+  return checked;
 }
 
 }  // namespace tilemoe::test

@@ -6,6 +6,7 @@
 
 #include "catch.hpp"
 #include "fixture_cases.hpp"
+#include "shape_grid.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_forward.hpp"
@@ -35,20 +36,10 @@ inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, int
 
 inline void run_forward_grid(kernels::Isa isa) {
   numa::ThreadPool& pool = pool_for_threads(0);
-  struct Case {
-    MoeShape shape;
-    int tokens, rank, every;
-  };
-  const Case cases[] = {
-      {{40, 24, 4, 2}, 1, 0, 1},     {{40, 24, 4, 2}, 3, 1, 1},      {{33, 47, 5, 3}, 17, 5, 2},  {{64, 100, 3, 1}, 64, 16, 1},
-      {{17, 200, 8, 8}, 9, 64, 3},   {{100, 33, 6, 4}, 200, 33, 2},  {{48, 31, 16, 6}, 1024, 8, 1},
-      {{320, 176, 8, 2}, 13, 8, 1},  {{256, 320, 4, 2}, 129, 16, 1}, {{31, 15, 2, 2}, 2, 2, 1},
-      {{128, 96, 12, 8}, 40, 0, 1},
-  };
-  for (const auto& c : cases) {
+  for (const auto& c : awkward_shape_grid()) {
     INFO("hidden " << c.shape.hidden << " inter " << c.shape.intermediate << " experts " << c.shape.num_experts << " top-"
-                   << c.shape.top_k << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.every);
-    CHECK(forward_error(isa, c.shape, c.tokens, c.rank, c.every, pool, 17 + c.tokens) <= 1e-2);
+                   << c.shape.top_k << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.lora_every);
+    CHECK(forward_error(isa, c.shape, c.tokens, c.rank, c.lora_every, pool, 17 + c.tokens) <= 1e-2);
   }
 }
 

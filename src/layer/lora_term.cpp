@@ -38,17 +38,7 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
   // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
   const int cols = rank_panels_ * kernels::kPanelColumns;
   scratch.resize(static_cast<std::size_t>(rows) * cols);
-  kernels::GemmBf16Args g{};
-  g.a = v;
-  g.lda = ldv;
-  g.m = rows;
-  g.k_padded = k_padded;
-  g.packed_b = a_packed_.data();
-  g.panel_begin = 0;
-  g.panel_end = rank_panels_;
-  g.c = scratch.data();
-  g.ldc = static_cast<std::size_t>(cols);
-  kt.gemm_bf16(g);
+  kt.gemm_bf16(kernels::gemm_args(v, ldv, rows, k_padded, a_packed_.data(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols)));
   xa_.assign(static_cast<std::size_t>(rows) * rank_k_padded_, bf16{0});
   for (int i = 0; i < rows; ++i) {
     const float* si = scratch.data() + static_cast<std::size_t>(i) * cols;

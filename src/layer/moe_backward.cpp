@@ -1,7 +1,6 @@
 #include "src/layer/moe_backward.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "amx/pack_transposed.hpp"
@@ -10,8 +9,6 @@
 
 namespace tilemoe {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The backward products run the forward's LoRA term transposed: for dIn = dOut W + s (dOut B) A
 // the term's first factor is Bᵀ ([rank][out]) and its second Aᵀ ([in][rank]), both read in place.
@@ -47,17 +44,9 @@ void split_k_partial(const kernels::KernelTable& kt, const bf16* packed_w, const
   const bf16* src = packed_w + static_cast<std::size_t>(nb0) * w.kblocks * kernels::kBlockElements;
   for (int kb = 0; kb < w.kblocks; ++kb)
     kt.pack_transposed_kblock(src, panels, w.kblocks, kb, buffer.data() + 2 * static_cast<std::size_t>(kb) * panel_stride, panel_stride);
-  kernels::GemmBf16Args g{};
-  g.a = a + static_cast<std::size_t>(nb0) * kernels::kPanelColumns;
-  g.lda = lda;
-  g.m = m;
-  g.k_padded = kernels::transposed_kblocks(panels) * kernels::kBlockK;
-  g.packed_b = buffer.data();
-  g.panel_begin = 0;
-  g.panel_end = 2 * w.kblocks;
-  g.c = c;
-  g.ldc = static_cast<std::size_t>(w.k_padded);
-  kt.gemm_bf16(g);
+  kt.gemm_bf16(kernels::gemm_args(a + static_cast<std::size_t>(nb0) * kernels::kPanelColumns, lda, m,
+                                  kernels::transposed_kblocks(panels) * kernels::kBlockK, buffer.data(), 0, 2 * w.kblocks, c,
+                                  static_cast<std::size_t>(w.k_padded)));
 }
 
 // c[i][j] = sum over `count` partials of partial[i][j], in order; partials are [m][ld] apart by stride.
@@ -143,12 +132,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   auto off = [&](int e) { return static_cast<std::size_t>(groups.offsets[e]); };
   auto rank_of = [&](Projection p) { return static_cast<std::size_t>(lora[p].rank); };
 
-  auto mark = Clock::now();
-  auto lap = [&](int phase) {
-    auto now = Clock::now();
-    phase_seconds_[phase] += std::chrono::duration<double>(now - mark).count();
-    mark = now;
-  };
+  PhaseClock clock(phase_seconds_);
+  auto lap = [&](int phase) { clock.lap(phase); };
 
   // gather: dY = w * dO per slot, grouped by expert, zero-padded for the kernels; x rows for dA.
   pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t pos, int) {
@@ -217,16 +202,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     for (int kb = p0 / 2; kb < p1 / 2; ++kb)
       kt_.pack_transposed_kblock(w_.packed(Projection::down, e), down.panels, down.kblocks, kb,
                                  ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride, panel_stride);
-    kernels::GemmBf16Args g{};
-    g.a = dy_.data() + off(e) * hk;
-    g.lda = hk;
-    g.m = m;
-    g.k_padded = static_cast<int>(hk);
-    g.packed_b = ws.transposed.data();
-    g.panel_begin = 0;
-    g.panel_end = p1 - p0;
-    g.c = ws.c.data();
-    g.ldc = static_cast<std::size_t>(cols);
+    const kernels::GemmBf16Args g = kernels::gemm_args(dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), ws.transposed.data(), 0,
+                                                       p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
     swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
@@ -299,16 +276,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       kt_.pack_transposed_kblock(w_.packed(Projection::gate, e), gate_up.panels, gate_up.kblocks, kb, dst, panel_stride);
       kt_.pack_transposed_kblock(w_.packed(Projection::up, e), gate_up.panels, gate_up.kblocks, kb, dst + half, panel_stride);
     }
-    kernels::GemmBf16Args g{};
-    g.a = dgu_.data() + off(e) * gu_ld;
-    g.lda = gu_ld;
-    g.m = m;
-    g.k_padded = static_cast<int>(gu_ld);
-    g.packed_b = ws.transposed.data();
-    g.panel_begin = 0;
-    g.panel_end = p1 - p0;
-    g.c = ws.c.data();
-    g.ldc = static_cast<std::size_t>(cols);
+    const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld),
+                                                       ws.transposed.data(), 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
     gemm_with_lora_terms(kt_, g, terms, 2, p0, n);
     store_dx(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));

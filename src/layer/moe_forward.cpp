@@ -1,7 +1,6 @@
 #include "src/layer/moe_forward.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "amx/pack_bf16.hpp"
@@ -9,8 +8,6 @@
 
 namespace tilemoe {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank].
 void prepare_forward_term(const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
@@ -52,12 +49,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     return base ? base + static_cast<std::size_t>(groups.offsets[e]) * lora[p].rank : nullptr;
   };
 
-  auto mark = Clock::now();
-  auto lap = [&](int phase) {
-    auto now = Clock::now();
-    phase_seconds_[phase] += std::chrono::duration<double>(now - mark).count();
-    mark = now;
-  };
+  PhaseClock clock(phase_seconds_);
+  auto lap = [&](int phase) { clock.lap(phase); };
 
   // gather: rows grouped by expert; zero K padding so the kernels may read whole k-blocks.
   pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t pos, int) {
@@ -97,16 +90,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.intermediate - col0);
     for (Projection p : {Projection::gate, Projection::up}) {
-      kernels::GemmBf16Args g{};
-      g.a = xs_.data() + row0 * hk;
-      g.lda = hk;
-      g.m = m;
-      g.k_padded = static_cast<int>(hk);
-      g.packed_b = w_.packed(p, e);
-      g.panel_begin = p0;
-      g.panel_end = p1;
-      g.c = p == Projection::gate ? cg : cu;
-      g.ldc = static_cast<std::size_t>(cols);
+      const kernels::GemmBf16Args g = kernels::gemm_args(xs_.data() + row0 * hk, hk, m, static_cast<int>(hk), w_.packed(p, e), p0, p1,
+                                                         p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols));
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
       gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
     }
@@ -140,16 +125,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     scratch.resize(static_cast<std::size_t>(m) * cols);
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.hidden - col0);
-    kernels::GemmBf16Args g{};
-    g.a = h_.data() + groups.offsets[e] * ik;
-    g.lda = ik;
-    g.m = m;
-    g.k_padded = static_cast<int>(ik);
-    g.packed_b = w_.packed(Projection::down, e);
-    g.panel_begin = p0;
-    g.panel_end = p1;
-    g.c = scratch.data();
-    g.ldc = static_cast<std::size_t>(cols);
+    const kernels::GemmBf16Args g = kernels::gemm_args(h_.data() + groups.offsets[e] * ik, ik, m, static_cast<int>(ik),
+                                                       w_.packed(Projection::down, e), p0, p1, scratch.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
     for (int i = 0; i < m; ++i)

@@ -2,6 +2,8 @@
 // How the layer's GEMM phases split into items, and the deterministic combine of per-slot rows.
 // Item boundaries depend on the routing only, never on the thread count, which is what makes
 // the output bit-identical for any number of threads.
+#include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -26,5 +28,22 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
 // whatever the thread count); weights == nullptr sums the rows unweighted.
 void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
                        const float* weights, float* out);
+
+// Adds the time since the previous lap to one phase's total: where the bench's --phases figures
+// come from.
+template <std::size_t N>
+class PhaseClock {
+ public:
+  explicit PhaseClock(std::array<double, N>& seconds) : seconds_(seconds) {}
+  void lap(int phase) {
+    const auto now = std::chrono::steady_clock::now();
+    seconds_[static_cast<std::size_t>(phase)] += std::chrono::duration<double>(now - mark_).count();
+    mark_ = now;
+  }
+
+ private:
+  std::array<double, N>& seconds_;
+  std::chrono::steady_clock::time_point mark_ = std::chrono::steady_clock::now();
+};
 
 }  // namespace tilemoe
