@@ -18,10 +18,13 @@ void LoraTerm::prepare(kernels::StridedF32 a, kernels::StridedF32 b, int rank, i
   if (!packed_) return;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
   rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
+  // B' gets zero rows up to a multiple of 32 outputs: the backward's main products cover whole
+  // 32-column slices of Wᵀ, one panel more than ceil(out / 16) when out % 32 is in (0, 16].
+  const int out_rows = (out + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns);
   a_packed_.resize(kernels::packed_bf16_elements(rank, in));
-  b_packed_.resize(kernels::packed_bf16_elements(out, rank));
+  b_packed_.resize(kernels::packed_bf16_elements(out_rows, rank));
   kernels::pack_weights_with(rank, in, a_packed_.data(), [&](int j, int k) { return float_to_bf16(a.at(j, k)); });
-  kernels::pack_weights_with(out, rank, b_packed_.data(), [&](int o, int q) { return float_to_bf16(b.at(o, q)); });
+  kernels::pack_weights_with(out_rows, rank, b_packed_.data(), [&](int o, int q) { return o < out ? float_to_bf16(b.at(o, q)) : bf16{0}; });
 }
 
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
