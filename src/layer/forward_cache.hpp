@@ -17,7 +17,7 @@
 namespace tilemoe {
 
 struct ForwardCacheEntry {
-  int tokens = 0, top_k = 0, rows = 0;
+  int tokens = 0, top_k = 0;  // backward regroups the saved ids, which is cheaper than keeping the groups
   LayerLoraView lora;                   // the LoRA the forward used; backward differentiates at it
   numa::NodeBuffer<bf16> x;             // [max_tokens][hidden], the layer's input
   numa::NodeBuffer<std::int64_t> ids;   // [max_tokens * max_top_k]

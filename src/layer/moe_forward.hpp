@@ -48,7 +48,6 @@ class MoeForward {
   }
 
   kernels::Isa isa() const { return isa_; }
-  const kernels::KernelTable& kernel_table() const { return kt_; }
 
   // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,
   // down, combine): what the bench's --phases prints to show where time goes.

@@ -46,7 +46,6 @@ void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::i
   std::copy_n(weights, n, slot.weights.data());
   slot.tokens = tokens;
   slot.top_k = top_k;
-  slot.rows = static_cast<int>(std::count_if(expert_ids, expert_ids + n, [](std::int64_t id) { return id >= 0; }));
   cache_.push();
 }
 
