@@ -1,12 +1,9 @@
 // The `tilemoe` command driven as a user drives it: real files in, exit status and files out.
-#include <sys/wait.h>
-
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "amx/isa.hpp"
 #include "catch.hpp"
+#include "cli_runner.hpp"
 #include "fixture_cases.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/io/safetensors_writer.hpp"
@@ -14,24 +11,11 @@
 
 using namespace tilemoe;
 namespace fs = std::filesystem;
+using tilemoe::test::expect_failure;
 using tilemoe::test::rel_error;
+using tilemoe::test::run_cli;
 
 namespace {
-
-struct RunResult {
-  int status;
-  std::string err;
-};
-
-RunResult run_cli(const std::string& args) {
-  std::string err_file = test::temp_dir() + "/stderr.txt";
-  std::string cmd = std::string(TILEMOE_CLI) + " " + args + " > /dev/null 2> " + err_file;
-  int raw = std::system(cmd.c_str());
-  std::ifstream in(err_file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), ss.str()};
-}
 
 // The CLI's --input file, taken from a fixture's reference.safetensors.
 std::string write_inputs(const io::SafetensorsFile& ref, int layer, const std::string& path) {
@@ -43,17 +27,6 @@ std::string write_inputs(const io::SafetensorsFile& ref, int layer, const std::s
   }
   w.write(path);
   return path;
-}
-
-void expect_failure(const std::string& args, const std::string& must_mention, const std::string& output) {
-  INFO("tilemoe " << args);
-  auto r = run_cli(args);
-  INFO("stderr: " << r.err);
-  CHECK(r.status == 1);
-  CHECK(r.err.find("tilemoe: error: ") == 0);
-  CHECK(r.err.find(must_mention) != std::string::npos);
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK_FALSE(fs::exists(output));
 }
 
 }  // namespace
