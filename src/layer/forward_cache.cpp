@@ -15,11 +15,11 @@ ForwardSave ForwardCacheEntry::save_target() {
 }
 
 ForwardCacheStack::ForwardCacheStack(const MoeShape& shape, const CacheLimits& limits, int node) : limits_(limits) {
-  if (limits.max_tokens <= 0 || limits.max_top_k <= 0 || limits.depth <= 0 || limits.max_rank < 0)
-    fail(ErrorKind::invalid_argument, "forward cache: max_tokens (" + std::to_string(limits.max_tokens) + "), top_k (" +
-                                          std::to_string(limits.max_top_k) + ") and max_cache_depth (" + std::to_string(limits.depth) +
-                                          ") must be positive and max_lora_rank (" + std::to_string(limits.max_rank) +
-                                          ") non-negative");
+  if (limits.max_tokens <= 0 || limits.max_top_k <= 0 || limits.depth < 0 || limits.max_rank < 0)
+    fail(ErrorKind::invalid_argument, "forward cache: max_tokens (" + std::to_string(limits.max_tokens) + ") and top_k (" +
+                                          std::to_string(limits.max_top_k) + ") must be positive, max_cache_depth (" +
+                                          std::to_string(limits.depth) + ") and max_lora_rank (" +
+                                          std::to_string(limits.max_rank) + ") non-negative");
   const std::size_t tokens = static_cast<std::size_t>(limits.max_tokens);
   const std::size_t slots = tokens * static_cast<std::size_t>(limits.max_top_k);
   entries_.resize(static_cast<std::size_t>(limits.depth));
@@ -36,6 +36,9 @@ ForwardCacheStack::ForwardCacheStack(const MoeShape& shape, const CacheLimits& l
 }
 
 ForwardCacheEntry& ForwardCacheStack::slot_for_push(const char* who) {
+  if (limits_.depth == 0)
+    fail(ErrorKind::state, std::string(who) + ": this layer saves no forwards (max_cache_depth 0, built for inference): "
+                                              "build it with max_cache_depth >= 1 to train");
   if (size_ >= limits_.depth)
     fail(ErrorKind::state, std::string(who) + ": the forward cache stack is full (max_cache_depth " + std::to_string(limits_.depth) +
                                "): run backward for a saved forward first, or build the layer with a deeper cache");

@@ -39,7 +39,8 @@ struct CacheLimits {
 class ForwardCacheStack {
  public:
   ForwardCacheStack() = default;
-  // Throws invalid_argument for non-positive limits; std::bad_alloc when the memory is not there.
+  // Depth 0 is a layer for inference: every push is an Error(state). Throws invalid_argument for
+  // other non-positive limits; std::bad_alloc when the memory is not there.
   ForwardCacheStack(const MoeShape& shape, const CacheLimits& limits, int node = 0);
 
   int depth() const { return limits_.depth; }

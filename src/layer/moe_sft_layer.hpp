@@ -50,6 +50,8 @@ class MoeSftLayer {
   void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false);
 
   int cached_forwards() const { return cache_.size(); }
+  // Tokens of the saved forward the next backward pops; Error(state) when there is none.
+  int tokens_of_newest_saved() const { return cache_.top("backward").tokens; }
   std::size_t cache_bytes() const { return cache_.bytes(); }
   const MoeShape& shape() const { return shape_; }
   MoeForward& forward_pass() { return forward_; }

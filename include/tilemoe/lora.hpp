@@ -1,0 +1,50 @@
+#pragma once
+// Zero-copy LoRA: the caller's own arrays, read in place at every forward and backward. A trainer
+// hands us pointers to its parameters once; an optimizer step that writes them is seen by the
+// next call without telling us, and update_lora_weights swaps in another set by pointer.
+//
+// Per projection p of expert e: W v + scale[e] * B[e] (A[e] v) with A [E][rank][in], B [E][out][rank]
+// (rows of experts the set does not cover may hold anything; present[e] = 0 marks them). Gradients
+// come back in arrays of the same shapes.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "tilemoe/config.hpp"
+
+namespace tilemoe {
+
+struct LoraProjectionView {
+  int rank = 0;  // 0: no LoRA on this projection
+  int in = 0, out = 0;
+  const float* a = nullptr;               // [E][rank][in]
+  const float* b = nullptr;               // [E][out][rank]
+  const float* scale = nullptr;           // [E]; nullptr: uniform_scale for every expert
+  float uniform_scale = 1.0f;
+  const std::uint8_t* present = nullptr;  // [E]; nullptr: every expert has LoRA
+
+  bool active(int e) const { return rank > 0 && (present == nullptr || present[e] != 0); }
+  float scale_of(int e) const { return scale != nullptr ? scale[e] : uniform_scale; }
+  const float* a_of(int e) const { return a + static_cast<std::size_t>(e) * rank * in; }
+  const float* b_of(int e) const { return b + static_cast<std::size_t>(e) * out * rank; }
+};
+
+struct LayerLoraView {
+  std::array<LoraProjectionView, 3> proj;
+
+  LoraProjectionView& operator[](Projection p) { return proj[static_cast<int>(p)]; }
+  const LoraProjectionView& operator[](Projection p) const { return proj[static_cast<int>(p)]; }
+  bool empty() const { return proj[0].rank == 0 && proj[1].rank == 0 && proj[2].rank == 0; }
+  int max_rank() const { return std::max({proj[0].rank, proj[1].rank, proj[2].rank}); }
+};
+
+// Where backward writes the LoRA gradients: arrays shaped like the view's A and B. A null pointer
+// means that gradient is not wanted.
+struct LoraProjectionGrad {
+  float* a = nullptr;  // [E][rank][in]
+  float* b = nullptr;  // [E][out][rank]
+};
+using LayerLoraGrad = std::array<LoraProjectionGrad, 3>;
+
+}  // namespace tilemoe
