@@ -1,0 +1,159 @@
+#pragma once
+// One MoE layer's routed experts on this CPU, for inference and LoRA fine-tuning: the C++ API a
+// server or trainer embeds.
+//
+//   tilemoe::Runtime rt;
+//   tilemoe::MoeLayerConfig cfg{.num_experts = 64, .top_k = 6, .hidden = 2048, .intermediate = 1408,
+//                               .max_tokens = 4096, .lora_rank = 16, .lora_alpha = 32, .max_cache_depth = 1};
+//   tilemoe::MoeLayer layer(rt, cfg, {gate, up, down});       // packed once, here
+//   layer.update_lora_weights({ga, gb, ua, ub, da, db});       // the trainer's parameters, zero copy
+//   layer.forward_sft(T, k, x, ids, w, out, /*save_for_backward=*/true);
+//   layer.backward(grad_out, grad_in, {dga, dgb, dua, dub, dda, ddb});
+//
+// Each call computes, for token t: out[t] = sum_j w[t,j] * expert_{ids[t,j]}(x[t]), expert(v) =
+// down(silu(gate(v)) * up(v)), each projection W v + s * B (A v). Ids < 0 are experts that run
+// elsewhere (skipped); ids >= num_experts are an error naming the token and slot.
+//
+// Every call validates its arguments and throws tilemoe::Error (tilemoe/error.hpp) naming what is
+// wrong; a failed call leaves the layer as it was. NaN or Inf in activations propagates as in
+// PyTorch; in weights it is an error at construction naming the expert and projection.
+//
+// Calls run on the runtime's threads in the runtime's order (tilemoe/runtime.hpp); submit_* are
+// the asynchronous forms: every pointer passed must stay valid until the task has finished.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tilemoe/bf16.hpp"
+#include "tilemoe/config.hpp"
+#include "tilemoe/lora.hpp"
+#include "tilemoe/runtime.hpp"
+
+namespace tilemoe {
+
+enum class WeightType { bf16, int8, int4 };
+
+struct MoeLayerConfig {
+  int num_experts = 0;
+  int top_k = 0;         // the largest number of routing slots a call may pass
+  int hidden = 0;
+  int intermediate = 0;
+  int max_tokens = 0;    // the largest batch of one call
+  WeightType weight_type = WeightType::bf16;  // int8 and int4 are not built yet: Error(unsupported)
+  int numa_nodes = 1;    // tensor parallel over NUMA nodes is not built yet: only 1
+  // LoRA: the largest rank the layer accepts, and the scale s of sets given as LoraWeights
+  // (alpha / rank, or alpha / sqrt(rank) with rsLoRA).
+  int lora_rank = 0;
+  double lora_alpha = 0;
+  bool use_rslora = false;
+  int max_cache_depth = 0;  // saved forwards held at once for backward; 0: inference only
+};
+
+// The caller's bf16 expert weights in Hugging Face orientation: gate, up [E][I][H], down [E][H][I],
+// row-major. Read once, at construction, and packed; the caller may free them afterwards.
+struct ExpertWeightsRef {
+  const bf16* gate = nullptr;
+  const bf16* up = nullptr;
+  const bf16* down = nullptr;
+};
+
+// A LoRA set of the layer's rank and scale on all experts: A [E][rank][in], B [E][out][rank] in
+// f32. A null A and B leaves that projection without LoRA. Read in place at every call (zero copy).
+struct LoraWeights {
+  const float* gate_a = nullptr;
+  const float* gate_b = nullptr;
+  const float* up_a = nullptr;
+  const float* up_b = nullptr;
+  const float* down_a = nullptr;
+  const float* down_b = nullptr;
+};
+
+// Where backward writes LoRA gradients, shaped like the set's A and B; null: not wanted.
+struct LoraGrads {
+  float* gate_a = nullptr;
+  float* gate_b = nullptr;
+  float* up_a = nullptr;
+  float* up_b = nullptr;
+  float* down_a = nullptr;
+  float* down_b = nullptr;
+};
+
+struct CheckpointLayerOptions {
+  int max_tokens = 0;
+  int max_cache_depth = 0;
+  int lora_rank = 0;        // the largest rank update_lora_weights accepts (an adapter raises it to its own)
+  double lora_alpha = 0;    // the scale of sets given as LoraWeights, as in MoeLayerConfig
+  bool use_rslora = false;
+  std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file; empty: none
+};
+
+class MoeLayer {
+ public:
+  // Throws invalid_argument for a bad config or null weights, bad_file for non-finite weights
+  // (naming the expert and projection), unsupported for int8/int4 or numa_nodes != 1.
+  MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertWeightsRef& weights);
+  // The layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors).
+  static MoeLayer from_checkpoint(Runtime& runtime, const std::string& model_dir, int layer,
+                                  const CheckpointLayerOptions& options);
+  ~MoeLayer();  // waits for this layer's queued tasks
+  MoeLayer(MoeLayer&&) noexcept;
+  MoeLayer& operator=(MoeLayer&&) noexcept;
+
+  const MoeLayerConfig& config() const;
+  double lora_scale() const;  // s for sets given as LoraWeights
+
+  // x: bf16 [T][H]; expert_ids: [T][top_k]; weights: f32 [T][top_k]; out: [T][H], overwritten.
+  // f32 out is for callers that add partial results themselves.
+  void forward(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, bf16* out);
+  void forward(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out);
+
+  // forward that, with save_for_backward, pushes what backward needs on the cache stack: full
+  // stack (max_cache_depth) is an Error(state) that changes nothing.
+  void forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, bf16* out,
+                   bool save_for_backward);
+  void forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,
+                   bool save_for_backward);
+
+  // Pops the newest saved forward; for loss = sum(out * grad_output) writes grad_input [T][H]
+  // (overwritten) and the LoRA gradients (overwritten, zero for experts without tokens, or added
+  // to with accumulate) of the set that forward used. Empty stack: Error(state), nothing changes.
+  void backward(const bf16* grad_output, bf16* grad_input, const LoraGrads& grads, bool accumulate = false);
+  void backward(const float* grad_output, float* grad_input, const LoraGrads& grads, bool accumulate = false);
+  void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false);
+
+  // Points the layer at another LoRA set, zero copy (validated first; a bad set keeps the old
+  // one). LoraWeights uses the config's rank and scale; LayerLoraView says everything itself
+  // (per-expert scales and presence, a rank per projection up to lora_rank).
+  void update_lora_weights(const LoraWeights& weights);
+  void update_lora_weights(const LayerLoraView& view);
+  // A PEFT adapter directory or a `tilemoe convert-lora` file, held by the layer; `layer` is its
+  // index in the model (a checkpoint layer knows its own: pass -1). Needs an empty cache stack.
+  void load_adapter(const std::string& path, int layer = -1);
+  void unload_adapter();  // back to no LoRA; needs an empty cache stack
+  const LayerLoraView& lora() const;
+
+  int cached_forwards() const;
+  std::size_t cache_bytes() const;
+  std::size_t weight_bytes() const;  // the packed experts
+
+  // Asynchronous forms: queued on the runtime, returning at once.
+  Runtime::Ticket submit_forward(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,
+                                 bf16* out);
+  Runtime::Ticket submit_forward(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,
+                                 float* out);
+  Runtime::Ticket submit_forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids,
+                                     const float* weights, bf16* out, bool save_for_backward);
+  Runtime::Ticket submit_forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids,
+                                     const float* weights, float* out, bool save_for_backward);
+  Runtime::Ticket submit_backward(const bf16* grad_output, bf16* grad_input, const LoraGrads& grads, bool accumulate = false);
+  Runtime::Ticket submit_backward(const float* grad_output, float* grad_input, const LoraGrads& grads,
+                                  bool accumulate = false);
+
+  struct Impl;
+
+ private:
+  explicit MoeLayer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tilemoe

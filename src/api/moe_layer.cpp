@@ -1,0 +1,356 @@
+// The public MoeLayer: argument checks, bf16 <-> f32 at the boundary, the runtime's ordering, on
+// top of MoeSftLayer (src/layer), which does the work.
+#include "tilemoe/moe_layer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "amx/kernel_table.hpp"
+#include "src/api/runtime_impl.hpp"
+#include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/packed_experts.hpp"
+#include "src/lora/lora_view.hpp"
+#include "src/lora/peft_adapter.hpp"
+#include "src/model/checkpoint.hpp"
+#include "src/model/finite_check.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+namespace {
+
+// Bounds that keep every size product far inside 64 bits and every row count inside int.
+constexpr int kMaxDim = 1 << 17;
+constexpr int kMaxTokens = 1 << 20;
+
+void check_config(const MoeLayerConfig& c) {
+  auto bad = [](const std::string& m) { fail(ErrorKind::invalid_argument, "MoeLayerConfig: " + m); };
+  if (c.num_experts <= 0 || c.num_experts > kMaxDim) bad("num_experts " + std::to_string(c.num_experts) + " must be in [1, 131072]");
+  if (c.top_k <= 0 || c.top_k > c.num_experts)
+    bad("top_k " + std::to_string(c.top_k) + " must be in [1, num_experts = " + std::to_string(c.num_experts) + "]");
+  if (c.hidden <= 0 || c.hidden > kMaxDim || c.intermediate <= 0 || c.intermediate > kMaxDim)
+    bad("hidden " + std::to_string(c.hidden) + " and intermediate " + std::to_string(c.intermediate) + " must be in [1, 131072]");
+  if (c.max_tokens <= 0 || c.max_tokens > kMaxTokens)
+    bad("max_tokens " + std::to_string(c.max_tokens) + " must be in [1, " + std::to_string(kMaxTokens) + "]");
+  if (c.lora_rank < 0 || c.lora_rank > std::min(c.hidden, c.intermediate))
+    bad("lora_rank " + std::to_string(c.lora_rank) + " must be in [0, min(hidden, intermediate)]");
+  if (c.lora_rank > 0 && !std::isfinite(c.lora_alpha)) bad("lora_alpha must be finite");
+  if (c.max_cache_depth < 0 || c.max_cache_depth > 1024)
+    bad("max_cache_depth " + std::to_string(c.max_cache_depth) + " must be in [0, 1024]");
+  if (c.weight_type != WeightType::bf16)
+    fail(ErrorKind::unsupported, "MoeLayerConfig: weight_type int8/int4 is not built yet; use bf16");
+  if (c.numa_nodes != 1)
+    fail(ErrorKind::unsupported, "MoeLayerConfig: numa_nodes " + std::to_string(c.numa_nodes) +
+                                     ": tensor parallel over NUMA nodes is not built yet; use 1");
+}
+
+// Non-finite weights would poison every token routed to that expert: refuse them, naming the
+// lowest bad expert whatever the thread count.
+void check_finite_weights(const ExpertWeightsView& w, numa::ThreadPool& pool) {
+  const int items = 3 * w.shape.num_experts;
+  const std::size_t n = static_cast<std::size_t>(w.shape.hidden) * w.shape.intermediate;
+  std::vector<char> bad(static_cast<std::size_t>(items), 0);
+  pool.parallel_for(static_cast<std::size_t>(items), [&](std::size_t i, int) {
+    const bf16* v = w.projection(kProjections[i % 3], static_cast<int>(i / 3));
+    bf16 any = 0;
+    for (std::size_t j = 0; j < n; ++j) any |= static_cast<bf16>(((v[j] & 0x7f80u) == 0x7f80u) ? 1 : 0);
+    bad[i] = static_cast<char>(any);
+  });
+  for (int i = 0; i < items; ++i)
+    if (bad[static_cast<std::size_t>(i)]) {
+      Projection p = kProjections[static_cast<std::size_t>(i % 3)];
+      require_finite(w.projection(p, i / 3), n,
+                     "MoeLayer: expert " + std::to_string(i / 3) + " " + projection_name(p) + " weight");
+    }
+}
+
+}  // namespace
+
+struct MoeLayer::Impl {
+  Runtime::Impl& rt;
+  MoeLayerConfig cfg;
+  ModelConfig model;      // shape and MoE layers, for adapters
+  int model_layer = -1;   // index in the model when known
+  float scale = 0;
+  PackedExpertWeights packed;
+  std::unique_ptr<MoeSftLayer> sft;
+  std::unique_ptr<LoadedLora> adapter;
+  std::vector<float> out_f32, grad_out_f32, grad_in_f32;  // bf16 callers' f32 side, grown on demand
+
+  Impl(Runtime::Impl& r, const MoeLayerConfig& c) : rt(r), cfg(c) {}
+
+  const kernels::KernelTable& kt() const { return kernels::kernel_table(rt.isa); }
+  std::size_t hidden_elems(int tokens) const { return static_cast<std::size_t>(tokens) * cfg.hidden; }
+
+  void run(const std::function<void()>& fn) { rt.queue.run_now(fn, this); }
+  Runtime::Ticket submit(std::function<void()> fn) { return rt.queue.submit(std::move(fn), this); }
+
+  void to_bf16(const float* src, int tokens, bf16* dst) {
+    const std::size_t row = static_cast<std::size_t>(cfg.hidden);
+    auto convert = kt().convert_to_bf16;
+    rt.pool->parallel_for(static_cast<std::size_t>(tokens), [&](std::size_t t, int) { convert(src + t * row, row, 1.0f, dst + t * row); },
+                          16);
+  }
+  void to_f32(const bf16* src, int tokens, float* dst) {
+    const std::size_t row = static_cast<std::size_t>(cfg.hidden);
+    rt.pool->parallel_for(static_cast<std::size_t>(tokens), [&](std::size_t t, int) {
+      for (std::size_t i = t * row; i < (t + 1) * row; ++i) dst[i] = bf16_to_float(src[i]);
+    }, 16);
+  }
+
+  void check_batch(const char* who, int tokens, int top_k, const void* x, const void* ids, const void* w, const void* out) const {
+    std::string where = std::string("MoeLayer::") + who + ": ";
+    if (tokens < 0 || tokens > cfg.max_tokens)
+      fail(ErrorKind::invalid_argument, where + "tokens " + std::to_string(tokens) + " must be in [0, max_tokens = " +
+                                            std::to_string(cfg.max_tokens) + "]");
+    if (top_k <= 0 || top_k > cfg.top_k)
+      fail(ErrorKind::invalid_argument, where + "top_k " + std::to_string(top_k) + " must be in [1, " + std::to_string(cfg.top_k) +
+                                            "] (the config's top_k)");
+    if (tokens > 0 && (!x || !ids || !w || !out))
+      fail(ErrorKind::invalid_argument, where + "input, expert_ids, weights and output must not be null");
+  }
+
+  void forward(const char* who, int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, void* out,
+               bool out_bf16, bool save) {
+    check_batch(who, tokens, top_k, x, ids, w, out);
+    float* y = static_cast<float*>(out);
+    if (out_bf16) {
+      if (out_f32.size() < hidden_elems(tokens)) out_f32.resize(hidden_elems(tokens));
+      y = out_f32.data();
+    }
+    sft->forward_sft(tokens, top_k, x, ids, w, y, save);
+    if (out_bf16) to_bf16(y, tokens, static_cast<bf16*>(out));
+  }
+
+  void backward(const void* grad_out, bool in_bf16, void* grad_in, bool gi_bf16, const LayerLoraGrad& grads, bool accumulate) {
+    const int tokens = sft->tokens_of_newest_saved();  // Error(state) on an empty stack
+    if (tokens > 0 && (!grad_out || !grad_in))
+      fail(ErrorKind::invalid_argument, "MoeLayer::backward: grad_output and grad_input must not be null");
+    const float* go = static_cast<const float*>(grad_out);
+    if (in_bf16) {
+      if (grad_out_f32.size() < hidden_elems(tokens)) grad_out_f32.resize(hidden_elems(tokens));
+      to_f32(static_cast<const bf16*>(grad_out), tokens, grad_out_f32.data());
+      go = grad_out_f32.data();
+    }
+    float* gi = static_cast<float*>(grad_in);
+    if (gi_bf16) {
+      if (grad_in_f32.size() < hidden_elems(tokens)) grad_in_f32.resize(hidden_elems(tokens));
+      gi = grad_in_f32.data();
+    }
+    sft->backward(go, gi, grads, accumulate);
+    if (gi_bf16) to_bf16(gi, tokens, static_cast<bf16*>(grad_in));
+  }
+
+  LayerLoraView view_of(const LoraWeights& w) const {
+    const float* a[3] = {w.gate_a, w.up_a, w.down_a};
+    const float* b[3] = {w.gate_b, w.up_b, w.down_b};
+    LayerLoraView v;
+    for (int i = 0; i < 3; ++i) {
+      Projection p = kProjections[static_cast<std::size_t>(i)];
+      if (!a[i] && !b[i]) continue;
+      std::string where = std::string("MoeLayer::update_lora_weights: LoRA of ") + projection_name(p) + ": ";
+      if (!a[i] || !b[i]) fail(ErrorKind::invalid_argument, where + (a[i] ? "A is given but B is null" : "B is given but A is null"));
+      if (cfg.lora_rank == 0)
+        fail(ErrorKind::invalid_argument, where + "the layer was built with lora_rank 0; set MoeLayerConfig::lora_rank");
+      auto& d = v[p];
+      d.rank = cfg.lora_rank;
+      d.in = projection_in(model.shape, p);
+      d.out = projection_out(model.shape, p);
+      d.a = a[i];
+      d.b = b[i];
+      d.uniform_scale = scale;
+    }
+    return v;
+  }
+
+  void require_empty_cache(const char* who) const {
+    if (sft->cached_forwards() > 0)
+      fail(ErrorKind::state, std::string("MoeLayer::") + who + ": " + std::to_string(sft->cached_forwards()) +
+                                 " saved forward(s) still use the current LoRA; run their backward first");
+  }
+
+  void load_adapter(const std::string& path, int layer) {
+    require_empty_cache("load_adapter");
+    if (layer < 0) layer = model_layer;
+    if (layer < 0)
+      fail(ErrorKind::invalid_argument, "MoeLayer::load_adapter: " + path + ": pass the layer's index in the model (the layer was "
+                                                                           "built from memory and does not know it)");
+    auto loaded = std::make_unique<LoadedLora>(load_layer_lora(path, model, layer));
+    sft->update_lora_weights(lora_view(loaded->lora));  // validates: rank within lora_rank
+    adapter = std::move(loaded);
+  }
+};
+
+namespace {
+
+ModelConfig model_of(const MoeLayerConfig& c) {
+  ModelConfig m;
+  m.shape = {c.hidden, c.intermediate, c.num_experts, c.top_k};
+  // A layer built from memory does not know the model's depth: every index up to a generous
+  // bound is taken as a MoE layer, so that an adapter covering many layers opens for any one.
+  m.num_layers = 1024;
+  for (int i = 0; i < m.num_layers; ++i) m.moe_layers.push_back(i);
+  return m;
+}
+
+std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, const ExpertWeightsView& w, ModelConfig model,
+                                      int model_layer, std::unique_ptr<LoadedLora> adapter) {
+  check_config(cfg);
+  Runtime::Impl& rt = runtime.impl();
+  check_finite_weights(w, *rt.pool);
+  auto m = std::make_unique<MoeLayer::Impl>(rt, cfg);
+  m->model = std::move(model);
+  m->model_layer = model_layer;
+  m->scale = static_cast<float>(lora_scaling(cfg.lora_alpha, cfg.lora_rank, cfg.use_rslora));
+  m->packed = PackedExpertWeights::pack(w, *rt.pool);
+  SftLayerOptions opt{cfg.max_tokens, cfg.max_cache_depth, cfg.lora_rank, cfg.top_k};
+  LayerLoraView view = adapter ? lora_view(adapter->lora) : LayerLoraView{};
+  m->sft = std::make_unique<MoeSftLayer>(m->packed, rt.isa, *rt.pool, opt, view);
+  m->adapter = std::move(adapter);
+  return m;
+}
+
+}  // namespace
+
+MoeLayer::MoeLayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertWeightsRef& weights) {
+  check_config(config);
+  if (!weights.gate || !weights.up || !weights.down)
+    fail(ErrorKind::invalid_argument, "MoeLayer: gate, up and down weights must not be null");
+  ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k}, weights.gate, weights.up, weights.down};
+  impl_ = build(runtime, config, w, model_of(config), -1, nullptr);
+}
+
+MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_dir, int layer, const CheckpointLayerOptions& options) {
+  Checkpoint ckpt = Checkpoint::open(model_dir);
+  const ModelConfig& model = ckpt.config();
+  std::unique_ptr<LoadedLora> adapter;
+  if (!options.adapter.empty()) adapter = std::make_unique<LoadedLora>(load_layer_lora(options.adapter, model, layer));
+  MoeLayerConfig cfg;
+  cfg.num_experts = model.shape.num_experts;
+  cfg.top_k = model.shape.top_k;
+  cfg.hidden = model.shape.hidden;
+  cfg.intermediate = model.shape.intermediate;
+  cfg.max_tokens = options.max_tokens;
+  cfg.max_cache_depth = options.max_cache_depth;
+  cfg.lora_rank = std::max(options.lora_rank, adapter ? lora_view(adapter->lora).max_rank() : 0);
+  cfg.lora_alpha = options.lora_alpha;  // for sets given as LoraWeights; adapters carry their own scales
+  cfg.use_rslora = options.use_rslora;
+  check_config(cfg);
+  ExpertWeights experts = ckpt.load_layer_experts(layer);
+  return MoeLayer(build(runtime, cfg, experts.view(), model, layer, std::move(adapter)));
+}
+
+MoeLayer::~MoeLayer() {
+  if (impl_) impl_->rt.queue.drain(impl_.get());
+}
+MoeLayer::MoeLayer(MoeLayer&&) noexcept = default;
+MoeLayer& MoeLayer::operator=(MoeLayer&& other) noexcept {
+  if (this != &other) {
+    if (impl_) impl_->rt.queue.drain(impl_.get());
+    impl_ = std::move(other.impl_);
+  }
+  return *this;
+}
+
+const MoeLayerConfig& MoeLayer::config() const { return impl_->cfg; }
+double MoeLayer::lora_scale() const { return impl_->scale; }
+const LayerLoraView& MoeLayer::lora() const { return impl_->sft->lora(); }
+int MoeLayer::cached_forwards() const { return impl_->sft->cached_forwards(); }
+std::size_t MoeLayer::cache_bytes() const { return impl_->sft->cache_bytes(); }
+std::size_t MoeLayer::weight_bytes() const { return impl_->packed.bytes(); }
+
+void MoeLayer::forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, bf16* out) {
+  Impl* m = impl_.get();
+  m->run([=] { m->forward("forward", tokens, top_k, x, ids, w, out, true, false); });
+}
+void MoeLayer::forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, float* out) {
+  Impl* m = impl_.get();
+  m->run([=] { m->forward("forward", tokens, top_k, x, ids, w, out, false, false); });
+}
+void MoeLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, bf16* out, bool save) {
+  Impl* m = impl_.get();
+  m->run([=] { m->forward("forward_sft", tokens, top_k, x, ids, w, out, true, save); });
+}
+void MoeLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, float* out, bool save) {
+  Impl* m = impl_.get();
+  m->run([=] { m->forward("forward_sft", tokens, top_k, x, ids, w, out, false, save); });
+}
+
+namespace {
+LayerLoraGrad grad_of(const LoraGrads& g) {
+  LayerLoraGrad v;
+  v[0] = {g.gate_a, g.gate_b};
+  v[1] = {g.up_a, g.up_b};
+  v[2] = {g.down_a, g.down_b};
+  return v;
+}
+}  // namespace
+
+void MoeLayer::backward(const bf16* grad_output, bf16* grad_input, const LoraGrads& grads, bool accumulate) {
+  Impl* m = impl_.get();
+  LayerLoraGrad g = grad_of(grads);
+  m->run([=] { m->backward(grad_output, true, grad_input, true, g, accumulate); });
+}
+void MoeLayer::backward(const float* grad_output, float* grad_input, const LoraGrads& grads, bool accumulate) {
+  backward(grad_output, grad_input, grad_of(grads), accumulate);
+}
+void MoeLayer::backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate) {
+  Impl* m = impl_.get();
+  m->run([=] { m->backward(grad_output, false, grad_input, false, grads, accumulate); });
+}
+
+void MoeLayer::update_lora_weights(const LoraWeights& weights) { update_lora_weights(impl_->view_of(weights)); }
+void MoeLayer::update_lora_weights(const LayerLoraView& view) {
+  Impl* m = impl_.get();
+  m->run([=] { m->sft->update_lora_weights(view); });
+}
+void MoeLayer::load_adapter(const std::string& path, int layer) {
+  Impl* m = impl_.get();
+  m->run([=] { m->load_adapter(path, layer); });
+}
+void MoeLayer::unload_adapter() {
+  Impl* m = impl_.get();
+  m->run([=] {
+    m->require_empty_cache("unload_adapter");
+    m->sft->update_lora_weights({});
+    m->adapter.reset();
+  });
+}
+
+Runtime::Ticket MoeLayer::submit_forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, bf16* out) {
+  Impl* m = impl_.get();
+  m->check_batch("submit_forward", tokens, top_k, x, ids, w, out);
+  return m->submit([=] { m->forward("forward", tokens, top_k, x, ids, w, out, true, false); });
+}
+Runtime::Ticket MoeLayer::submit_forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, float* out) {
+  Impl* m = impl_.get();
+  m->check_batch("submit_forward", tokens, top_k, x, ids, w, out);
+  return m->submit([=] { m->forward("forward", tokens, top_k, x, ids, w, out, false, false); });
+}
+Runtime::Ticket MoeLayer::submit_forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, bf16* out,
+                                             bool save) {
+  Impl* m = impl_.get();
+  m->check_batch("submit_forward_sft", tokens, top_k, x, ids, w, out);
+  return m->submit([=] { m->forward("forward_sft", tokens, top_k, x, ids, w, out, true, save); });
+}
+Runtime::Ticket MoeLayer::submit_forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, float* out,
+                                             bool save) {
+  Impl* m = impl_.get();
+  m->check_batch("submit_forward_sft", tokens, top_k, x, ids, w, out);
+  return m->submit([=] { m->forward("forward_sft", tokens, top_k, x, ids, w, out, false, save); });
+}
+Runtime::Ticket MoeLayer::submit_backward(const bf16* grad_output, bf16* grad_input, const LoraGrads& grads, bool accumulate) {
+  Impl* m = impl_.get();
+  LayerLoraGrad g = grad_of(grads);
+  return m->submit([=] { m->backward(grad_output, true, grad_input, true, g, accumulate); });
+}
+Runtime::Ticket MoeLayer::submit_backward(const float* grad_output, float* grad_input, const LoraGrads& grads, bool accumulate) {
+  Impl* m = impl_.get();
+  LayerLoraGrad g = grad_of(grads);
+  return m->submit([=] { m->backward(grad_output, false, grad_input, false, g, accumulate); });
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,279 @@
+// The public C++ API (include/tilemoe/) as a server or trainer uses it: layers from the caller's
+// memory and from checkpoints, bf16 and f32 at the boundary, zero-copy LoRA, adapters, and every
+// bad argument answered by an Error that names it and changes nothing. Results are checked
+// against the reference path and the PyTorch fixtures, on the portable kernels and the fastest.
+#include <cmath>
+
+#include "catch.hpp"
+#include "fixture_cases.hpp"
+#include "src/layer/moe_compute.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "src/reference/moe_reference.hpp"
+#include "test_util.hpp"
+#include "tilemoe/error.hpp"
+#include "tilemoe/moe_layer.hpp"
+
+using namespace tilemoe;
+using tilemoe::test::rel_error;
+
+namespace {
+
+// Awkward on purpose: nothing is a multiple of 16.
+const MoeShape kShape{100, 72, 7, 3};
+constexpr int kRank = 5;
+constexpr double kAlpha = 7.0;
+
+MoeLayerConfig config(int max_tokens = 40, int depth = 2) {
+  MoeLayerConfig c;
+  c.num_experts = kShape.num_experts;
+  c.top_k = kShape.top_k;
+  c.hidden = kShape.hidden;
+  c.intermediate = kShape.intermediate;
+  c.max_tokens = max_tokens;
+  c.lora_rank = kRank;
+  c.lora_alpha = kAlpha;
+  c.max_cache_depth = depth;
+  return c;
+}
+
+ExpertWeightsRef ref_of(const ExpertWeights& w) { return {w.gate.data(), w.up.data(), w.down.data()}; }
+
+// A LoRA set the way a trainer holds it: plain arrays, one scale for all experts.
+struct TrainerLora {
+  std::vector<float> ga, gb, ua, ub, da, db;
+  LayerLora as_reference;  // the same numbers for the reference path
+
+  explicit TrainerLora(std::uint64_t seed) {
+    LayerLora l = random_lora(kShape, kRank, static_cast<float>(kAlpha), seed);
+    for (auto& p : l.proj) std::fill(p.scale.begin(), p.scale.end(), static_cast<float>(kAlpha / kRank));
+    ga = l[Projection::gate].a, gb = l[Projection::gate].b, ua = l[Projection::up].a, ub = l[Projection::up].b;
+    da = l[Projection::down].a, db = l[Projection::down].b;
+    as_reference = l;
+  }
+  LoraWeights weights() const { return {ga.data(), gb.data(), ua.data(), ub.data(), da.data(), db.data()}; }
+};
+
+struct GradBuffers {
+  std::vector<float> ga, gb, ua, ub, da, db;
+  explicit GradBuffers(const TrainerLora& l)
+      : ga(l.ga.size()), gb(l.gb.size()), ua(l.ua.size()), ub(l.ub.size()), da(l.da.size()), db(l.db.size()) {}
+  LoraGrads grads() { return {ga.data(), gb.data(), ua.data(), ub.data(), da.data(), db.data()}; }
+};
+
+struct Batch {
+  int tokens;
+  RandomRouting routing;
+  std::vector<float> x, grad_out;
+  std::vector<bf16> xb, grad_out_b;
+};
+
+Batch make_batch(int tokens, std::uint64_t seed) {
+  Batch b{tokens, random_routing(tokens, kShape, seed), random_activations(static_cast<std::size_t>(tokens) * kShape.hidden, seed + 1),
+          random_activations(static_cast<std::size_t>(tokens) * kShape.hidden, seed + 2), {}, {}};
+  b.xb = to_bf16(b.x.data(), b.x.size());
+  b.grad_out_b = to_bf16(b.grad_out.data(), b.grad_out.size());
+  // The reference sees exactly the bf16 values the layer sees.
+  for (std::size_t i = 0; i < b.x.size(); ++i) b.x[i] = bf16_to_float(b.xb[i]), b.grad_out[i] = bf16_to_float(b.grad_out_b[i]);
+  return b;
+}
+
+std::vector<float> as_f32(const std::vector<bf16>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_float(v[i]);
+  return out;
+}
+
+template <typename Fn>
+void expect_error(Fn&& fn, ErrorKind kind, const std::string& must_mention) {
+  try {
+    fn();
+    FAIL("expected an error mentioning '" << must_mention << "'");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(e.kind() == kind);
+    CHECK(std::string(e.what()).find(must_mention) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a layer from the caller's memory matches the reference path, bf16 and f32 at the boundary", "[api]") {
+  ExpertWeights w = random_expert_weights(kShape, 11);
+  TrainerLora lora(12);
+  for (const char* isa : {"portable", "auto"}) {
+    SECTION(isa) {
+      Runtime rt({isa, 0});
+      MoeLayer layer(rt, config(), ref_of(w));
+      layer.update_lora_weights(lora.weights());
+      CHECK(layer.lora_scale() == Approx(kAlpha / kRank));
+      for (int tokens : {1, 13, 40}) {
+        INFO("tokens " << tokens);
+        Batch b = make_batch(tokens, 100 + tokens);
+        MoeBatch<float> mb{tokens, kShape.top_k, b.x.data(), b.routing.expert_ids.data(), b.routing.weights.data()};
+        std::vector<float> want(b.x.size()), want_dx(b.x.size());
+        LayerLora want_grads = lora.as_reference.zeros_like();
+        reference_forward(w.view(), lora.as_reference, mb, want.data());
+        reference_backward(w.view(), lora.as_reference, mb, b.grad_out.data(), want_dx.data(), &want_grads);
+
+        std::vector<float> out(b.x.size());
+        std::vector<bf16> out_b(b.x.size());
+        layer.forward(tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data());
+        CHECK(rel_error(out, want) <= 1e-2);
+        layer.forward(tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out_b.data());
+        CHECK(rel_error(as_f32(out_b), want) <= 1e-2);
+
+        // bf16 in and out, then f32 in and out with accumulation: the second adds the same again.
+        GradBuffers g(lora);
+        std::vector<bf16> dx_b(b.x.size());
+        std::vector<float> dx(b.x.size());
+        layer.forward_sft(tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out_b.data(), true);
+        layer.forward_sft(tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data(), true);
+        CHECK(layer.cached_forwards() == 2);
+        layer.backward(b.grad_out.data(), dx.data(), g.grads());
+        layer.backward(b.grad_out_b.data(), dx_b.data(), g.grads(), /*accumulate=*/true);
+        CHECK(layer.cached_forwards() == 0);
+        CHECK(rel_error(dx, want_dx) <= 1e-2);
+        CHECK(rel_error(as_f32(dx_b), want_dx) <= 1e-2);
+        auto twice = [](std::vector<float> v) {
+          for (float& x : v) x *= 2;
+          return v;
+        };
+        CHECK(rel_error(g.ga, twice(want_grads[Projection::gate].a)) <= 2e-2);
+        CHECK(rel_error(g.gb, twice(want_grads[Projection::gate].b)) <= 2e-2);
+        CHECK(rel_error(g.ua, twice(want_grads[Projection::up].a)) <= 2e-2);
+        CHECK(rel_error(g.ub, twice(want_grads[Projection::up].b)) <= 2e-2);
+        CHECK(rel_error(g.da, twice(want_grads[Projection::down].a)) <= 2e-2);
+        CHECK(rel_error(g.db, twice(want_grads[Projection::down].b)) <= 2e-2);
+      }
+    }
+  }
+}
+
+TEST_CASE("LoRA weights are the caller's memory: an optimizer step is seen by the next forward", "[api][lora]") {
+  ExpertWeights w = random_expert_weights(kShape, 21);
+  TrainerLora lora(22);
+  Runtime rt;
+  MoeLayer layer(rt, config(), ref_of(w));
+  layer.update_lora_weights(lora.weights());
+  Batch b = make_batch(9, 23);
+  auto run = [&] {
+    std::vector<float> out(b.x.size());
+    layer.forward(b.tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data());
+    return out;
+  };
+  std::vector<float> before = run();
+  for (float& v : lora.gb) v *= 3.0f;  // the optimizer writes in place; no call tells the layer
+  for (auto& v : lora.as_reference[Projection::gate].b) v *= 3.0f;
+  std::vector<float> after = run(), want(b.x.size());
+  MoeBatch<float> mb{b.tokens, kShape.top_k, b.x.data(), b.routing.expert_ids.data(), b.routing.weights.data()};
+  reference_forward(w.view(), lora.as_reference, mb, want.data());
+  CHECK(rel_error(after, want) <= 1e-2);
+  CHECK(rel_error(after, before) > 1e-3);
+
+  // Gate and up keep their own A: a set with only down LoRA leaves gate and up without.
+  layer.update_lora_weights(LoraWeights{nullptr, nullptr, nullptr, nullptr, lora.da.data(), lora.db.data()});
+  CHECK(layer.lora()[Projection::gate].rank == 0);
+  CHECK(layer.lora()[Projection::down].rank == kRank);
+}
+
+TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "[api][fixtures]") {
+  Runtime rt;
+  for (const auto& c : test::fixture_cases()) {
+    SECTION(c.name) {
+      auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
+      for (int l : c.layers) {
+        INFO("layer " << l);
+        const std::string p = "layer_" + std::to_string(l) + ".";
+        const auto& xt = ref.get(p + "input");
+        const int tokens = static_cast<int>(xt.shape[0]), top_k = static_cast<int>(ref.get(p + "expert_ids").shape[1]);
+        std::vector<float> x = io::read_as_f32(ref, p + "input"), wts = io::read_as_f32(ref, p + "weights");
+        std::vector<float> go = io::read_as_f32(ref, p + "grad_output");
+        std::vector<bf16> xb = to_bf16(x.data(), x.size());
+        std::vector<std::int64_t> ids(static_cast<std::size_t>(tokens) * top_k);
+        std::memcpy(ids.data(), ref.data(ref.get(p + "expert_ids")), ids.size() * sizeof(std::int64_t));
+
+        MoeLayer layer = MoeLayer::from_checkpoint(rt, c.dir + "/model", l, {tokens, 1, 0, 0, false, c.dir + "/adapter"});
+        std::vector<float> out(x.size()), dx(x.size());
+        layer.forward_sft(tokens, top_k, xb.data(), ids.data(), wts.data(), out.data(), true);
+        CHECK(rel_error(out, io::read_as_f32(ref, p + "output")) <= 1e-2);
+
+        // Gradients land in arrays shaped like the adapter's set, which lora() describes.
+        LoadedLora shapes = load_layer_lora(c.dir + "/adapter", read_model_config(c.dir + "/model"), l);
+        LayerLora grads = shapes.lora.zeros_like();
+        LayerLoraGrad gv;
+        for (int i = 0; i < 3; ++i) gv[i] = {grads.proj[i].a.data(), grads.proj[i].b.data()};
+        CHECK(layer.lora().max_rank() == shapes.lora.proj[0].rank);
+        layer.backward(go.data(), dx.data(), gv);
+        CHECK(rel_error(dx, io::read_as_f32(ref, p + "grad_input")) <= 1e-2);
+        test::check_fixture_lora_grads(grads, shapes, ref, layer.config().num_experts);
+
+        // Unloading the adapter gives the base layer; loading it back, the adapter again.
+        layer.unload_adapter();
+        std::vector<float> base(x.size());
+        layer.forward(tokens, top_k, xb.data(), ids.data(), wts.data(), base.data());
+        CHECK(rel_error(base, out) > 1e-4);
+        layer.load_adapter(c.dir + "/adapter");
+        layer.forward(tokens, top_k, xb.data(), ids.data(), wts.data(), base.data());
+        CHECK(rel_error(base, out) <= 1e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("bad configs, weights and calls are clear errors that change nothing", "[api][errors]") {
+  ExpertWeights w = random_expert_weights(kShape, 31);
+  Runtime rt;
+  auto with = [](auto edit) {
+    MoeLayerConfig c = config();
+    edit(c);
+    return c;
+  };
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.top_k = 8; }), ref_of(w)); }, ErrorKind::invalid_argument, "top_k 8");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.max_tokens = 0; }), ref_of(w)); }, ErrorKind::invalid_argument, "max_tokens 0");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.hidden = -3; }), ref_of(w)); }, ErrorKind::invalid_argument, "hidden -3");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.weight_type = WeightType::int4; }), ref_of(w)); }, ErrorKind::unsupported,
+               "int8/int4");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.numa_nodes = 2; }), ref_of(w)); }, ErrorKind::unsupported, "numa_nodes 2");
+  expect_error([&] { MoeLayer(rt, config(), {w.gate.data(), nullptr, w.down.data()}); }, ErrorKind::invalid_argument, "null");
+  expect_error([&] { Runtime({"sse2", 0}); }, ErrorKind::invalid_argument, "sse2");
+  expect_error([&] { Runtime({"reference", 0}); }, ErrorKind::invalid_argument, "reference");
+  {
+    ExpertWeights bad = w;
+    bad.up[static_cast<std::size_t>(4) * kShape.hidden * kShape.intermediate + 17] = 0x7fc0;  // NaN in expert 4's up
+    expect_error([&] { MoeLayer(rt, config(), ref_of(bad)); }, ErrorKind::bad_file, "expert 4 up weight");
+  }
+  expect_error([&] { (void)MoeLayer::from_checkpoint(rt, test::data_dir() + "/nowhere", 1, {4, 1, 0, 0, false, ""}); }, ErrorKind::bad_file, "nowhere");
+
+  MoeLayer layer(rt, config(8, 1), ref_of(w));
+  TrainerLora lora(32);
+  Batch b = make_batch(8, 33);
+  std::vector<float> out(b.x.size(), 7.0f), dx(b.x.size(), 7.0f);
+  const auto* ids = b.routing.expert_ids.data();
+  const auto* wts = b.routing.weights.data();
+  expect_error([&] { layer.forward(9, 3, b.xb.data(), ids, wts, out.data()); }, ErrorKind::invalid_argument, "tokens 9");
+  expect_error([&] { layer.forward(8, 4, b.xb.data(), ids, wts, out.data()); }, ErrorKind::invalid_argument, "top_k 4");
+  expect_error([&] { layer.forward(8, 3, nullptr, ids, wts, out.data()); }, ErrorKind::invalid_argument, "null");
+  std::vector<std::int64_t> bad_ids = b.routing.expert_ids;
+  bad_ids[5] = kShape.num_experts;
+  expect_error([&] { layer.forward_sft(8, 3, b.xb.data(), bad_ids.data(), wts, out.data(), true); }, ErrorKind::invalid_argument,
+               "expert_ids[1][2] = 7");
+  CHECK(layer.cached_forwards() == 0);
+  for (float v : out) REQUIRE(v == 7.0f);
+  expect_error([&] { layer.backward(b.grad_out.data(), dx.data(), LoraGrads{}); }, ErrorKind::state, "empty");
+  expect_error([&] { layer.update_lora_weights(LoraWeights{lora.ga.data(), nullptr}); }, ErrorKind::invalid_argument, "B is null");
+  expect_error([&] { layer.load_adapter(test::data_dir() + "/deepseek_tiny/adapter"); }, ErrorKind::invalid_argument,
+               "index in the model");
+
+  // Adapters cannot be swapped under a saved forward: its backward needs the set it used.
+  layer.forward_sft(8, 3, b.xb.data(), ids, wts, out.data(), true);
+  expect_error([&] { layer.forward_sft(8, 3, b.xb.data(), ids, wts, out.data(), true); }, ErrorKind::state, "full");
+  expect_error([&] { layer.unload_adapter(); }, ErrorKind::state, "saved forward");
+  layer.backward(b.grad_out.data(), dx.data(), LoraGrads{});
+  CHECK(layer.cached_forwards() == 0);
+
+  MoeLayer inference(rt, config(8, 0), ref_of(w));
+  CHECK(inference.cache_bytes() == 0);
+  expect_error([&] { inference.forward_sft(8, 3, b.xb.data(), ids, wts, out.data(), true); }, ErrorKind::state, "max_cache_depth 0");
+  inference.forward(8, 3, b.xb.data(), ids, wts, out.data());
+  inference.forward(0, 3, nullptr, nullptr, nullptr, out.data());  // an empty batch is fine
+}
