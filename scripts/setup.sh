@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything from a fresh Debian 12 clone:
 #   scripts/setup.sh demo   install, build, run `tilemoe demo` (a DeepSeek-V2-Lite-shaped layer)
-#   scripts/setup.sh test   install, build, run every test, then again under ASan + UBSan
+#   scripts/setup.sh test   install, build, run every test, then again under ASan + UBSan, and the
+#                           async API's test under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-demo}"
@@ -29,6 +30,12 @@ case "$mode" in
     build build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEMOE_SANITIZE=ON
     (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        ctest --output-on-failure -j "$jobs")
+    # ThreadSanitizer: only the async API's test, where threads meet (submits, syncs, the queue).
+    mkdir -p build-tsan
+    cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEMOE_TSAN=ON > build-tsan/configure.log 2>&1 ||
+      { cat build-tsan/configure.log; exit 1; }
+    cmake --build build-tsan -j "$jobs" --target test_runtime_async
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ./build-tsan/tests/test_runtime_async
     ;;
   *)
     echo "usage: scripts/setup.sh demo|test" >&2

@@ -1,0 +1,130 @@
+/* tilemoe's C ABI: opaque handles, plain C types, status codes. No C++ exception crosses it.
+ *
+ *   tilemoe_runtime* rt;  tilemoe_layer* layer;
+ *   if (tilemoe_runtime_create("auto", 0, &rt) != TILEMOE_OK) puts(tilemoe_last_error());
+ *   tilemoe_layer_from_checkpoint(rt, "/models/dsv2-lite", 1, &options, &layer);
+ *   tilemoe_layer_forward(layer, T, k, x, ids, w, out, TILEMOE_BF16);
+ *
+ * Every function returns TILEMOE_OK or an error status; the message (naming the argument, file,
+ * layer or expert) is then in tilemoe_last_error(), per thread, until the next failing call on
+ * that thread. A failed call changes nothing. bf16 values are passed as uint16_t bit patterns.
+ * Semantics are those of the C++ API (tilemoe/moe_layer.hpp, tilemoe/runtime.hpp).
+ */
+#ifndef TILEMOE_C_API_H
+#define TILEMOE_C_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define TILEMOE_API __attribute__((visibility("default")))
+#else
+#define TILEMOE_API
+#endif
+
+typedef enum tilemoe_status {
+  TILEMOE_OK = 0,
+  TILEMOE_INVALID_ARGUMENT = 1, /* shapes, ids, options given by the caller */
+  TILEMOE_BAD_FILE = 2,         /* a missing, truncated or inconsistent file; non-finite weights */
+  TILEMOE_UNSUPPORTED = 3,      /* valid, but not on this CPU or build (e.g. AMX without AMX) */
+  TILEMOE_STATE = 4,            /* the wrong time: an empty cache stack, a full one, a failed task before */
+  TILEMOE_OUT_OF_MEMORY = 5,
+  TILEMOE_INTERNAL = 6
+} tilemoe_status;
+
+typedef enum tilemoe_dtype { TILEMOE_BF16 = 0, TILEMOE_F32 = 1 } tilemoe_dtype;
+
+typedef struct tilemoe_runtime tilemoe_runtime;
+typedef struct tilemoe_layer tilemoe_layer;
+typedef uint64_t tilemoe_ticket;
+
+TILEMOE_API const char* tilemoe_last_error(void);
+TILEMOE_API const char* tilemoe_status_name(tilemoe_status status);
+TILEMOE_API const char* tilemoe_version(void);
+
+/* isa: "auto", "amx", "avx512" or "portable" (NULL: "auto"); threads 0: one per core. */
+TILEMOE_API tilemoe_status tilemoe_runtime_create(const char* isa, int threads, tilemoe_runtime** out);
+TILEMOE_API void tilemoe_runtime_destroy(tilemoe_runtime* runtime); /* destroy its layers first */
+TILEMOE_API const char* tilemoe_runtime_isa(const tilemoe_runtime* runtime);
+TILEMOE_API int tilemoe_runtime_threads(const tilemoe_runtime* runtime);
+TILEMOE_API tilemoe_status tilemoe_runtime_sync(tilemoe_runtime* runtime);
+TILEMOE_API tilemoe_status tilemoe_runtime_wait(tilemoe_runtime* runtime, tilemoe_ticket ticket);
+
+typedef struct tilemoe_layer_config {
+  int num_experts, top_k, hidden, intermediate;
+  int max_tokens;
+  int lora_rank;
+  double lora_alpha;
+  int use_rslora;
+  int max_cache_depth; /* 0: inference only */
+  int weight_type;     /* 0: bf16 (int8, int4: not built yet) */
+  int numa_nodes;      /* 1 (0 is read as 1) */
+} tilemoe_layer_config;
+
+/* gate, up: bf16 [E][I][H]; down: bf16 [E][H][I]. Packed here; the caller may free them after. */
+TILEMOE_API tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_layer_config* config,
+                                                const uint16_t* gate, const uint16_t* up, const uint16_t* down,
+                                                tilemoe_layer** out);
+typedef struct tilemoe_checkpoint_options {
+  int max_tokens;
+  int max_cache_depth;
+  int lora_rank; /* the largest rank of sets given later; an adapter raises it to its own */
+  double lora_alpha;
+  int use_rslora;
+  const char* adapter; /* PEFT directory or `tilemoe convert-lora` file, or NULL */
+} tilemoe_checkpoint_options;
+
+/* Layer `layer` of a Hugging Face checkpoint directory (config.json + safetensors, sharded or not). */
+TILEMOE_API tilemoe_status tilemoe_layer_from_checkpoint(tilemoe_runtime* runtime, const char* model_dir, int layer,
+                                                         const tilemoe_checkpoint_options* options, tilemoe_layer** out);
+TILEMOE_API void tilemoe_layer_destroy(tilemoe_layer* layer); /* waits for its queued tasks */
+/* Fills *config with the layer's shape and limits. */
+TILEMOE_API tilemoe_status tilemoe_layer_get_config(const tilemoe_layer* layer, tilemoe_layer_config* config);
+
+/* x: bf16 [T][H]; expert_ids: int64 [T][k]; weights: f32 [T][k]; out: [T][H] of out_dtype. */
+TILEMOE_API tilemoe_status tilemoe_layer_forward(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,
+                                                 const int64_t* expert_ids, const float* weights, void* out,
+                                                 tilemoe_dtype out_dtype);
+TILEMOE_API tilemoe_status tilemoe_layer_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,
+                                                     const int64_t* expert_ids, const float* weights, void* out,
+                                                     tilemoe_dtype out_dtype, int save_for_backward);
+
+/* LoRA A [E][rank][in] and B [E][out][rank] in f32 per projection, at the layer's lora_rank and
+ * scale; a NULL pair leaves that projection without LoRA. Read in place at every call. */
+typedef struct tilemoe_lora_weights {
+  const float *gate_a, *gate_b, *up_a, *up_b, *down_a, *down_b;
+} tilemoe_lora_weights;
+typedef struct tilemoe_lora_grads {
+  float *gate_a, *gate_b, *up_a, *up_b, *down_a, *down_b;
+} tilemoe_lora_grads;
+
+/* grad_output and grad_input share one dtype; grads may be NULL (no LoRA gradients wanted). */
+TILEMOE_API tilemoe_status tilemoe_layer_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input,
+                                                  tilemoe_dtype dtype, const tilemoe_lora_grads* grads, int accumulate);
+TILEMOE_API tilemoe_status tilemoe_layer_update_lora_weights(tilemoe_layer* layer, const tilemoe_lora_weights* weights);
+/* layer_index: the layer's index in the model, or -1 for a layer from a checkpoint. */
+TILEMOE_API tilemoe_status tilemoe_layer_load_adapter(tilemoe_layer* layer, const char* path, int layer_index);
+TILEMOE_API tilemoe_status tilemoe_layer_unload_adapter(tilemoe_layer* layer);
+TILEMOE_API tilemoe_status tilemoe_layer_cached_forwards(const tilemoe_layer* layer, int* count);
+/* The rank of each projection's current LoRA set (gate, up, down; 0: none): the shapes of grads. */
+TILEMOE_API tilemoe_status tilemoe_layer_lora_ranks(const tilemoe_layer* layer, int ranks[3]);
+
+/* Asynchronous forms: return at once with a ticket; errors come from wait or sync. Pointers must
+ * stay valid until the task has finished. */
+TILEMOE_API tilemoe_status tilemoe_layer_submit_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,
+                                                            const int64_t* expert_ids, const float* weights, void* out,
+                                                            tilemoe_dtype out_dtype, int save_for_backward,
+                                                            tilemoe_ticket* ticket);
+TILEMOE_API tilemoe_status tilemoe_layer_submit_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input,
+                                                         tilemoe_dtype dtype, const tilemoe_lora_grads* grads,
+                                                         int accumulate, tilemoe_ticket* ticket);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TILEMOE_C_API_H */

@@ -1,0 +1,267 @@
+// The C ABI over the C++ API: every entry point catches everything, stores the message per
+// thread and returns a status, so no exception crosses into C, Python or Rust.
+#include "tilemoe/c_api.h"
+
+#include <new>
+#include <string>
+
+#include "tilemoe/error.hpp"
+#include "tilemoe/moe_layer.hpp"
+
+struct tilemoe_runtime {
+  tilemoe::Runtime rt;
+};
+struct tilemoe_layer {
+  tilemoe::MoeLayer layer;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+tilemoe_status status_of(tilemoe::ErrorKind kind) {
+  switch (kind) {
+    case tilemoe::ErrorKind::invalid_argument: return TILEMOE_INVALID_ARGUMENT;
+    case tilemoe::ErrorKind::bad_file: return TILEMOE_BAD_FILE;
+    case tilemoe::ErrorKind::unsupported: return TILEMOE_UNSUPPORTED;
+    case tilemoe::ErrorKind::state: return TILEMOE_STATE;
+  }
+  return TILEMOE_INTERNAL;
+}
+
+template <typename F>
+tilemoe_status guard(F&& f) {
+  try {
+    f();
+    return TILEMOE_OK;
+  } catch (const tilemoe::Error& e) {
+    last_error = e.what();
+    return status_of(e.kind());
+  } catch (const std::bad_alloc&) {
+    last_error = "out of memory";
+    return TILEMOE_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return TILEMOE_INTERNAL;
+  } catch (...) {
+    last_error = "an unknown C++ exception";
+    return TILEMOE_INTERNAL;
+  }
+}
+
+void require(bool ok, const char* what) {
+  if (!ok) tilemoe::fail(tilemoe::ErrorKind::invalid_argument, what);
+}
+
+tilemoe::LoraGrads grads_of(const tilemoe_lora_grads* g) {
+  if (!g) return {};
+  return {g->gate_a, g->gate_b, g->up_a, g->up_b, g->down_a, g->down_b};
+}
+
+void check_dtype(tilemoe_dtype d, const char* who) {
+  if (d != TILEMOE_BF16 && d != TILEMOE_F32)
+    tilemoe::fail(tilemoe::ErrorKind::invalid_argument, std::string(who) + ": dtype " + std::to_string(static_cast<int>(d)) +
+                                                            " is neither TILEMOE_BF16 (0) nor TILEMOE_F32 (1)");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* tilemoe_last_error(void) { return last_error.c_str(); }
+
+const char* tilemoe_status_name(tilemoe_status status) {
+  switch (status) {
+    case TILEMOE_OK: return "ok";
+    case TILEMOE_INVALID_ARGUMENT: return "invalid argument";
+    case TILEMOE_BAD_FILE: return "bad file";
+    case TILEMOE_UNSUPPORTED: return "unsupported";
+    case TILEMOE_STATE: return "state";
+    case TILEMOE_OUT_OF_MEMORY: return "out of memory";
+    case TILEMOE_INTERNAL: return "internal";
+  }
+  return "unknown status";
+}
+
+const char* tilemoe_version(void) { return "0.1.0"; }
+
+tilemoe_status tilemoe_runtime_create(const char* isa, int threads, tilemoe_runtime** out) {
+  return guard([&] {
+    require(out != nullptr, "tilemoe_runtime_create: out is NULL");
+    *out = nullptr;
+    *out = new tilemoe_runtime{tilemoe::Runtime({isa ? isa : "auto", threads})};
+  });
+}
+
+void tilemoe_runtime_destroy(tilemoe_runtime* runtime) { delete runtime; }
+
+const char* tilemoe_runtime_isa(const tilemoe_runtime* runtime) { return runtime ? runtime->rt.isa() : ""; }
+int tilemoe_runtime_threads(const tilemoe_runtime* runtime) { return runtime ? runtime->rt.threads() : 0; }
+
+tilemoe_status tilemoe_runtime_sync(tilemoe_runtime* runtime) {
+  return guard([&] {
+    require(runtime != nullptr, "tilemoe_runtime_sync: runtime is NULL");
+    runtime->rt.sync();
+  });
+}
+
+tilemoe_status tilemoe_runtime_wait(tilemoe_runtime* runtime, tilemoe_ticket ticket) {
+  return guard([&] {
+    require(runtime != nullptr, "tilemoe_runtime_wait: runtime is NULL");
+    runtime->rt.wait(ticket);
+  });
+}
+
+tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_layer_config* config, const uint16_t* gate,
+                                    const uint16_t* up, const uint16_t* down, tilemoe_layer** out) {
+  return guard([&] {
+    require(runtime && config && out, "tilemoe_layer_create: runtime, config and out must not be NULL");
+    *out = nullptr;
+    tilemoe::MoeLayerConfig c;
+    c.num_experts = config->num_experts;
+    c.top_k = config->top_k;
+    c.hidden = config->hidden;
+    c.intermediate = config->intermediate;
+    c.max_tokens = config->max_tokens;
+    c.lora_rank = config->lora_rank;
+    c.lora_alpha = config->lora_alpha;
+    c.use_rslora = config->use_rslora != 0;
+    c.max_cache_depth = config->max_cache_depth;
+    switch (config->weight_type) {
+      case 0: c.weight_type = tilemoe::WeightType::bf16; break;
+      case 1: c.weight_type = tilemoe::WeightType::int8; break;
+      case 2: c.weight_type = tilemoe::WeightType::int4; break;
+      default: tilemoe::fail(tilemoe::ErrorKind::invalid_argument, "tilemoe_layer_create: weight_type " +
+                                                                       std::to_string(config->weight_type) + " is not 0 (bf16), 1 (int8) or 2 (int4)");
+    }
+    c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes;
+    *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down})};
+  });
+}
+
+tilemoe_status tilemoe_layer_from_checkpoint(tilemoe_runtime* runtime, const char* model_dir, int layer,
+                                             const tilemoe_checkpoint_options* options, tilemoe_layer** out) {
+  return guard([&] {
+    require(runtime && model_dir && options && out,
+            "tilemoe_layer_from_checkpoint: runtime, model_dir, options and out must not be NULL");
+    *out = nullptr;
+    tilemoe::CheckpointLayerOptions o;
+    o.max_tokens = options->max_tokens;
+    o.max_cache_depth = options->max_cache_depth;
+    o.lora_rank = options->lora_rank;
+    o.lora_alpha = options->lora_alpha;
+    o.use_rslora = options->use_rslora != 0;
+    if (options->adapter) o.adapter = options->adapter;
+    *out = new tilemoe_layer{tilemoe::MoeLayer::from_checkpoint(runtime->rt, model_dir, layer, o)};
+  });
+}
+
+void tilemoe_layer_destroy(tilemoe_layer* layer) { delete layer; }
+
+tilemoe_status tilemoe_layer_get_config(const tilemoe_layer* layer, tilemoe_layer_config* config) {
+  return guard([&] {
+    require(layer && config, "tilemoe_layer_get_config: layer and config must not be NULL");
+    const tilemoe::MoeLayerConfig& c = layer->layer.config();
+    *config = {c.num_experts, c.top_k, c.hidden, c.intermediate, c.max_tokens, c.lora_rank, c.lora_alpha,
+               c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes};
+  });
+}
+
+tilemoe_status tilemoe_layer_forward(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x, const int64_t* expert_ids,
+                                     const float* weights, void* out, tilemoe_dtype out_dtype) {
+  return tilemoe_layer_forward_sft(layer, tokens, top_k, x, expert_ids, weights, out, out_dtype, 0);
+}
+
+tilemoe_status tilemoe_layer_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,
+                                         const int64_t* expert_ids, const float* weights, void* out, tilemoe_dtype out_dtype,
+                                         int save_for_backward) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_forward: layer is NULL");
+    check_dtype(out_dtype, "tilemoe_layer_forward");
+    if (out_dtype == TILEMOE_BF16)
+      layer->layer.forward_sft(tokens, top_k, x, expert_ids, weights, static_cast<uint16_t*>(out), save_for_backward != 0);
+    else
+      layer->layer.forward_sft(tokens, top_k, x, expert_ids, weights, static_cast<float*>(out), save_for_backward != 0);
+  });
+}
+
+tilemoe_status tilemoe_layer_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype,
+                                      const tilemoe_lora_grads* grads, int accumulate) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_backward: layer is NULL");
+    check_dtype(dtype, "tilemoe_layer_backward");
+    if (dtype == TILEMOE_BF16)
+      layer->layer.backward(static_cast<const uint16_t*>(grad_output), static_cast<uint16_t*>(grad_input), grads_of(grads),
+                            accumulate != 0);
+    else
+      layer->layer.backward(static_cast<const float*>(grad_output), static_cast<float*>(grad_input), grads_of(grads),
+                            accumulate != 0);
+  });
+}
+
+tilemoe_status tilemoe_layer_update_lora_weights(tilemoe_layer* layer, const tilemoe_lora_weights* w) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_update_lora_weights: layer is NULL");
+    tilemoe::LoraWeights lw;
+    if (w) lw = {w->gate_a, w->gate_b, w->up_a, w->up_b, w->down_a, w->down_b};
+    layer->layer.update_lora_weights(lw);
+  });
+}
+
+tilemoe_status tilemoe_layer_load_adapter(tilemoe_layer* layer, const char* path, int layer_index) {
+  return guard([&] {
+    require(layer && path, "tilemoe_layer_load_adapter: layer and path must not be NULL");
+    layer->layer.load_adapter(path, layer_index);
+  });
+}
+
+tilemoe_status tilemoe_layer_unload_adapter(tilemoe_layer* layer) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_unload_adapter: layer is NULL");
+    layer->layer.unload_adapter();
+  });
+}
+
+tilemoe_status tilemoe_layer_cached_forwards(const tilemoe_layer* layer, int* count) {
+  return guard([&] {
+    require(layer && count, "tilemoe_layer_cached_forwards: layer and count must not be NULL");
+    *count = layer->layer.cached_forwards();
+  });
+}
+
+tilemoe_status tilemoe_layer_lora_ranks(const tilemoe_layer* layer, int ranks[3]) {
+  return guard([&] {
+    require(layer && ranks, "tilemoe_layer_lora_ranks: layer and ranks must not be NULL");
+    for (int i = 0; i < 3; ++i) ranks[i] = layer->layer.lora().proj[static_cast<std::size_t>(i)].rank;
+  });
+}
+
+tilemoe_status tilemoe_layer_submit_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,
+                                                const int64_t* expert_ids, const float* weights, void* out,
+                                                tilemoe_dtype out_dtype, int save_for_backward, tilemoe_ticket* ticket) {
+  return guard([&] {
+    require(layer && ticket, "tilemoe_layer_submit_forward_sft: layer and ticket must not be NULL");
+    check_dtype(out_dtype, "tilemoe_layer_submit_forward_sft");
+    *ticket = out_dtype == TILEMOE_BF16
+                  ? layer->layer.submit_forward_sft(tokens, top_k, x, expert_ids, weights, static_cast<uint16_t*>(out),
+                                                    save_for_backward != 0)
+                  : layer->layer.submit_forward_sft(tokens, top_k, x, expert_ids, weights, static_cast<float*>(out),
+                                                    save_for_backward != 0);
+  });
+}
+
+tilemoe_status tilemoe_layer_submit_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype,
+                                             const tilemoe_lora_grads* grads, int accumulate, tilemoe_ticket* ticket) {
+  return guard([&] {
+    require(layer && ticket, "tilemoe_layer_submit_backward: layer and ticket must not be NULL");
+    check_dtype(dtype, "tilemoe_layer_submit_backward");
+    *ticket = dtype == TILEMOE_BF16 ? layer->layer.submit_backward(static_cast<const uint16_t*>(grad_output),
+                                                                   static_cast<uint16_t*>(grad_input), grads_of(grads),
+                                                                   accumulate != 0)
+                                    : layer->layer.submit_backward(static_cast<const float*>(grad_output),
+                                                                   static_cast<float*>(grad_input), grads_of(grads),
+                                                                   accumulate != 0);
+  });
+}
+
+}  // extern "C"
