@@ -13,7 +13,8 @@ enum class ErrorKind {
   state,             // a call at the wrong time (e.g. popping an empty cache stack)
 };
 
-class Error : public std::runtime_error {
+// Visible from libtilemoe.so so that a caller's catch (const tilemoe::Error&) matches what it throws.
+class __attribute__((visibility("default"))) Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
   ErrorKind kind() const noexcept { return kind_; }

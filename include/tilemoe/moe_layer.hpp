@@ -87,7 +87,7 @@ struct CheckpointLayerOptions {
   std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file; empty: none
 };
 
-class MoeLayer {
+class TILEMOE_CXX_API MoeLayer {
  public:
   // Throws invalid_argument for a bad config or null weights, bad_file for non-finite weights
   // (naming the expert and projection), unsupported for int8/int4 or numa_nodes != 1.

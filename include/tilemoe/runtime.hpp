@@ -19,6 +19,13 @@
 #include <memory>
 #include <string>
 
+// Exported from libtilemoe.so, which hides everything else.
+#if defined(__GNUC__)
+#define TILEMOE_CXX_API __attribute__((visibility("default")))
+#else
+#define TILEMOE_CXX_API
+#endif
+
 namespace tilemoe {
 
 struct RuntimeOptions {
@@ -26,7 +33,7 @@ struct RuntimeOptions {
   int threads = 0;           // worker threads; 0: one per core (TILEMOE_THREADS overrides)
 };
 
-class Runtime {
+class TILEMOE_CXX_API Runtime {
  public:
   using Ticket = std::uint64_t;
 

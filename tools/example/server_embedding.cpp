@@ -123,6 +123,18 @@ int main() {
       return 1;
     }
     std::printf("overlapped results equal the synchronous ones\n");
+
+    // Bad input is an exception naming the problem; the layer stays usable.
+    std::vector<tilemoe::bf16> x(static_cast<std::size_t>(kTokens) * kHidden);
+    std::vector<std::int64_t> ids(kTokens * kTopK, kExperts);  // out of range
+    std::vector<float> weights(kTokens * kTopK, 0.25f), out(x.size());
+    try {
+      layers[0].forward(kTokens, kTopK, x.data(), ids.data(), weights.data(), out.data());
+      std::fprintf(stderr, "an out-of-range expert id was accepted\n");
+      return 1;
+    } catch (const tilemoe::Error& e) {
+      std::printf("bad routing rejected: %s\n", e.what());
+    }
     return 0;
   } catch (const tilemoe::Error& e) {
     std::fprintf(stderr, "tilemoe error: %s\n", e.what());
