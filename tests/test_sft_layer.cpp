@@ -138,7 +138,9 @@ TEST_CASE("bad batches are refused before anything is saved", "[sft][cache]") {
   forward(layer, ok, true);
   backward_matches(layer, ok, reference(f.w, f.lora, ok), f.lora);
   CHECK_THROWS_AS(MoeSftLayer(f.packed, kernels::Isa::portable, f.pool, {0, 1, 4}), Error);
-  CHECK_THROWS_AS(MoeSftLayer(f.packed, kernels::Isa::portable, f.pool, {8, 0, 4}), Error);
+  // A cache depth of 0 is a layer for inference: it builds, and refuses to save a forward.
+  MoeSftLayer inference(f.packed, kernels::Isa::portable, f.pool, {8, 0, 4});
+  CHECK_THROWS_WITH(forward(inference, ok, true), Catch::Matchers::Contains("saves no forwards"));
 }
 
 TEST_CASE("LoRA weights are the caller's memory: edits are seen, sets swap without copies", "[sft][lora]") {
