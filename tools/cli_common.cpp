@@ -4,6 +4,7 @@
 
 #include "src/io/safetensors.hpp"
 #include "tilemoe/error.hpp"
+#include "tools/progress_bar.hpp"
 
 namespace tilemoe::cli {
 
@@ -43,7 +44,10 @@ LoadedLayer load_layer(const std::string& model_dir, int layer, const std::strin
   auto ck = Checkpoint::open(model_dir);
   LoadedLayer l;
   l.config = ck.config();
-  l.experts = ck.load_layer_experts(layer);
+  {
+    ProgressBar bar("loading layer " + std::to_string(layer));
+    l.experts = ck.load_layer_experts(layer, bar.callback());
+  }
   if (!adapter.empty()) {
     l.lora = load_layer_lora(adapter, l.config, layer);
     for (const auto& w : l.lora.warnings) warn(w);

@@ -1,12 +1,11 @@
 // `tilemoe convert-lora`: a PEFT adapter -> one stacked tilemoe LoRA file (see src/lora/lora_file.hpp).
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <memory>
 
 #include "src/lora/lora_file.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/progress_bar.hpp"
 
 namespace tilemoe::cli {
 
@@ -24,20 +23,14 @@ void add_convert_lora_command(CLI::App& app, int& status) {
     ModelConfig model = read_model_config(a->model);
     PeftAdapter adapter = PeftAdapter::open(a->adapter, model);
     for (const auto& w : adapter.warnings()) warn(w);
-    bool tty = isatty(STDERR_FILENO);
-    ProgressFn progress;
-    if (tty)
-      progress = [t0](std::size_t done, std::size_t total) {
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        double rate = s > 0 ? done / s : 0;
-        std::fprintf(stderr, "\r  %.1f / %.1f MB  %.0f MB/s  %.0f s left   ", done / 1e6, total / 1e6, rate / 1e6,
-                     rate > 0 ? (total - done) / rate : 0.0);
-      };
-    ConvertStats st = convert_peft_to_lora_file(adapter, model, a->output, progress);
-    if (tty) std::fprintf(stderr, "\n");
+    ConvertStats st;
+    {
+      ProgressBar bar("converting");
+      st = convert_peft_to_lora_file(adapter, model, a->output, bar.callback());
+    }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("wrote %s: %d MoE layers, %d expert LoRA tensors, %.1f MB, %d other keys ignored, %.2f s\n", a->output.c_str(),
-                st.layers, st.expert_tensors, st.bytes_written / 1e6, st.ignored_keys, s);
+    std::printf("wrote %s: %d MoE layers, %d expert LoRA tensors, %.1f MB, %d other keys kept for export-peft, %.2f s\n",
+                a->output.c_str(), st.layers, st.expert_tensors, st.bytes_written / 1e6, st.other_keys, s);
     status = 0;
   });
 }

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "src/io/safetensors_writer.hpp"
@@ -29,8 +30,8 @@ std::string tensor_key(int layer, Projection p, const char* what) {
   return "layer_" + std::to_string(layer) + "." + projection_name(p) + "_lora_" + what;
 }
 
-std::string meta_key(int layer, Projection p, const char* factor) {
-  return "peft_key.layer_" + std::to_string(layer) + "." + projection_name(p) + "." + factor;
+std::string meta_key(const char* kind, int layer, Projection p, const char* factor) {
+  return std::string(kind) + ".layer_" + std::to_string(layer) + "." + projection_name(p) + "." + factor;
 }
 
 int meta_int(const io::SafetensorsFile& f, const std::string& key) {
@@ -42,6 +43,56 @@ int meta_int(const io::SafetensorsFile& f, const std::string& key) {
     fail(ErrorKind::bad_file, f.path() + ": metadata '" + key + "' is not an integer ('" + it->second + "')");
   }
 }
+
+// One name when every covered expert shares it (PEFT saves one dtype), else one per expert.
+std::string dtype_list(const io::SafetensorsFile& src, const std::vector<PeftExpertEntry>& list, bool a) {
+  std::vector<std::string> names;
+  std::set<std::string> distinct;
+  for (const auto& e : list) {
+    names.push_back(e.rank == 0 ? "" : io::dtype_name(src.get(a ? e.key_a : e.key_b).dtype));
+    if (e.rank > 0) distinct.insert(names.back());
+  }
+  if (distinct.size() == 1) return *distinct.begin();
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i) out += ',';
+    out += names[i];
+  }
+  return out;
+}
+
+std::vector<io::Dtype> parse_dtype_list(const io::SafetensorsFile& f, const std::string& key, int num_experts, io::Dtype stored) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) return std::vector<io::Dtype>(num_experts, stored);
+  std::vector<std::string> names;
+  std::size_t start = 0;
+  for (std::size_t comma; (comma = it->second.find(',', start)) != std::string::npos; start = comma + 1)
+    names.push_back(it->second.substr(start, comma - start));
+  names.push_back(it->second.substr(start));
+  if (names.size() == 1) names.assign(num_experts, names[0]);
+  if (static_cast<int>(names.size()) != num_experts)
+    fail(ErrorKind::bad_file, f.path() + ": metadata '" + key + "' lists " + std::to_string(names.size()) + " dtypes for " +
+                                  std::to_string(num_experts) + " experts");
+  std::vector<io::Dtype> out(num_experts, stored);
+  for (int e = 0; e < num_experts; ++e) {
+    if (names[e].empty()) continue;
+    auto d = io::parse_dtype(names[e]);
+    if (!d || (*d != io::Dtype::BF16 && *d != io::Dtype::F16 && *d != io::Dtype::F32))
+      fail(ErrorKind::bad_file, f.path() + ": metadata '" + key + "' has dtype '" + names[e] + "', expected BF16, F16 or F32");
+    out[e] = *d;
+  }
+  return out;
+}
+
+// Streamed tensor fills report here; `total` is final before the writer calls the first fill.
+struct ProgressCounter {
+  std::size_t done = 0, total = 0;
+  ProgressFn fn;
+  void add(std::size_t n) {
+    done += n;
+    if (fn) fn(done, total);
+  }
+};
 
 }  // namespace
 
@@ -60,15 +111,14 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
 
   io::SafetensorsWriter w;
   ConvertStats stats;
-  stats.ignored_keys = adapter.ignored_keys();
-  std::size_t total = 0;
-  auto done = std::make_shared<std::size_t>(0);
+  auto counter = std::make_shared<ProgressCounter>();
+  counter->fn = progress;
   int max_rank = 0;
   std::string layer_list;
-  std::set<std::string> templates_written;
   for (int layer : adapter.layers()) {
     ++stats.layers;
-    layer_list += (layer_list.empty() ? "" : ",") + std::to_string(layer);
+    if (!layer_list.empty()) layer_list += ',';
+    layer_list += std::to_string(layer);
     const auto& entries = *adapter.layer_entries(layer);
     for (Projection p : kProjections) {
       const auto& list = entries[static_cast<int>(p)];
@@ -80,23 +130,33 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
       std::vector<std::uint8_t> mask(s.num_experts, 0);
       std::vector<float> scale(s.num_experts, 0.0f);
       std::vector<std::int32_t> ranks(s.num_experts, 0);
+      std::string template_a, template_b;
       for (int e = 0; e < s.num_experts; ++e) {
         if (list[e].rank == 0) continue;
         mask[e] = 1;
         scale[e] = static_cast<float>(list[e].scale);
         ranks[e] = list[e].rank;
         stats.expert_tensors += 2;
-        if (templates_written.insert(meta_key(layer, p, "a")).second) {
-          w.set_metadata(meta_key(layer, p, "a"), expert_key_template(list[e].key_a, e));
-          w.set_metadata(meta_key(layer, p, "b"), expert_key_template(list[e].key_b, e));
+        if (template_a.empty()) {
+          template_a = expert_key_template(list[e].key_a, e);
+          template_b = expert_key_template(list[e].key_b, e);
         }
+        // One template per layer and projection names every expert at export: refuse what it cannot name.
+        for (const auto& [key, tmpl] : {std::pair{&list[e].key_a, &template_a}, std::pair{&list[e].key_b, &template_b}})
+          if (expand_expert_key_template(*tmpl, e) != *key)
+            fail(ErrorKind::unsupported, src.path() + ": '" + *key + "' is not named like the layer's other experts ('" + *tmpl +
+                                             "'), so an export could not give it back its name");
       }
+      w.set_metadata(meta_key("peft_key", layer, p, "a"), template_a);
+      w.set_metadata(meta_key("peft_key", layer, p, "b"), template_b);
+      w.set_metadata(meta_key("peft_dtype", layer, p, "a"), dtype_list(src, list, true));
+      w.set_metadata(meta_key("peft_dtype", layer, p, "b"), dtype_list(src, list, false));
       std::size_t a_bytes = static_cast<std::size_t>(s.num_experts) * rank * in * esize;
       std::size_t b_bytes = static_cast<std::size_t>(s.num_experts) * out * rank * esize;
-      total += a_bytes + b_bytes;
+      counter->total += a_bytes + b_bytes;
       // A: each expert's [r_e, in] block is contiguous in both files; rows past r_e are zero.
       w.add_streamed(tensor_key(layer, p, "a"), out_dtype, {s.num_experts, rank, in},
-                     [&src, &list, rank, in, esize, out_dtype, done, progress, total_ref = &total](std::byte* dst, std::size_t n) {
+                     [&src, &list, rank, in, esize, out_dtype, counter](std::byte* dst, std::size_t n) {
                        prefetch_sources(src, list, true);
                        std::memset(dst, 0, n);
                        std::size_t per_expert = static_cast<std::size_t>(rank) * in * esize;
@@ -107,31 +167,27 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
                          if (t.dtype == out_dtype) std::memcpy(d, src.data(t), t.nbytes);
                          else io::convert_to_f32(t.dtype, src.data(t), static_cast<std::size_t>(t.numel()), reinterpret_cast<float*>(d));
                        }
-                       *done += n;
-                       if (progress) progress(*done, *total_ref);
+                       counter->add(n);
                      });
       // B: [out, r_e] rows are re-strided to [out, r].
       w.add_streamed(tensor_key(layer, p, "b"), out_dtype, {s.num_experts, out, rank},
-                     [&src, &list, rank, out, esize, out_dtype, done, progress, total_ref = &total](std::byte* dst, std::size_t n) {
+                     [&src, &list, rank, out, esize, out_dtype, counter](std::byte* dst, std::size_t n) {
                        prefetch_sources(src, list, false);
                        std::memset(dst, 0, n);
                        std::size_t per_expert = static_cast<std::size_t>(out) * rank * esize;
-                       std::vector<float> row;
                        for (std::size_t e = 0; e < list.size(); ++e) {
                          int re = list[e].rank;
                          if (re == 0) continue;
                          const auto& t = src.get(list[e].key_b);
                          const std::byte* s0 = src.data(t);
                          std::size_t src_row = static_cast<std::size_t>(re) * io::dtype_size(t.dtype);
-                         row.resize(re);
                          for (int r = 0; r < out; ++r) {
                            std::byte* d = dst + e * per_expert + static_cast<std::size_t>(r) * rank * esize;
                            if (t.dtype == out_dtype) std::memcpy(d, s0 + r * src_row, src_row);
                            else io::convert_to_f32(t.dtype, s0 + r * src_row, re, reinterpret_cast<float*>(d));
                          }
                        }
-                       *done += n;
-                       if (progress) progress(*done, *total_ref);
+                       counter->add(n);
                      });
       w.add_streamed(tensor_key(layer, p, "mask"), io::Dtype::U8, {s.num_experts},
                      [mask](std::byte* dst, std::size_t n) { std::memcpy(dst, mask.data(), n); });
@@ -140,9 +196,19 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
                      [ranks](std::byte* dst, std::size_t n) { std::memcpy(dst, ranks.data(), n); });
     }
   }
+  // Everything else travels along untouched, so that an export gives back the whole adapter.
+  for (const std::string& key : adapter.other_keys()) {
+    const io::TensorInfo& t = src.get(key);
+    counter->total += t.nbytes;
+    w.add_streamed(kVerbatimPrefix + key, t.dtype, t.shape, [&src, &t, counter](std::byte* dst, std::size_t n) {
+      std::memcpy(dst, src.data(t), n);
+      counter->add(n);
+    });
+  }
+  stats.other_keys = static_cast<int>(adapter.other_keys().size());
   const PeftConfig& c = adapter.config();
   w.set_metadata("format", kLoraFileFormat);
-  w.set_metadata("format_version", "1");
+  w.set_metadata("format_version", kLoraFileVersion);
   w.set_metadata("lora_rank", std::to_string(max_rank));
   w.set_metadata("lora_alpha", std::to_string(c.lora_alpha));
   w.set_metadata("use_rslora", c.use_rslora ? "true" : "false");
@@ -153,17 +219,72 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
   w.set_metadata("hidden_size", std::to_string(s.hidden));
   w.set_metadata("intermediate_size", std::to_string(s.intermediate));
   w.set_metadata("adapter_config", c.json_text);
+  w.set_metadata(kPeftFileMetadataKey, nlohmann::json(src.metadata()).dump());
   w.write(output);
-  stats.bytes_written = total;
+  stats.bytes_written = counter->total;
   return stats;
+}
+
+void require_lora_file(const io::SafetensorsFile& f, const std::string& hint) {
+  auto fmt = f.metadata().find("format");
+  if (fmt == f.metadata().end() || fmt->second != kLoraFileFormat)
+    fail(ErrorKind::bad_file, f.path() + ": not a tilemoe LoRA file (metadata 'format' is not '" + kLoraFileFormat + "'); " + hint);
+}
+
+std::vector<int> converted_layers(const io::SafetensorsFile& f) {
+  std::set<int> layers;
+  for (const auto& t : f.tensors()) {
+    if (t.name.rfind("layer_", 0) != 0) continue;
+    std::size_t dot = t.name.find('.');
+    if (dot == std::string::npos || dot == 6 || dot > 15 || t.name.find_first_not_of("0123456789", 6) != dot) continue;
+    std::string rest = t.name.substr(dot + 1);
+    for (Projection p : kProjections)
+      if (rest == std::string(projection_name(p)) + "_lora_a") layers.insert(std::stoi(t.name.substr(6, dot - 6)));
+  }
+  return {layers.begin(), layers.end()};
+}
+
+std::optional<ConvertedProjection> converted_projection(const io::SafetensorsFile& f, int layer, Projection p) {
+  const io::TensorInfo* a = f.find(tensor_key(layer, p, "a"));
+  if (!a) return std::nullopt;
+  const std::string& path = f.path();
+  if (a->shape.size() != 3 || a->shape[0] <= 0 || a->shape[1] <= 0 || a->shape[2] <= 0)
+    fail(ErrorKind::bad_file, path + ": '" + a->name + "' has shape " + io::shape_string(a->shape) + ", expected [experts, r, in]");
+  ConvertedProjection c;
+  c.a = a;
+  c.num_experts = static_cast<int>(a->shape[0]);
+  c.rank = static_cast<int>(a->shape[1]);
+  c.in = static_cast<int>(a->shape[2]);
+  c.b = &f.get(tensor_key(layer, p, "b"));
+  if (c.b->shape.size() != 3 || c.b->shape[0] != c.num_experts || c.b->shape[1] <= 0 || c.b->shape[2] != c.rank)
+    fail(ErrorKind::bad_file, path + ": '" + c.b->name + "' has shape " + io::shape_string(c.b->shape) + ", expected [" +
+                                  std::to_string(c.num_experts) + ", out, " + std::to_string(c.rank) + "]");
+  c.out = static_cast<int>(c.b->shape[1]);
+  std::vector<std::int64_t> e_shape{c.num_experts};
+  auto mask = io::read_as_i64(f, tensor_key(layer, p, "mask"), e_shape);
+  auto ranks = io::read_as_i64(f, tensor_key(layer, p, "rank"), e_shape);
+  c.expert_rank.assign(c.num_experts, 0);
+  for (int e = 0; e < c.num_experts; ++e) {
+    if (mask[e] == 0) continue;
+    if (ranks[e] <= 0 || ranks[e] > c.rank)
+      fail(ErrorKind::bad_file, path + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
+                                    ": rank " + std::to_string(ranks[e]) + " is outside [1, " + std::to_string(c.rank) + "]");
+    c.expert_rank[e] = static_cast<int>(ranks[e]);
+  }
+  auto ka = f.metadata().find(meta_key("peft_key", layer, p, "a"));
+  auto kb = f.metadata().find(meta_key("peft_key", layer, p, "b"));
+  if (ka != f.metadata().end() && kb != f.metadata().end()) {
+    c.key_template_a = ka->second;
+    c.key_template_b = kb->second;
+  }
+  c.dtype_a = parse_dtype_list(f, meta_key("peft_dtype", layer, p, "a"), c.num_experts, a->dtype);
+  c.dtype_b = parse_dtype_list(f, meta_key("peft_dtype", layer, p, "b"), c.num_experts, c.b->dtype);
+  return c;
 }
 
 LoadedLora load_converted_layer(const std::string& path, const ModelConfig& model, int layer) {
   auto f = io::SafetensorsFile::open(path);
-  auto fmt = f.metadata().find("format");
-  if (fmt == f.metadata().end() || fmt->second != kLoraFileFormat)
-    fail(ErrorKind::bad_file, path + ": not a tilemoe LoRA file (metadata 'format' is not '" + kLoraFileFormat +
-                                  "'); pass a PEFT adapter directory or the output of `tilemoe convert-lora`");
+  require_lora_file(f, "pass a PEFT adapter directory or the output of `tilemoe convert-lora`");
   const MoeShape& s = model.shape;
   if (meta_int(f, "hidden_size") != s.hidden || meta_int(f, "intermediate_size") != s.intermediate ||
       meta_int(f, "num_experts") != s.num_experts)
@@ -176,38 +297,31 @@ LoadedLora load_converted_layer(const std::string& path, const ModelConfig& mode
   LoadedLora out;
   bool any = false;
   for (Projection p : kProjections) {
-    if (!f.find(tensor_key(layer, p, "a"))) continue;
+    auto c = converted_projection(f, layer, p);
+    if (!c) continue;
     any = true;
-    const auto& ta = f.get(tensor_key(layer, p, "a"));
     int in = projection_in(s, p), o = projection_out(s, p);
-    if (ta.shape.size() != 3 || ta.shape[0] != s.num_experts || ta.shape[2] != in || ta.shape[1] <= 0)
-      fail(ErrorKind::bad_file, path + ": '" + ta.name + "' has shape " + io::shape_string(ta.shape) + ", expected [" +
-                                    std::to_string(s.num_experts) + ", r, " + std::to_string(in) + "]");
-    int rank = static_cast<int>(ta.shape[1]);
-    std::vector<std::int64_t> b_shape{s.num_experts, o, rank}, e_shape{s.num_experts};
+    if (c->num_experts != s.num_experts || c->in != in || c->out != o)
+      fail(ErrorKind::bad_file, path + ": '" + c->a->name + "' has shape " + io::shape_string(c->a->shape) + " and '" + c->b->name +
+                                    "' " + io::shape_string(c->b->shape) + ", expected [" + std::to_string(s.num_experts) + ", r, " +
+                                    std::to_string(in) + "] and [" + std::to_string(s.num_experts) + ", " + std::to_string(o) + ", r]");
     auto& proj = out.lora[p];
-    proj.allocate(s.num_experts, rank, in, o);
-    proj.a = io::read_as_f32(f, ta.name);
-    proj.b = io::read_as_f32(f, tensor_key(layer, p, "b"), b_shape);
+    proj.allocate(s.num_experts, c->rank, in, o);
+    proj.a = io::read_as_f32(f, c->a->name);
+    proj.b = io::read_as_f32(f, c->b->name);
+    std::vector<std::int64_t> e_shape{s.num_experts};
     proj.scale = io::read_as_f32(f, tensor_key(layer, p, "scale"), e_shape);
-    require_finite(proj.a.data(), proj.a.size(), path + ": '" + ta.name + "'");
-    require_finite(proj.b.data(), proj.b.size(), path + ": '" + tensor_key(layer, p, "b") + "'");
-    auto mask = io::read_as_i64(f, tensor_key(layer, p, "mask"), e_shape);
-    auto ranks = io::read_as_i64(f, tensor_key(layer, p, "rank"), e_shape);
+    require_finite(proj.a.data(), proj.a.size(), path + ": '" + c->a->name + "'");
+    require_finite(proj.b.data(), proj.b.size(), path + ": '" + c->b->name + "'");
     for (int e = 0; e < s.num_experts; ++e) {
-      if (ranks[e] < 0 || ranks[e] > rank)
-        fail(ErrorKind::bad_file, path + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
-                                      ": rank " + std::to_string(ranks[e]) + " is outside [0, " + std::to_string(rank) + "]");
-      proj.present[e] = mask[e] != 0 ? 1 : 0;
-      proj.expert_rank[e] = proj.present[e] ? static_cast<int>(ranks[e]) : 0;
+      proj.present[e] = c->expert_rank[e] > 0 ? 1 : 0;
+      proj.expert_rank[e] = c->expert_rank[e];
       if (!proj.present[e]) proj.scale[e] = 0.0f;
     }
-    auto ka = f.metadata().find(meta_key(layer, p, "a"));
-    auto kb = f.metadata().find(meta_key(layer, p, "b"));
-    if (ka != f.metadata().end() && kb != f.metadata().end()) {
-      out.key_template_a[static_cast<int>(p)] = ka->second;
-      out.key_template_b[static_cast<int>(p)] = kb->second;
-    }
+    out.key_template_a[static_cast<int>(p)] = c->key_template_a;
+    out.key_template_b[static_cast<int>(p)] = c->key_template_b;
+    out.dtype_a[static_cast<int>(p)] = c->dtype_a;
+    out.dtype_b[static_cast<int>(p)] = c->dtype_b;
   }
   if (!any) out.warnings.push_back(path + ": no LoRA for layer " + std::to_string(layer) + "; its experts run without LoRA");
   return out;

@@ -99,7 +99,7 @@ PeftAdapter PeftAdapter::open(const std::string& adapter_dir, const ModelConfig&
   for (const auto& t : ad.file_->tensors()) {
     auto parsed = parse_expert_tensor_name(t.name);
     if (!parsed || !parsed->lora) {
-      ++ad.ignored_keys_;  // attention, shared experts, routers: not ours to run
+      ad.other_keys_.push_back(t.name);
       continue;
     }
     ++ad.expert_keys_;
@@ -154,7 +154,7 @@ PeftAdapter PeftAdapter::open(const std::string& adapter_dir, const ModelConfig&
     }
   }
   if (ad.expert_keys_ == 0)
-    ad.warnings_.push_back(path + ": no routed-expert LoRA keys (" + std::to_string(ad.ignored_keys_) +
+    ad.warnings_.push_back(path + ": no routed-expert LoRA keys (" + std::to_string(ad.other_keys_.size()) +
                            " other keys ignored); the experts run without LoRA");
   return ad;
 }
@@ -190,9 +190,15 @@ LoadedLora load_peft_layer(const PeftAdapter& adapter, const MoeShape& s, int la
     auto& proj = out.lora[p];
     int in = projection_in(s, p), o = projection_out(s, p);
     proj.allocate(s.num_experts, max_rank, in, o);
+    auto& dtype_a = out.dtype_a[static_cast<int>(p)];
+    auto& dtype_b = out.dtype_b[static_cast<int>(p)];
+    dtype_a.assign(s.num_experts, io::Dtype::F32);
+    dtype_b.assign(s.num_experts, io::Dtype::F32);
     for (int e = 0; e < s.num_experts; ++e) {
       const auto& entry = list[e];
       if (entry.rank == 0) continue;
+      dtype_a[e] = adapter.file().get(entry.key_a).dtype;
+      dtype_b[e] = adapter.file().get(entry.key_b).dtype;
       proj.present[e] = 1;
       proj.scale[e] = static_cast<float>(entry.scale);
       proj.expert_rank[e] = entry.rank;

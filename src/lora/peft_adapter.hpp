@@ -46,7 +46,9 @@ class PeftAdapter {
   std::vector<int> layers() const;  // MoE layers with at least one expert key
   // [projection][expert]; an empty key_a means the adapter does not cover that expert.
   const std::array<std::vector<PeftExpertEntry>, 3>* layer_entries(int layer) const;
-  int ignored_keys() const { return ignored_keys_; }
+  // Keys that are not routed-expert LoRA (attention, shared experts, routers): not ours to run.
+  const std::vector<std::string>& other_keys() const { return other_keys_; }
+  int ignored_keys() const { return static_cast<int>(other_keys_.size()); }
   int expert_keys() const { return expert_keys_; }
   const std::vector<std::string>& warnings() const { return warnings_; }
 
@@ -56,7 +58,7 @@ class PeftAdapter {
   PeftConfig config_;
   std::unique_ptr<io::SafetensorsFile> file_;
   std::map<int, std::array<std::vector<PeftExpertEntry>, 3>> layers_;
-  int ignored_keys_ = 0;
+  std::vector<std::string> other_keys_;
   int expert_keys_ = 0;
   std::vector<std::string> warnings_;
 };
@@ -65,6 +67,9 @@ class PeftAdapter {
 struct LoadedLora {
   LayerLora lora;
   std::array<std::string, 3> key_template_a, key_template_b;  // "{E}" stands for the expert index
+  // [projection][expert]: the dtype of each A and B in the PEFT file (empty where not known), so
+  // that an export writes them back as they came.
+  std::array<std::vector<io::Dtype>, 3> dtype_a, dtype_b;
   std::vector<std::string> warnings;
 
   std::string key_a(Projection p, int e) const;

@@ -124,7 +124,7 @@ std::vector<bf16> Checkpoint::read_expert_tensor(const std::string& name, int ro
   return io::read_as_bf16(file, name);
 }
 
-ExpertWeights Checkpoint::load_layer_experts(int layer) const {
+ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progress) const {
   check_moe_layer(layer);
   const MoeShape& s = config_.shape;
   std::array<std::vector<std::string>, 3> names;
@@ -140,6 +140,10 @@ ExpertWeights Checkpoint::load_layer_experts(int layer) const {
     if (!slot.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot + "' and '" + name + "'");
     slot = name;
   }
+  std::size_t total_bytes = 0, done_bytes = 0;
+  for (const auto& list : names)
+    for (const auto& name : list)
+      if (!name.empty()) total_bytes += find(name)->info->nbytes;
   ExpertWeights w;
   w.shape = s;
   std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate;
@@ -158,6 +162,8 @@ ExpertWeights Checkpoint::load_layer_experts(int layer) const {
       auto data = read_expert_tensor(name, rows, cols, what);
       require_finite(data.data(), data.size(), files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
       std::copy(data.begin(), data.end(), dst.begin() + static_cast<std::ptrdiff_t>(per * e));
+      done_bytes += find(name)->info->nbytes;
+      if (progress) progress(done_bytes, total_bytes);
     }
   }
   return w;

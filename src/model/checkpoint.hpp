@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/io/progress.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/model/expert_weights.hpp"
 #include "src/model/model_config.hpp"
@@ -26,8 +27,8 @@ class Checkpoint {
 
   // Throws when `layer` is not a MoE layer, or an expert tensor is missing, misshapen or duplicated;
   // the message names the directory, layer, expert and projection. F32, F16 and FP8 (with
-  // block scales) are converted to bf16.
-  ExpertWeights load_layer_experts(int layer) const;
+  // block scales) are converted to bf16. `progress` hears of the bytes read, tensor by tensor.
+  ExpertWeights load_layer_experts(int layer, const ProgressFn& progress = {}) const;
   RouterWeights load_router(int layer) const;
 
   std::size_t tensor_count() const { return location_.size(); }

@@ -1,0 +1,295 @@
+#include "src/lora/peft_export.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "src/io/f32_encode.hpp"
+#include "src/io/safetensors_writer.hpp"
+#include "src/lora/lora_file.hpp"
+#include "src/model/tensor_names.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+namespace fs = std::filesystem;
+namespace {
+
+// One PEFT tensor, produced while the writer writes the file.
+struct OutTensor {
+  std::string key;
+  io::Dtype dtype;
+  std::vector<std::int64_t> shape;
+  io::SafetensorsWriter::Fill fill;
+};
+
+io::Dtype target_dtype(ExportDtype choice, io::Dtype original) {
+  switch (choice) {
+    case ExportDtype::same: return original;
+    case ExportDtype::f32: return io::Dtype::F32;
+    case ExportDtype::bf16: return io::Dtype::BF16;
+  }
+  return original;
+}
+
+// `count` elements from one dtype to another: bytes when the same, else through float (in chunks,
+// so a large tensor needs no float copy of itself), which is exact for every value the target holds.
+void convert_elements(const std::byte* src, io::Dtype src_dtype, std::size_t count, std::byte* dst, io::Dtype dst_dtype) {
+  if (src_dtype == dst_dtype) {
+    std::memcpy(dst, src, count * io::dtype_size(src_dtype));
+    return;
+  }
+  constexpr std::size_t kChunk = 16384;
+  float buf[kChunk];
+  for (std::size_t i = 0; i < count; i += kChunk) {
+    std::size_t n = std::min(kChunk, count - i);
+    io::convert_to_f32(src_dtype, src + i * io::dtype_size(src_dtype), n, buf);
+    io::convert_from_f32(buf, n, dst_dtype, dst + i * io::dtype_size(dst_dtype));
+  }
+}
+
+// rows x cols elements, rows `src_stride` elements apart in `src`, packed into `dst`.
+void copy_matrix(const std::byte* src, io::Dtype src_dtype, std::size_t src_stride, int rows, int cols, std::byte* dst,
+                 io::Dtype dst_dtype) {
+  std::size_t ss = io::dtype_size(src_dtype), ds = io::dtype_size(dst_dtype);
+  for (int r = 0; r < rows; ++r)
+    convert_elements(src + static_cast<std::size_t>(r) * src_stride * ss, src_dtype, cols,
+                     dst + static_cast<std::size_t>(r) * cols * ds, dst_dtype);
+}
+
+// Written to a temporary name, synced, renamed by the caller once the adapter file is in place.
+std::string write_temp_file(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  auto io_error = [&](const std::string& what, int err) {
+    ::unlink(tmp.c_str());
+    fail(ErrorKind::bad_file, path + ": " + what + ": " + std::system_category().message(err));
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) fail(ErrorKind::bad_file, path + ": cannot create '" + tmp + "': " + std::system_category().message(errno));
+  for (std::size_t off = 0; off < text.size();) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      io_error("cannot write", err);
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    io_error("cannot sync", err);
+  }
+  if (::close(fd) != 0) io_error("cannot close", errno);
+  return tmp;
+}
+
+// adapter_model.safetensors, then adapter_config.json, each renamed into place; a directory made
+// here is removed again when anything fails, so a failed export leaves nothing behind.
+void write_adapter_dir(const std::string& out_dir, const std::string& config_json, const io::SafetensorsWriter& w) {
+  std::error_code ec;
+  bool existed = fs::exists(out_dir, ec);
+  if (existed && !fs::is_directory(out_dir, ec))
+    fail(ErrorKind::bad_file, out_dir + ": exists and is not a directory (the output is a PEFT adapter directory)");
+  if (!existed) {
+    fs::create_directories(out_dir, ec);
+    if (ec) fail(ErrorKind::bad_file, out_dir + ": cannot create the directory: " + ec.message());
+  }
+  const std::string config_path = (fs::path(out_dir) / "adapter_config.json").string();
+  std::string config_tmp;
+  try {
+    config_tmp = write_temp_file(config_path, config_json);
+    w.write((fs::path(out_dir) / "adapter_model.safetensors").string());
+    if (::rename(config_tmp.c_str(), config_path.c_str()) != 0)
+      fail(ErrorKind::bad_file, config_path + ": cannot rename '" + config_tmp + "' onto it: " + std::system_category().message(errno));
+  } catch (...) {
+    if (!config_tmp.empty()) ::unlink(config_tmp.c_str());
+    if (!existed) fs::remove_all(out_dir, ec);
+    throw;
+  }
+}
+
+PeftExportStats write_tensors(const std::string& out_dir, const std::string& config_json, const std::vector<OutTensor>& tensors,
+                              const PeftExtras& extras, ExportDtype dtype, const ProgressFn& progress) {
+  if (config_json.empty())
+    fail(ErrorKind::invalid_argument, out_dir + ": no adapter_config.json text to write (PeftConfig::json_text is empty)");
+  struct Counter {
+    std::size_t done = 0, total = 0;
+  };
+  auto counter = std::make_shared<Counter>();
+  auto report = [counter, progress](std::size_t n) {
+    counter->done += n;
+    if (progress) progress(counter->done, counter->total);
+  };
+  io::SafetensorsWriter w;
+  for (const auto& [k, v] : extras.file_metadata) w.set_metadata(k, v);
+  for (const OutTensor& t : tensors) {
+    std::size_t n = io::dtype_size(t.dtype);
+    for (auto d : t.shape) n *= static_cast<std::size_t>(d);
+    counter->total += n;
+    w.add_streamed(t.key, t.dtype, t.shape, [fill = t.fill, report](std::byte* dst, std::size_t bytes) {
+      fill(dst, bytes);
+      report(bytes);
+    });
+  }
+  // --dtype applies to the whole adapter: the float tensors tilemoe does not run follow it too.
+  for (const VerbatimTensor& t : extras.tensors) {
+    bool is_float = t.dtype == io::Dtype::BF16 || t.dtype == io::Dtype::F16 || t.dtype == io::Dtype::F32;
+    io::Dtype dt = is_float ? target_dtype(dtype, t.dtype) : t.dtype;
+    std::size_t numel = 1;
+    for (auto d : t.shape) numel *= static_cast<std::size_t>(d);
+    counter->total += numel * io::dtype_size(dt);
+    w.add_streamed(t.key, dt, t.shape, [&t, dt, numel, report](std::byte* dst, std::size_t bytes) {
+      convert_elements(t.data, t.dtype, numel, dst, dt);
+      report(bytes);
+    });
+  }
+  write_adapter_dir(out_dir, config_json, w);
+  PeftExportStats stats;
+  stats.expert_tensors = static_cast<int>(tensors.size());
+  stats.other_tensors = static_cast<int>(extras.tensors.size());
+  stats.bytes = counter->total;
+  return stats;
+}
+
+}  // namespace
+
+std::optional<ExportDtype> parse_export_dtype(std::string_view name) {
+  if (name == "same") return ExportDtype::same;
+  if (name == "f32") return ExportDtype::f32;
+  if (name == "bf16") return ExportDtype::bf16;
+  return std::nullopt;
+}
+
+PeftExtras peft_extras(const PeftAdapter& adapter) {
+  PeftExtras x;
+  x.file_metadata = adapter.file().metadata();
+  for (const std::string& key : adapter.other_keys()) {
+    const io::TensorInfo& t = adapter.file().get(key);
+    x.tensors.push_back({key, t.dtype, t.shape, adapter.file().data(t)});
+  }
+  return x;
+}
+
+PeftExtras converted_extras(const io::SafetensorsFile& f) {
+  PeftExtras x;
+  const std::string prefix = kVerbatimPrefix;
+  for (const auto& t : f.tensors())
+    if (t.name.rfind(prefix, 0) == 0) x.tensors.push_back({t.name.substr(prefix.size()), t.dtype, t.shape, f.data(t)});
+  auto it = f.metadata().find(kPeftFileMetadataKey);
+  if (it != f.metadata().end()) {
+    try {
+      x.file_metadata = nlohmann::json::parse(it->second).get<std::map<std::string, std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      fail(ErrorKind::bad_file, f.path() + ": metadata '" + kPeftFileMetadataKey + "' is not a JSON object of strings (" + e.what() + ")");
+    }
+  }
+  return x;
+}
+
+PeftExportStats write_peft_adapter(const std::string& out_dir, const PeftConfig& config,
+                                   const std::vector<std::pair<int, const LoadedLora*>>& layers, const PeftExportOptions& options) {
+  std::vector<OutTensor> tensors;
+  int layers_written = 0;
+  for (const auto& [layer, lora] : layers) {
+    bool any = false;
+    for (Projection p : kProjections) {
+      const auto& proj = lora->lora[p];
+      if (proj.rank == 0) continue;
+      const int pi = static_cast<int>(p);
+      if (lora->key_template_a[pi].empty() || lora->key_template_b[pi].empty())
+        fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " " + projection_name(p) +
+                                              ": LoRA without PEFT key names (LoadedLora::key_template_a/b, which load_layer_lora fills)");
+      const int experts = static_cast<int>(proj.present.size());
+      const std::size_t a_size = static_cast<std::size_t>(experts) * proj.rank * proj.in;
+      const std::size_t b_size = static_cast<std::size_t>(experts) * proj.out * proj.rank;
+      if (proj.a.size() != a_size || proj.b.size() != b_size || proj.expert_rank.size() != proj.present.size())
+        fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " " + projection_name(p) + ": A has " +
+                                              std::to_string(proj.a.size()) + " values and B " + std::to_string(proj.b.size()) +
+                                              ", expected " + std::to_string(a_size) + " and " + std::to_string(b_size) +
+                                              " for its experts, rank, in and out");
+      auto original = [&](const std::vector<io::Dtype>& known, int e) {
+        return static_cast<int>(known.size()) == experts ? known[e] : io::Dtype::F32;
+      };
+      for (int e = 0; e < experts; ++e) {
+        if (!proj.active(e)) continue;
+        any = true;
+        int r = proj.expert_rank[e] > 0 && proj.expert_rank[e] <= proj.rank ? proj.expert_rank[e] : proj.rank;
+        const auto* a = reinterpret_cast<const std::byte*>(proj.a_of(e));
+        const auto* b = reinterpret_cast<const std::byte*>(proj.b_of(e));
+        io::Dtype da = target_dtype(options.dtype, original(lora->dtype_a[pi], e));
+        io::Dtype db = target_dtype(options.dtype, original(lora->dtype_b[pi], e));
+        int in = proj.in, out = proj.out, padded = proj.rank;
+        tensors.push_back({lora->key_a(p, e), da, {r, in}, [a, r, in, da](std::byte* dst, std::size_t) {
+                             copy_matrix(a, io::Dtype::F32, in, r, in, dst, da);
+                           }});
+        tensors.push_back({lora->key_b(p, e), db, {out, r}, [b, r, out, padded, db](std::byte* dst, std::size_t) {
+                             copy_matrix(b, io::Dtype::F32, padded, out, r, dst, db);
+                           }});
+      }
+    }
+    layers_written += any ? 1 : 0;
+  }
+  PeftExportStats stats = write_tensors(out_dir, config.json_text, tensors, options.extras, options.dtype, options.progress);
+  stats.layers = layers_written;
+  return stats;
+}
+
+PeftExportStats export_lora_file(const std::string& lora_file, const std::string& out_dir, ExportDtype dtype, const ProgressFn& progress) {
+  if (fs::is_directory(lora_file)) {
+    bool peft = fs::exists(fs::path(lora_file) / "adapter_config.json");
+    fail(ErrorKind::bad_file, lora_file + ": is a " + (peft ? "PEFT adapter directory already" : "directory") +
+                                  "; export-peft takes a file written by `tilemoe convert-lora`");
+  }
+  if (!fs::exists(lora_file)) fail(ErrorKind::bad_file, lora_file + ": no such file");
+  auto f = io::SafetensorsFile::open(lora_file);
+  require_lora_file(f, "export-peft takes a file written by `tilemoe convert-lora`");
+  auto config = f.metadata().find("adapter_config");
+  if (config == f.metadata().end() || config->second.empty())
+    fail(ErrorKind::bad_file, lora_file + ": metadata 'adapter_config' is missing, so there is no adapter_config.json to write");
+
+  std::vector<OutTensor> tensors;
+  std::vector<int> layers = converted_layers(f);
+  for (int layer : layers) {
+    for (Projection p : kProjections) {
+      auto c = converted_projection(f, layer, p);
+      if (!c) continue;
+      if (c->key_template_a.empty() || c->key_template_b.empty())
+        fail(ErrorKind::bad_file, lora_file + ": layer " + std::to_string(layer) + " " + projection_name(p) +
+                                      " has no PEFT key names (metadata 'peft_key.*'); convert the adapter again");
+      const io::Dtype sa = c->a->dtype, sb = c->b->dtype;
+      const std::size_t a_expert = static_cast<std::size_t>(c->rank) * c->in * io::dtype_size(sa);
+      const std::size_t b_expert = static_cast<std::size_t>(c->out) * c->rank * io::dtype_size(sb);
+      for (int e = 0; e < c->num_experts; ++e) {
+        int r = c->expert_rank[e];
+        if (r == 0) continue;
+        const std::byte* a = f.data(*c->a) + e * a_expert;
+        const std::byte* b = f.data(*c->b) + e * b_expert;
+        io::Dtype da = target_dtype(dtype, c->dtype_a[e]), db = target_dtype(dtype, c->dtype_b[e]);
+        int in = c->in, out = c->out, padded = c->rank;
+        tensors.push_back({expand_expert_key_template(c->key_template_a, e), da, {r, in},
+                           [a, sa, r, in, da](std::byte* dst, std::size_t) { copy_matrix(a, sa, in, r, in, dst, da); }});
+        tensors.push_back({expand_expert_key_template(c->key_template_b, e), db, {out, r},
+                           [b, sb, r, out, padded, db](std::byte* dst, std::size_t) { copy_matrix(b, sb, padded, out, r, dst, db); }});
+      }
+    }
+  }
+  PeftExtras extras = converted_extras(f);
+  PeftExportStats stats = write_tensors(out_dir, config->second, tensors, extras, dtype, progress);
+  stats.layers = static_cast<int>(layers.size());
+  auto version = f.metadata().find("format_version");
+  if (version == f.metadata().end() || version->second == "1")
+    stats.warnings.push_back(lora_file +
+                             ": written by an older convert-lora, which kept neither the adapter's keys other than routed-expert LoRA "
+                             "(any are missing from the export) nor its dtypes (--dtype same writes them as stored, BF16 or F32)");
+  return stats;
+}
+
+}  // namespace tilemoe
