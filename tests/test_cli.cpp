@@ -1,4 +1,5 @@
 // The `tilemoe` command driven as a user drives it: real files in, exit status and files out.
+#include <cstdio>
 #include <filesystem>
 
 #include "amx/isa.hpp"
@@ -187,6 +188,21 @@ TEST_CASE("bad input exits 1 with one clear line and no output file", "[cli][err
 TEST_CASE("info and demo run and succeed", "[cli]") {
   auto info = run_cli("info");
   CHECK(info.status == 0);
+  {  // --json: one object with the measured limits
+    std::string cmd = std::string(TILEMOE_CLI) + " info --json";
+    FILE* p = popen(cmd.c_str(), "r");
+    REQUIRE(p);
+    std::string text;
+    char buf[4096];
+    for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
+    CHECK(pclose(p) == 0);
+    auto j = nlohmann::json::parse(text);
+    CHECK(j["chosen_isa"] == kernels::isa_name(kernels::resolve_isa({})));
+    CHECK(j["cores"].get<int>() >= 1);
+    CHECK(j["numa_nodes"].size() >= 1);
+    CHECK(j["measured"]["read_bandwidth_gbps"].get<double>() > 0);
+    CHECK(j["isa"]["portable"]["available"] == true);
+  }
   auto demo = run_cli("demo --shape qwen3-30b --tokens 3 --lora-rank 4");
   INFO(demo.err);
   CHECK(demo.status == 0);

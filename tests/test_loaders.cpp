@@ -132,7 +132,7 @@ TEST_CASE("config.json of each model family", "[config]") {
   CHECK(ds.scoring_func == "sigmoid");
   CHECK(ds.n_group == 8);
   auto qw = parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":2048,"moe_intermediate_size":768,"num_experts":128,
-    "num_experts_per_tok":8,"num_hidden_layers":48,"decoder_sparse_step":1,"mlp_only_layers":[0, 5]})", "qwen");
+    "num_experts_per_tok":8,"num_hidden_layers":48,"decoder_sparse_step":1,"mlp_only_layers":[0, 5],"norm_topk_prob":true})", "qwen");
   CHECK(qw.shape.num_experts == 128);
   CHECK(qw.moe_layers.size() == 46);
   CHECK_FALSE(qw.is_moe_layer(5));

@@ -8,8 +8,6 @@
 #include <memory>
 #include <sstream>
 
-#include "amx/peak_probe.hpp"
-#include "numa/bandwidth_probe.hpp"
 #include "numa/topology.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_forward.hpp"
@@ -17,6 +15,7 @@
 #include "src/layer/synthetic_layer.hpp"
 #include "tilemoe/error.hpp"
 #include "tools/cli_common.hpp"
+#include "tools/machine_limits.hpp"
 
 namespace tilemoe::cli {
 namespace {
@@ -42,21 +41,6 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
 }
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// All workers at once, each on its own core: the ISA's peak for this pool.
-double measure_peak_flops(numa::ThreadPool& pool, kernels::Isa isa) {
-  if (isa == kernels::Isa::portable) return 0;
-  auto probe = isa == kernels::Isa::amx_bf16 ? kernels::peak_flops_amx : kernels::peak_flops_avx512;
-  std::int64_t iters = isa == kernels::Isa::amx_bf16 ? 200000 : 2000000;
-  pool.parallel_for(static_cast<std::size_t>(pool.size()), [&](std::size_t, int) { probe(iters / 10); });  // warm up clocks
-  std::vector<double> flops(static_cast<std::size_t>(pool.size()));
-  auto t0 = Clock::now();
-  pool.parallel_for(static_cast<std::size_t>(pool.size()), [&](std::size_t i, int) { flops[i] = probe(iters); });
-  double s = seconds_since(t0);
-  double total = 0;
-  for (double f : flops) total += f;
-  return total / s;
-}
 
 int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 : tokens <= 128 ? 60 : tokens <= 512 ? 30 : 8; }
 
@@ -102,10 +86,9 @@ void add_bench_command(CLI::App& app, int& status) {
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     numa::ThreadPool& pool = pool_for_threads(a->threads);
     const auto& topo = numa::system_topology();
-    // The calling thread is worker 0: give it the core the pool leaves for it.
-    if (!topo.nodes.empty() && !topo.nodes[0].cpus.empty()) numa::pin_current_thread(topo.nodes[0].cpus[0]);
+    pin_caller_to_first_core();
 
-    double bw = numa::measure_read_bandwidth(pool, std::size_t(2) << 30) * 1e9;
+    double bw = measure_read_bandwidth(pool, std::size_t(2) << 30, 5);
     double peak = measure_peak_flops(pool, isa);
     auto t0 = Clock::now();
     ExpertWeights source = random_expert_weights(s, 1, &pool);

@@ -53,6 +53,21 @@ std::vector<int> qwen_moe_layers(const json& j, int layers) {
   return out;
 }
 
+// The router as transformers runs each DeepSeek type, whatever config.json adds: DeepseekV3TopkRouter
+// always scores with sigmoid and chooses with noaux_tc (its config's defaults: 8 groups, top 4,
+// renormalised, x2.5); DeepseekV2Moe always uses softmax and never renormalises (it ignores
+// norm_topk_prob). Other types with n_routed_experts (DeepSeek-MoE, remote-code models) take
+// the fields as written.
+void read_deepseek_router(const json& j, ModelConfig& c) {
+  const bool v3 = c.model_type == "deepseek_v3", v2 = c.model_type == "deepseek_v2";
+  c.scoring_func = v3 ? "sigmoid" : v2 ? "softmax" : value_or<std::string>(j, "scoring_func", "softmax");
+  c.topk_method = v3 ? "noaux_tc" : value_or<std::string>(j, "topk_method", "greedy");
+  c.norm_topk_prob = v2 ? false : value_or<bool>(j, "norm_topk_prob", v3);
+  c.routed_scaling_factor = value_or<double>(j, "routed_scaling_factor", v3 ? 2.5 : 1.0);
+  c.n_group = value_or<int>(j, "n_group", v3 ? 8 : 1);
+  c.topk_group = value_or<int>(j, "topk_group", v3 ? 4 : 1);
+}
+
 }  // namespace
 
 double lora_scaling(double alpha, int rank, bool use_rslora) {
@@ -91,22 +106,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
     c.shape.num_experts = require_int(j, "n_routed_experts", src);
     c.moe_layers = deepseek_moe_layers(j, c.num_layers);
-    c.scoring_func = value_or<std::string>(j, "scoring_func", "softmax");
-    c.topk_method = value_or<std::string>(j, "topk_method", "greedy");
-    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);
-    c.routed_scaling_factor = value_or<double>(j, "routed_scaling_factor", 1.0);
-    c.n_group = std::max(1, value_or<int>(j, "n_group", 1));
-    c.topk_group = std::max(1, value_or<int>(j, "topk_group", 1));
+    read_deepseek_router(j, c);
   } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE
     c.shape.intermediate = require_int(j, "intermediate_size", src);
     c.shape.num_experts = require_int(j, "num_local_experts", src);
     for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
-    c.norm_topk_prob = true;
+    c.norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalises its top-k
   } else if (j.contains("num_experts")) {  // Qwen2-MoE, Qwen3-MoE
     c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
     c.shape.num_experts = require_int(j, "num_experts", src);
     c.moe_layers = qwen_moe_layers(j, c.num_layers);
-    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", t == "qwen3_moe");
+    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);  // both configs' default (Qwen3-MoE checkpoints set it true)
   } else {
     fail(ErrorKind::bad_file, src + ": model_type '" + t +
                                   "' has no routed experts this runtime knows (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");

@@ -13,12 +13,13 @@ struct ModelConfig {
   MoeShape shape;
   int num_layers = 0;
   std::vector<int> moe_layers;
-  // Router.
+  // Router (src/routing/router.hpp), as transformers runs it for model_type: these say what the
+  // router does, which is not always what config.json writes (see read_deepseek_router).
   std::string scoring_func = "softmax";  // or "sigmoid" (DeepSeek-V3)
   std::string topk_method = "greedy";    // "greedy", "group_limited_greedy", "noaux_tc"
-  bool norm_topk_prob = false;
-  double routed_scaling_factor = 1.0;
-  int n_group = 1;
+  bool norm_topk_prob = false;           // divide the top-k weights by their sum (Mixtral always)
+  double routed_scaling_factor = 1.0;    // then multiply them by this (DeepSeek)
+  int n_group = 1;                       // group_limited_greedy and noaux_tc only
   int topk_group = 1;
 
   bool is_moe_layer(int layer) const;

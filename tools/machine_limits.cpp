@@ -1,0 +1,42 @@
+#include "tools/machine_limits.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "amx/peak_probe.hpp"
+#include "numa/bandwidth_probe.hpp"
+#include "numa/topology.hpp"
+
+namespace tilemoe::cli {
+
+double measure_peak_flops(numa::ThreadPool& pool, kernels::Isa isa) {
+  if (isa == kernels::Isa::portable) return 0;
+  auto probe = isa == kernels::Isa::amx_bf16 ? kernels::peak_flops_amx : kernels::peak_flops_avx512;
+  std::int64_t iters = isa == kernels::Isa::amx_bf16 ? 200000 : 2000000;
+  pool.parallel_for(static_cast<std::size_t>(pool.size()), [&](std::size_t, int) { probe(iters / 10); });  // warm up clocks
+  std::vector<double> flops(static_cast<std::size_t>(pool.size()));
+  auto t0 = std::chrono::steady_clock::now();
+  pool.parallel_for(static_cast<std::size_t>(pool.size()), [&](std::size_t i, int) { flops[i] = probe(iters); });
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double total = 0;
+  for (double f : flops) total += f;
+  return total / s;
+}
+
+double measure_read_bandwidth(numa::ThreadPool& pool, std::size_t bytes, int repeats) {
+  return numa::measure_read_bandwidth(pool, bytes, repeats) * 1e9;
+}
+
+std::size_t quick_bandwidth_bytes() {
+  const std::size_t mib = std::size_t(1) << 20;
+  return std::clamp<std::size_t>(4 * numa::system_topology().llc_bytes, 64 * mib, 2048 * mib);
+}
+
+void pin_caller_to_first_core() {
+  const auto& topo = numa::system_topology();
+  if (!topo.nodes.empty() && !topo.nodes[0].cpus.empty()) numa::pin_current_thread(topo.nodes[0].cpus[0]);
+}
+
+}  // namespace tilemoe::cli
