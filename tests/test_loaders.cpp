@@ -88,15 +88,7 @@ std::string make_adapter(const std::string& name, const std::string& config, int
 
 
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST_CASE("expert tensor names in every naming", "[names]") {
   auto a = parse_expert_tensor_name("model.layers.3.mlp.experts.17.down_proj.weight");

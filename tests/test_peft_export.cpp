@@ -24,15 +24,7 @@ using test::file_text;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 std::string fresh_dir(const std::string& name) {
   std::string d = test::temp_dir() + "/" + name;

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "catch.hpp"
+#include "test_util.hpp"
 #include "fixture_cases.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/io/safetensors.hpp"
@@ -19,15 +20,7 @@ using namespace tilemoe;
 
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 

@@ -6,6 +6,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "tilemoe/error.hpp"
+
 namespace tilemoe::test {
 
 template <typename A, typename B>
@@ -17,6 +19,17 @@ double rel_error(const A& got, const B& ref) {
     den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
   }
   return std::sqrt(num / (den > 0 ? den : 1.0));
+}
+
+// The message of the tilemoe::Error that f throws, or "(no error)".
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 inline std::string data_dir() { return TILEMOE_TEST_DATA; }
