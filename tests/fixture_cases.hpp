@@ -18,6 +18,34 @@ struct FixtureCase {
   int rank = 0;
 };
 
+// One MoE layer's inputs in a case's reference.safetensors (`layer_L.*`).
+struct FixtureLayerInputs {
+  std::string prefix;  // "layer_L."
+  int tokens = 0, top_k = 0;
+  std::vector<float> input;          // [T][H], the values stored (bf16, or f32 for f32 checkpoints)
+  std::vector<bf16> input_bf16;      // the same rounded to bf16, what the kernels take
+  std::vector<std::int64_t> expert_ids;
+  std::vector<float> weights, grad_output;
+
+  // A stored result of this layer, e.g. "output" or "grad_input".
+  std::vector<float> expected(const io::SafetensorsFile& ref, const std::string& key) const {
+    return io::read_as_f32(ref, prefix + key);
+  }
+};
+
+inline FixtureLayerInputs read_fixture_layer(const io::SafetensorsFile& ref, int layer) {
+  FixtureLayerInputs in;
+  in.prefix = "layer_" + std::to_string(layer) + ".";
+  in.tokens = static_cast<int>(ref.get(in.prefix + "input").shape[0]);
+  in.top_k = static_cast<int>(ref.get(in.prefix + "expert_ids").shape[1]);
+  in.input = io::read_as_f32(ref, in.prefix + "input");
+  in.input_bf16 = io::read_as_bf16(ref, in.prefix + "input");
+  in.expert_ids = io::read_as_i64(ref, in.prefix + "expert_ids");
+  in.weights = io::read_as_f32(ref, in.prefix + "weights");
+  in.grad_output = io::read_as_f32(ref, in.prefix + "grad_output");
+  return in;
+}
+
 inline std::vector<FixtureCase> fixture_cases() {
   std::vector<FixtureCase> out;
   for (const char* name : {"deepseek_tiny", "mixtral_tiny", "original_moe_tiny"}) {

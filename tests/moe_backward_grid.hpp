@@ -87,18 +87,13 @@ inline void run_fixture_backward(kernels::Isa isa) {
     auto ck = Checkpoint::open(c.dir + "/model");
     auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
     for (int layer : c.layers) {
-      std::string p = "layer_" + std::to_string(layer) + ".";
       auto experts = ck.load_layer_experts(layer);
       LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
-      auto x = io::read_as_f32(ref, p + "input");
-      auto ids = io::read_as_i64(ref, p + "expert_ids");
-      auto wts = io::read_as_f32(ref, p + "weights");
-      auto go = io::read_as_f32(ref, p + "grad_output");
-      int T = static_cast<int>(ref.get(p + "input").shape[0]), k = static_cast<int>(ref.get(p + "expert_ids").shape[1]);
-      SftResult got = run_sft(isa, pool, experts, lora.lora, T, k, x, ids, wts, go);
+      FixtureLayerInputs in = read_fixture_layer(ref, layer);
+      SftResult got = run_sft(isa, pool, experts, lora.lora, in.tokens, in.top_k, in.input, in.expert_ids, in.weights, in.grad_output);
       INFO(c.name << " layer " << layer);
-      CHECK(rel_error(got.out, io::read_as_f32(ref, p + "output")) <= 1e-2);
-      CHECK(rel_error(got.grad_input, io::read_as_f32(ref, p + "grad_input")) <= 1e-2);
+      CHECK(rel_error(got.out, in.expected(ref, "output")) <= 1e-2);
+      CHECK(rel_error(got.grad_input, in.expected(ref, "grad_input")) <= 1e-2);
       check_fixture_lora_grads(got.grads, lora, ref, ck.config().shape.num_experts);
     }
   }

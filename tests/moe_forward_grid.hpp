@@ -49,19 +49,15 @@ inline void run_fixture_forward(kernels::Isa isa) {
     auto ck = Checkpoint::open(c.dir + "/model");
     auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
     for (int layer : c.layers) {
-      std::string p = "layer_" + std::to_string(layer) + ".";
       auto experts = ck.load_layer_experts(layer);
       auto lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
       auto packed = PackedExpertWeights::pack(experts.view(), pool);
       MoeForward fwd(packed, isa, pool);
-      auto x = io::read_as_bf16(ref, p + "input");
-      auto ids = io::read_as_i64(ref, p + "expert_ids");
-      auto wts = io::read_as_f32(ref, p + "weights");
-      int T = static_cast<int>(ref.get(p + "input").shape[0]), k = static_cast<int>(ref.get(p + "expert_ids").shape[1]);
-      std::vector<float> y(static_cast<std::size_t>(T) * ck.config().shape.hidden);
-      fwd.forward(lora.lora, T, k, x.data(), ids.data(), wts.data(), y.data());
+      FixtureLayerInputs in = read_fixture_layer(ref, layer);
+      std::vector<float> y(in.input.size());
+      fwd.forward(lora.lora, in.tokens, in.top_k, in.input_bf16.data(), in.expert_ids.data(), in.weights.data(), y.data());
       INFO(c.name << " layer " << layer);
-      CHECK(rel_error(y, io::read_as_f32(ref, p + "output")) <= 1e-2);
+      CHECK(rel_error(y, in.expected(ref, "output")) <= 1e-2);
     }
   }
 }

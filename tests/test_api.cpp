@@ -183,19 +183,16 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
       auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
       for (int l : c.layers) {
         INFO("layer " << l);
-        const std::string p = "layer_" + std::to_string(l) + ".";
-        const auto& xt = ref.get(p + "input");
-        const int tokens = static_cast<int>(xt.shape[0]), top_k = static_cast<int>(ref.get(p + "expert_ids").shape[1]);
-        std::vector<float> x = io::read_as_f32(ref, p + "input"), wts = io::read_as_f32(ref, p + "weights");
-        std::vector<float> go = io::read_as_f32(ref, p + "grad_output");
-        std::vector<bf16> xb = to_bf16(x.data(), x.size());
-        std::vector<std::int64_t> ids(static_cast<std::size_t>(tokens) * top_k);
-        std::memcpy(ids.data(), ref.data(ref.get(p + "expert_ids")), ids.size() * sizeof(std::int64_t));
+        test::FixtureLayerInputs in = test::read_fixture_layer(ref, l);
+        const int tokens = in.tokens, top_k = in.top_k;
+        const bf16* xb = in.input_bf16.data();
+        const std::int64_t* ids = in.expert_ids.data();
+        const float* wts = in.weights.data();
 
         MoeLayer layer = MoeLayer::from_checkpoint(rt, c.dir + "/model", l, {tokens, 1, 0, 0, false, c.dir + "/adapter"});
-        std::vector<float> out(x.size()), dx(x.size());
-        layer.forward_sft(tokens, top_k, xb.data(), ids.data(), wts.data(), out.data(), true);
-        CHECK(rel_error(out, io::read_as_f32(ref, p + "output")) <= 1e-2);
+        std::vector<float> out(in.input.size()), dx(in.input.size());
+        layer.forward_sft(tokens, top_k, xb, ids, wts, out.data(), true);
+        CHECK(rel_error(out, in.expected(ref, "output")) <= 1e-2);
 
         // Gradients land in arrays shaped like the adapter's set, which lora() describes.
         LoadedLora shapes = load_layer_lora(c.dir + "/adapter", read_model_config(c.dir + "/model"), l);
@@ -203,17 +200,17 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
         LayerLoraGrad gv;
         for (int i = 0; i < 3; ++i) gv[i] = {grads.proj[i].a.data(), grads.proj[i].b.data()};
         CHECK(layer.lora().max_rank() == shapes.lora.proj[0].rank);
-        layer.backward(go.data(), dx.data(), gv);
-        CHECK(rel_error(dx, io::read_as_f32(ref, p + "grad_input")) <= 1e-2);
+        layer.backward(in.grad_output.data(), dx.data(), gv);
+        CHECK(rel_error(dx, in.expected(ref, "grad_input")) <= 1e-2);
         test::check_fixture_lora_grads(grads, shapes, ref, layer.config().num_experts);
 
         // Unloading the adapter gives the base layer; loading it back, the adapter again.
         layer.unload_adapter();
-        std::vector<float> base(x.size());
-        layer.forward(tokens, top_k, xb.data(), ids.data(), wts.data(), base.data());
+        std::vector<float> base(in.input.size());
+        layer.forward(tokens, top_k, xb, ids, wts, base.data());
         CHECK(rel_error(base, out) > 1e-4);
         layer.load_adapter(c.dir + "/adapter");
-        layer.forward(tokens, top_k, xb.data(), ids.data(), wts.data(), base.data());
+        layer.forward(tokens, top_k, xb, ids, wts, base.data());
         CHECK(rel_error(base, out) <= 1e-6);
       }
     }

@@ -109,11 +109,11 @@ TEST_CASE("the router reproduces every fixture's PyTorch routing", "[router][fix
       auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
       for (int layer : c.layers) {
         INFO(c.name << " layer " << layer);
-        std::string p = "layer_" + std::to_string(layer) + ".";
-        REQUIRE(ref.get(p + "input").dtype == io::Dtype::BF16);
-        auto x = io::read_as_bf16(ref, p + "input");
-        auto want_ids = io::read_as_i64(ref, p + "expert_ids");
-        auto want_w = io::read_as_f32(ref, p + "weights");
+        REQUIRE(ref.get("layer_" + std::to_string(layer) + ".input").dtype == io::Dtype::BF16);
+        test::FixtureLayerInputs in = test::read_fixture_layer(ref, layer);
+        const auto& x = in.input_bf16;
+        const auto& want_ids = in.expert_ids;
+        const auto& want_w = in.weights;
         const int k = ck.config().shape.top_k, T = static_cast<int>(x.size()) / ck.config().shape.hidden;
         REQUIRE(want_ids.size() == static_cast<std::size_t>(T) * k);
         Routing got = route_tokens(ck.config(), ck.load_router(layer), layer, x.data(), T);
