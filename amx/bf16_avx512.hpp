@@ -1,6 +1,6 @@
 #pragma once
 // bf16 <-> f32 in zmm registers, for the AVX-512 kernels only (include from *_avx512.cpp files,
-// which are compiled for AVX-512). Needs <immintrin.h> included first.
+// which are compiled for AVX-512). Needs <immintrin.h> (amx/immintrin_gcc12.hpp) included first.
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe::kernels {

@@ -1,9 +1,4 @@
-// GCC 12's AVX-512 headers self-initialise their "undefined" vectors and then warn about them
-// (GCC PR105593, fixed in 13).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "amx/immintrin_gcc12.hpp"
 
 #include "amx/bf16_avx512.hpp"
 #include "amx/convert_bf16.hpp"

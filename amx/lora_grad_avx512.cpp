@@ -3,13 +3,7 @@
 // row costs one bf16->f32 conversion of v per 16 o's and one broadcast of u per q; g is touched
 // once per tile. The [n][rank] layout transposes the finished tile in registers (64 shuffles per
 // 16×16, once per tile) so that g is still read and written a row at a time.
-// GCC 12's AVX-512 headers self-initialise their "undefined" vectors and then warn about them
-// (GCC PR105593, fixed in 13).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "amx/immintrin_gcc12.hpp"
 
 #include <utility>
 

@@ -10,13 +10,7 @@
 // ((h0, k0) -> (k0, h0)). Rows q*8..q*8+7 of forward block 2j+b become rows b*8..b*8+7 of transposed
 // block (q, j): 8 in-lane byte shuffles + 24 qword/lane shuffles per 512 bytes, 128 shuffles per
 // pair of input blocks.
-// GCC 12's AVX-512 headers self-initialise their "undefined" vectors and then warn about them
-// (GCC PR105593, fixed in 13).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "amx/immintrin_gcc12.hpp"
 
 #include "amx/pack_transposed.hpp"
 
