@@ -194,11 +194,12 @@ ModelConfig model_of(const MoeLayerConfig& c) {
   return m;
 }
 
+// `cfg` is checked by the callers, before anything is loaded; checkpoint loads check finiteness
+// tensor by tensor as they read, so only the caller's memory is scanned here.
 std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, const ExpertWeightsView& w, ModelConfig model,
-                                      int model_layer, std::unique_ptr<LoadedLora> adapter) {
-  check_config(cfg);
+                                      int model_layer, std::unique_ptr<LoadedLora> adapter, bool weights_checked) {
   Runtime::Impl& rt = runtime.impl();
-  check_finite_weights(w, *rt.pool);
+  if (!weights_checked) check_finite_weights(w, *rt.pool);
   auto m = std::make_unique<MoeLayer::Impl>(rt, cfg);
   m->model = std::move(model);
   m->model_layer = model_layer;
@@ -220,7 +221,7 @@ MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertW
   if (!weights.gate || !weights.up || !weights.down)
     fail(ErrorKind::invalid_argument, "MoeLayer: gate, up and down weights must not be null");
   ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k}, weights.gate, weights.up, weights.down};
-  impl_ = build(runtime, config, w, model_of(config), -1, nullptr);
+  impl_ = build(runtime, config, w, model_of(config), -1, nullptr, /*weights_checked=*/false);
 }
 
 MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_dir, int layer, const CheckpointLayerOptions& options) {
@@ -240,7 +241,7 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.use_rslora = options.use_rslora;
   check_config(cfg);
   ExpertWeights experts = ckpt.load_layer_experts(layer);
-  return MoeLayer(build(runtime, cfg, experts.view(), model, layer, std::move(adapter)));
+  return MoeLayer(build(runtime, cfg, experts.view(), model, layer, std::move(adapter), /*weights_checked=*/true));
 }
 
 MoeLayer::~MoeLayer() {
