@@ -36,7 +36,14 @@ typedef enum tilemoe_status {
   TILEMOE_INTERNAL = 6
 } tilemoe_status;
 
-typedef enum tilemoe_dtype { TILEMOE_BF16 = 0, TILEMOE_F32 = 1 } tilemoe_dtype;
+/* The two range enumerators make every int a valid value of the type, so that a caller's bad
+ * value is an error status (TILEMOE_INVALID_ARGUMENT) rather than undefined behaviour in C++. */
+typedef enum tilemoe_dtype {
+  TILEMOE_BF16 = 0,
+  TILEMOE_F32 = 1,
+  TILEMOE_DTYPE_RANGE_MIN = -0x7fffffff - 1,
+  TILEMOE_DTYPE_RANGE_MAX = 0x7fffffff
+} tilemoe_dtype;
 
 typedef struct tilemoe_runtime tilemoe_runtime;
 typedef struct tilemoe_layer tilemoe_layer;

@@ -143,6 +143,7 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   CHECK(strstr(tilemoe_last_error(), "empty") != NULL);
   CHECK(tilemoe_layer_forward(layer, T + 1, K, x, ids, w, out, TILEMOE_F32) == TILEMOE_INVALID_ARGUMENT);
   CHECK(tilemoe_layer_forward(layer, T, K, x, ids, w, out, (tilemoe_dtype)7) == TILEMOE_INVALID_ARGUMENT);
+  CHECK(tilemoe_layer_forward(layer, T, K, x, ids, w, out, (tilemoe_dtype)-1) == TILEMOE_INVALID_ARGUMENT);
   CHECK(tilemoe_layer_forward(NULL, T, K, x, ids, w, out, TILEMOE_F32) == TILEMOE_INVALID_ARGUMENT);
 
   /* A failed task stops the layer's later tasks until sync reports it. */
