@@ -31,24 +31,11 @@
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/tile_config.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
 namespace {
-
-// The 64-byte operand of LDTILECFG/STTILECFG (Intel SDM, palette 1: 8 tiles of at most
-// 16 rows × 64 bytes). Reserved bytes must be zero or LDTILECFG faults.
-struct alignas(64) TileConfig {
-  std::uint8_t palette_id;
-  std::uint8_t start_row;
-  std::uint8_t reserved0[14];
-  std::uint16_t colsb[8];  // bytes per row of tmm0..7
-  std::uint8_t reserved1[16];
-  std::uint8_t rows[8];  // rows of tmm0..7
-  std::uint8_t reserved2[8];
-};
-static_assert(sizeof(TileConfig) == 64);
-static_assert(offsetof(TileConfig, colsb) == 16 && offsetof(TileConfig, rows) == 48);
 
 constexpr int kTileRows = 16;
 constexpr int kBlockRows = 2 * kTileRows;
@@ -58,33 +45,6 @@ constexpr int kTileRowBytes = 64;
 constexpr int kPrefetchBlocks = 4;
 // Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
 constexpr std::size_t kGroupBytes = 512 * 1024;
-
-// rows0: rows of the first row tile (tmm0, tmm1, tmm4); rows1: of the second (tmm2, tmm3, tmm5).
-TileConfig make_config(int rows0, int rows1) {
-  TileConfig cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) cfg.colsb[t] = kTileRowBytes;
-  cfg.rows[0] = cfg.rows[1] = cfg.rows[4] = static_cast<std::uint8_t>(rows0);
-  cfg.rows[2] = cfg.rows[3] = cfg.rows[5] = static_cast<std::uint8_t>(rows1);
-  cfg.rows[6] = cfg.rows[7] = kTileRows;  // B: 16 k-pairs
-  return cfg;
-}
-
-// LDTILECFG is costly and zeroes every tile, so it runs only when the thread's live
-// configuration differs. The live one is read back with STTILECFG rather than remembered in a
-// thread_local: other AMX code on this thread (oneDNN, release_amx_tiles) may have changed it.
-// GCC's intrinsics declare an 8-byte memory operand, so compiler barriers make the whole
-// 64 bytes visible on both sides.
-void ensure_tile_config(const TileConfig& wanted) {
-  TileConfig live;
-  _tile_storeconfig(&live);
-  __asm__ volatile("" ::: "memory");
-  if (std::memcmp(&live, &wanted, sizeof wanted) != 0) {
-    __asm__ volatile("" ::: "memory");
-    _tile_loadconfig(&wanted);
-  }
-}
 
 struct Operand {
   const bf16* a;
@@ -222,14 +182,14 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);
     if (m_full > 0) {
-      ensure_tile_config(make_config(kTileRows, kTileRows));
+      ensure_tile_config(make_tile_config(kTileRows, kTileRows));
       panel_pairs<true>(job, 0, m_full, g0, g1, true);
     }
     if (tail > kTileRows) {
-      ensure_tile_config(make_config(kTileRows, tail - kTileRows));
+      ensure_tile_config(make_tile_config(kTileRows, tail - kTileRows));
       panel_pairs<true>(job, m_full, args.m, g0, g1, m_full == 0);
     } else if (tail > 0) {
-      ensure_tile_config(make_config(tail, tail));
+      ensure_tile_config(make_tile_config(tail, tail));
       panel_pairs<false>(job, m_full, args.m, g0, g1, m_full == 0);
     }
   }

@@ -72,6 +72,7 @@ CpuFeatures detect() {
     f.avx512dq = bit(ebx, 17);
     f.avx512bw = bit(ebx, 30);
     f.avx512vl = bit(ebx, 31);
+    f.avx512_vnni = bit(ecx, 11);
     f.amx_bf16 = bit(edx, 22);
     f.amx_tile = bit(edx, 24);
     f.amx_int8 = bit(edx, 25);
@@ -106,6 +107,7 @@ std::string avx512_reason(const CpuFeatures& f) {
                                                {f.avx512vl, "AVX512VL"},
                                                {f.avx512dq, "AVX512DQ"},
                                                {f.avx512_bf16, "AVX512-BF16"},
+                                               {f.avx512_vnni, "AVX512-VNNI"},
                                                {f.fma, "FMA"},
                                                {f.f16c, "F16C"}});
   if (!r.empty()) return r;
@@ -117,7 +119,7 @@ std::string amx_reason(const CpuFeatures& f) {
   // The AMX table sends small batches to the AVX-512 kernel, so AMX needs AVX-512 too.
   std::string r = avx512_reason(f);
   if (!r.empty()) return r + " (the AMX path needs AVX-512 as well)";
-  r = join_missing("CPU has no ", {{f.amx_tile, "AMX-TILE"}, {f.amx_bf16, "AMX-BF16"}});
+  r = join_missing("CPU has no ", {{f.amx_tile, "AMX-TILE"}, {f.amx_bf16, "AMX-BF16"}, {f.amx_int8, "AMX-INT8"}});
   if (!r.empty()) return r;
   if (!f.os_amx) return "the OS has not enabled AMX tile state (XCR0 bits 17/18; Linux >= 5.16 needed)";
   if (!f.os_amx_permitted) return f.amx_permission_error;

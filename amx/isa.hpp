@@ -11,6 +11,7 @@ enum class Isa { portable, avx512_bf16, amx_bf16 };
 
 struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
+  bool avx512_vnni = false;  // the int8/int4 weight kernels; every CPU with AVX512-BF16 has it
   bool fma = false;
   bool f16c = false;  // the avx512 files are compiled with -mf16c, so it is required too
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;

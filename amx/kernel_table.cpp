@@ -15,18 +15,31 @@ void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
   }
 }
 
+// The same split for integer weights; int4 at group 32 has no tile kernel (a 64-k tile spans two
+// scale groups), so it stays on AVX512-VNNI.
+void gemm_int_amx_or_avx512(const GemmIntArgs& args) {
+  if (args.m < kAmxMinRows || args.shape.group % kIntBlockK != 0) {
+    gemm_int_avx512(args);
+  } else {
+    gemm_int_amx(args);
+  }
+}
+
 constexpr KernelTable kPortable{Isa::portable,          gemm_bf16_portable,
                                 silu_mul_bf16_portable,  silu_mul_backward_portable,
                                 pack_transposed_kblock_portable, lora_grad_outer_portable,
-                                convert_to_bf16_portable, 0};
+                                convert_to_bf16_portable, gemm_int_portable,
+                                quantize_rows_portable,  0};
 constexpr KernelTable kAvx512{Isa::avx512_bf16,       gemm_bf16_avx512,
                               silu_mul_bf16_avx512,   silu_mul_backward_avx512,
                               pack_transposed_kblock_avx512, lora_grad_outer_avx512,
-                              convert_to_bf16_avx512, 0};
+                              convert_to_bf16_avx512, gemm_int_avx512,
+                              quantize_rows_avx512,   0};
 constexpr KernelTable kAmx{Isa::amx_bf16,         gemm_bf16_amx_or_avx512,
                            silu_mul_bf16_avx512, silu_mul_backward_avx512,
                            pack_transposed_kblock_avx512, lora_grad_outer_avx512,
-                           convert_to_bf16_avx512, kAmxMinRows};
+                           convert_to_bf16_avx512, gemm_int_amx_or_avx512,
+                           quantize_rows_avx512, kAmxMinRows};
 
 }  // namespace
 

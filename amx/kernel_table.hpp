@@ -4,6 +4,7 @@
 #include "amx/activation.hpp"
 #include "amx/convert_bf16.hpp"
 #include "amx/gemm_bf16.hpp"
+#include "amx/gemm_int.hpp"
 #include "amx/isa.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/pack_transposed.hpp"
@@ -27,6 +28,8 @@ struct KernelTable {
   PackTransposedFn pack_transposed_kblock;  // backward: Wᵀ panels from the forward layout
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
   ConvertToBf16Fn convert_to_bf16;
+  GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
+  QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.
   int amx_min_rows;

@@ -17,7 +17,7 @@ if(TILEMOE_TSAN)
   add_link_options(-fsanitize=thread)
 endif()
 
-set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mfma -mf16c)
+set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c)
 set(TILEMOE_AMX_FLAGS ${TILEMOE_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mamx-int8)
 
 function(tilemoe_isa_flags_by_filename)

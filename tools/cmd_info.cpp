@@ -35,9 +35,9 @@ Measured measure(kernels::Isa isa) {
 void print_text(kernels::Isa chosen, const Measured& m) {
   using namespace kernels;
   const auto& f = cpu_features();
-  std::printf("cpu features: avx512f %d, avx512bw %d, avx512vl %d, avx512dq %d, avx512_bf16 %d, fma %d, amx_tile %d, amx_bf16 %d, "
-              "amx_int8 %d\n",
-              f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.fma, f.amx_tile, f.amx_bf16, f.amx_int8);
+  std::printf("cpu features: avx512f %d, avx512bw %d, avx512vl %d, avx512dq %d, avx512_bf16 %d, avx512_vnni %d, fma %d, amx_tile %d, "
+              "amx_bf16 %d, amx_int8 %d\n",
+              f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.avx512_vnni, f.fma, f.amx_tile, f.amx_bf16, f.amx_int8);
   for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::portable}) {
     std::string why = isa_unavailable_reason(isa);
     std::printf("  %-9s %s\n", isa_name(isa), why.empty() ? "available" : ("unavailable: " + why).c_str());
@@ -68,7 +68,7 @@ void print_json(kernels::Isa chosen, const Measured& m) {
   json out = {
       {"cpu_features",
        {{"avx512f", f.avx512f}, {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq}, {"avx512_bf16", f.avx512_bf16},
-        {"fma", f.fma}, {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}}},
+        {"avx512_vnni", f.avx512_vnni}, {"fma", f.fma}, {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}}},
       {"isa", isas},
       {"chosen_isa", isa_name(chosen)},
       {"cpu_model", t.cpu_model},

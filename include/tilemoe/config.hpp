@@ -15,6 +15,20 @@ struct MoeShape {
   int top_k = 0;
 };
 
+// How the base weights of the routed experts are stored and multiplied (LoRA is always f32/bf16):
+// bf16; int8 with one scale per output channel (activations quantized per token at run time);
+// int4 with one scale per group of the reduction dimension.
+enum class WeightType { bf16, int8, int4 };
+
+inline const char* weight_type_name(WeightType t) {
+  switch (t) {
+    case WeightType::bf16: return "bf16";
+    case WeightType::int8: return "int8";
+    case WeightType::int4: return "int4";
+  }
+  return "?";
+}
+
 enum class Projection : int { gate = 0, up = 1, down = 2 };
 inline constexpr std::array<Projection, 3> kProjections = {Projection::gate, Projection::up, Projection::down};
 

@@ -1,0 +1,54 @@
+#pragma once
+// Integer GEMM micro-kernels over the packed int8/int4 layout (pack_int.hpp), one signature for
+// every ISA: with per-row activation codes a (int8) and scales sa,
+//
+//   C[i][j] (= or +=) sa[i] * sum_g scale[g][j] * sum_{k in group g} a[i][k] * Q[j][k]
+//
+// for rows i in [0, m) and the panels [panel_begin, panel_end). Products of codes are exact in
+// int32 (|a|, |Q| <= 127 and K < 2^17 keep every sum in range); scales apply once per group.
+// Pure kernels, as the bf16 ones: no allocation beyond a fixed stack or thread-local scratch, no
+// threads.
+//
+// Contract (not checked here, the hot path):
+//  - a has m rows at stride lda >= k_padded, each with k_padded readable codes, zeros in
+//    [k, k_padded). a_scale has m entries (NaN makes that row's outputs NaN).
+//  - b is the whole packed matrix of shape `shape`; only panels [panel_begin, panel_end) are read.
+//  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns.
+#include <cstddef>
+#include <cstdint>
+
+#include "amx/pack_int.hpp"
+
+namespace tilemoe::kernels {
+
+struct GemmIntArgs {
+  const std::int8_t* a;
+  std::size_t lda;
+  int m;
+  const float* a_scale;
+  PackedIntShape shape;
+  PackedIntView b;
+  int panel_begin, panel_end;
+  float* c;
+  std::size_t ldc;
+  bool accumulate = false;
+};
+
+using GemmIntFn = void (*)(const GemmIntArgs&);
+
+void gemm_int_portable(const GemmIntArgs& args);
+void gemm_int_avx512(const GemmIntArgs& args);  // AVX512-VNNI; only where isa_available(Isa::avx512_bf16)
+// Only where isa_available(Isa::amx_bf16). Groups must be multiples of 64 (int8 always is; int4
+// at group 32 goes to gemm_int_avx512 in the kernel table).
+void gemm_int_amx(const GemmIntArgs& args);
+
+// Per-row int8 quantization of activations: scale = max|x| / 127 (0 for a zero row, NaN for a
+// row with NaN or Inf), codes round-to-nearest-even(x / scale); codes in [k, k_padded) are 0.
+using QuantizeRowsFn = void (*)(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
+                                std::size_t ldq, float* scales);
+void quantize_rows_portable(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
+                            std::size_t ldq, float* scales);
+void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
+                          std::size_t ldq, float* scales);
+
+}  // namespace tilemoe::kernels

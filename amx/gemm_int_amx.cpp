@@ -1,0 +1,174 @@
+// AMX-INT8 integer GEMM: the prefill path of int8/int4 weights (rows >= kAmxMinRows per expert).
+//
+// Tiles as in gemm_bf16_amx.cpp, 2×2 blocking = 32 rows × 32 columns: tmm0-3 the int32 C tiles,
+// tmm4/5 two A tiles (16 rows × 64 int8), tmm6/7 two B tiles (one packed int8 block each).
+// TDPBSSD multiplies signed by signed bytes, so no bias is needed here. The C tiles hold the
+// exact int32 sums of one scale group; at each group's end they go through a 4 KiB stack buffer
+// and are scaled into C in f32 (int8 has a single group, so that happens once per block).
+//
+// int4: each panel group's codes are first unpacked into int8 blocks in a thread-local buffer
+// (nibble - 8), which stays in L2 while every row block passes over it; groups of 32 are shorter
+// than a 64-k tile, so the kernel table sends int4 at group 32 to the AVX512-VNNI kernel.
+//
+// m tail: as in the bf16 kernel, whole 32-row blocks run with a 16/16 tile configuration and the
+// last m % 32 rows with one whose tiles have exactly that many rows.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "amx/gemm_int.hpp"
+#include "amx/immintrin_gcc12.hpp"
+#include "amx/isa.hpp"
+#include "amx/tile_config.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+constexpr int kTileRows = 16;
+constexpr int kBlockRows = 2 * kTileRows;
+constexpr long kTileRowBytes = 64;
+constexpr std::size_t kBlockBytes = 1024;  // one int8 B tile
+// Panel groups: the codes of one group (int8 form) are re-read by every 32-row block.
+constexpr std::size_t kGroupBytes = 512 * 1024;
+
+struct Job {
+  const GemmIntArgs* g;
+  const std::uint8_t* b;     // int8 blocks; panel `b_panel0` first
+  int b_panel0;
+  std::size_t panel_stride;  // bytes between panels in b
+  int kblocks, group_blocks;
+};
+
+// Scales one group's int32 tile sums (in buf, 16 columns a row) into C.
+inline void flush_tile(const Job& job, const std::int32_t* buf, int row0, int rows, int panel, int grp, bool first_group) {
+  const GemmIntArgs& g = *job.g;
+  const PackedIntShape& s = g.shape;
+  const __m512 scale = _mm512_loadu_ps(g.b.scales + (static_cast<std::size_t>(panel) * s.groups + grp) * 16);
+  for (int i = 0; i < rows; ++i) {
+    float* ci = g.c + (row0 + i) * g.ldc + (panel - g.panel_begin) * 16;
+    const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(g.a_scale[row0 + i]));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(buf + i * 16)), f);
+    if (!first_group || g.accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(ci));
+    _mm512_storeu_ps(ci, v);
+  }
+}
+
+template <bool TwoRowTiles, bool TwoPanels>
+void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
+  const GemmIntArgs& g = *job.g;
+  const std::int8_t* a0 = g.a + row0 * g.lda;
+  const long lda_bytes = static_cast<long>(g.lda);
+  const std::uint8_t* b0 = job.b + static_cast<std::size_t>(panel - job.b_panel0) * job.panel_stride;
+  alignas(64) std::int32_t buf[4][kTileRows * 16];
+  for (int grp = 0; grp < g.shape.groups; ++grp) {
+    _tile_zero(0);
+    if constexpr (TwoPanels) _tile_zero(1);
+    if constexpr (TwoRowTiles) {
+      _tile_zero(2);
+      if constexpr (TwoPanels) _tile_zero(3);
+    }
+    const int kb_end = std::min(job.kblocks, (grp + 1) * job.group_blocks);
+    for (int kb = grp * job.group_blocks; kb < kb_end; ++kb) {
+      const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
+      const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * kIntBlockK;
+      _tile_loadd(4, ak, lda_bytes);
+      _tile_loadd(6, bk, kTileRowBytes);
+      _tile_dpbssd(0, 4, 6);
+      if constexpr (TwoPanels) {
+        _tile_loadd(7, bk + job.panel_stride, kTileRowBytes);
+        _tile_dpbssd(1, 4, 7);
+      }
+      if constexpr (TwoRowTiles) {
+        _tile_loadd(5, ak + kTileRows * g.lda, lda_bytes);
+        _tile_dpbssd(2, 5, 6);
+        if constexpr (TwoPanels) _tile_dpbssd(3, 5, 7);
+      }
+    }
+    _tile_stored(0, buf[0], kTileRowBytes);
+    if constexpr (TwoPanels) _tile_stored(1, buf[1], kTileRowBytes);
+    if constexpr (TwoRowTiles) {
+      _tile_stored(2, buf[2], kTileRowBytes);
+      if constexpr (TwoPanels) _tile_stored(3, buf[3], kTileRowBytes);
+    }
+    __asm__ volatile("" ::: "memory");
+    flush_tile(job, buf[0], row0, rows0, panel, grp, grp == 0);
+    if constexpr (TwoPanels) flush_tile(job, buf[1], row0, rows0, panel + 1, grp, grp == 0);
+    if constexpr (TwoRowTiles) {
+      flush_tile(job, buf[2], row0 + kTileRows, rows1, panel, grp, grp == 0);
+      if constexpr (TwoPanels) flush_tile(job, buf[3], row0 + kTileRows, rows1, panel + 1, grp, grp == 0);
+    }
+  }
+}
+
+template <bool TwoRowTiles>
+void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end) {
+  for (int p = p_begin; p < p_end; p += 2) {
+    for (int row = row_begin; row < row_end; row += kBlockRows) {
+      if (p + 1 < p_end) {
+        tile_block<TwoRowTiles, true>(job, row, rows0, rows1, p);
+      } else {
+        tile_block<TwoRowTiles, false>(job, row, rows0, rows1, p);
+      }
+    }
+  }
+}
+
+// Panels [p0, p1) of an int4 matrix as int8 blocks (nibble - 8), in the int8 packed order.
+void unpack_int4_panels(const PackedIntShape& s, const std::uint8_t* codes, int p0, int p1, std::uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+  const std::size_t blocks = static_cast<std::size_t>(p1 - p0) * s.kblocks;
+  const std::uint8_t* in = codes + static_cast<std::size_t>(p0) * s.panel_bytes();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    for (int rp = 0; rp < 8; ++rp) {
+      const __m512i raw = _mm512_loadu_si512(in + b * 512 + rp * 64);
+      _mm512_storeu_si512(out + b * 1024 + (2 * rp) * 64, _mm512_sub_epi8(_mm512_and_si512(raw, low), eight));
+      _mm512_storeu_si512(out + b * 1024 + (2 * rp + 1) * 64,
+                          _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), eight));
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_int_amx(const GemmIntArgs& args) {
+  if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
+  if (!cpu_features().os_amx_permitted) fail(ErrorKind::unsupported, "gemm_int_amx: " + isa_unavailable_reason(Isa::amx_bf16));
+  const PackedIntShape& s = args.shape;
+  if (s.group % kIntBlockK != 0) fail(ErrorKind::invalid_argument, "gemm_int_amx: scale groups must be multiples of 64");
+  __asm__ volatile("" ::: "memory");
+
+  const std::size_t int8_panel_bytes = static_cast<std::size_t>(s.kblocks) * kBlockBytes;
+  const int group = static_cast<int>(std::max<std::size_t>(2, (kGroupBytes / std::max<std::size_t>(int8_panel_bytes, 1)) & ~std::size_t{1}));
+  thread_local std::vector<std::uint8_t> unpacked;
+  const int m_full = args.m / kBlockRows * kBlockRows;
+  const int tail = args.m - m_full;
+
+  for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
+    const int g1 = std::min(args.panel_end, g0 + group);
+    Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK};
+    if (s.bits == 4) {
+      unpacked.resize(static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
+      unpack_int4_panels(s, args.b.codes, g0, g1, unpacked.data());
+      job.b = unpacked.data();
+      job.b_panel0 = g0;
+      job.panel_stride = int8_panel_bytes;
+    }
+    if (m_full > 0) {
+      ensure_tile_config(make_tile_config(kTileRows, kTileRows));
+      panel_pairs<true>(job, 0, m_full, kTileRows, kTileRows, g0, g1);
+    }
+    if (tail > kTileRows) {
+      ensure_tile_config(make_tile_config(kTileRows, tail - kTileRows));
+      panel_pairs<true>(job, m_full, args.m, kTileRows, tail - kTileRows, g0, g1);
+    } else if (tail > 0) {
+      ensure_tile_config(make_tile_config(tail, tail));
+      panel_pairs<false>(job, m_full, args.m, tail, tail, g0, g1);
+    }
+  }
+  __asm__ volatile("" ::: "memory");
+}
+
+}  // namespace tilemoe::kernels

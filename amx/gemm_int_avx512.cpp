@@ -1,0 +1,200 @@
+// AVX512-VNNI integer GEMM: the decode hot path of int8/int4 weights, where the cost is streaming
+// the packed codes from memory once. One 64-byte row of a packed int8 block is 16 columns × one
+// k-quad; the matching quad of an activation row is broadcast as one 32-bit value, so one
+// VPDPBUSD does 16 columns × 4 k. VPDPBUSD multiplies unsigned by signed bytes: activations go in
+// as a + 128 (an XOR of the sign bit) and 128 × the column sums of the codes come back off at
+// each group's end. int4: one 64-byte load holds two quad rows as nibbles (code + 8); a mask, a
+// shift and a subtraction give both as signed bytes.
+//
+// Register blocking: int8 up to 4 rows × 4 panels of int32 accumulators, scaled once at the end.
+// int4 keeps f32 sums across groups as well, so it blocks at most 2 rows × 4 panels.
+#include <algorithm>
+#include <cstring>
+
+#include "amx/gemm_int.hpp"
+#include "amx/immintrin_gcc12.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+constexpr int kMaxPanels = 4;
+// Panels are grouped so that one group's codes stay in L2 while every row group passes over them.
+constexpr std::size_t kGroupBytes = 256 * 1024;
+
+inline __m512i broadcast_quad_biased(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_xor_si512(_mm512_set1_epi32(v), _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+
+template <int R, int P>
+inline void store_rows(const GemmIntArgs& g, int row0, int panel, __m512 (&sum)[R][P]) {
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const __m512 sa = _mm512_set1_ps(g.a_scale[row0 + i]);
+    float* ci = g.c + (row0 + i) * g.ldc + (panel - g.panel_begin) * 16;
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      __m512 v = _mm512_mul_ps(sum[i][p], sa);
+      if (g.accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(ci + p * 16));
+      _mm512_storeu_ps(ci + p * 16, v);
+    }
+  }
+}
+
+// int32 sums of one group (minus the bias term) times the group's column scales, into sum.
+template <int R, int P>
+inline void flush_group(const GemmIntArgs& g, int panel, int grp, __m512i (&acc)[R][P], __m512 (&sum)[R][P]) {
+  const PackedIntShape& s = g.shape;
+#pragma GCC unroll 4
+  for (int p = 0; p < P; ++p) {
+    const std::size_t at = (static_cast<std::size_t>(panel + p) * s.groups + grp) * 16;
+    const __m512 scale = _mm512_loadu_ps(g.b.scales + at);
+    const __m512i bias = _mm512_slli_epi32(_mm512_loadu_si512(g.b.colsums + at), 7);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+      sum[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][p], bias)), scale, sum[i][p]);
+  }
+}
+
+template <int R, int P>
+void block8(const GemmIntArgs& g, int row0, int panel) {
+  const PackedIntShape& s = g.shape;
+  const std::size_t stride = s.panel_bytes();
+  const std::uint8_t* b0 = g.b.codes + panel * stride;
+  const std::int8_t* a0 = g.a + row0 * g.lda;
+  __m512i acc[R][P];
+  __m512 sum[R][P];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      acc[i][p] = _mm512_setzero_si512();
+      sum[i][p] = _mm512_setzero_ps();
+    }
+  const int quads = s.k_padded / 4;
+  for (int q0 = 0; q0 < quads; q0 += 16) {
+    const std::uint8_t* blk = b0 + static_cast<std::size_t>(q0 / 16) * 1024;
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      __m512i x[R];
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) x[i] = broadcast_quad_biased(a0 + i * g.lda + 4 * (q0 + r));
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const __m512i w = _mm512_loadu_si512(blk + p * stride + r * 64);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], x[i], w);
+      }
+    }
+  }
+  flush_group<R, P>(g, panel, 0, acc, sum);
+  store_rows<R, P>(g, row0, panel, sum);
+}
+
+template <int R, int P>
+void block4(const GemmIntArgs& g, int row0, int panel) {
+  const PackedIntShape& s = g.shape;
+  const std::size_t stride = s.panel_bytes();
+  const std::uint8_t* b0 = g.b.codes + panel * stride;
+  const std::int8_t* a0 = g.a + row0 * g.lda;
+  const __m512i low = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+  __m512 sum[R][P];
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) sum[i][p] = _mm512_setzero_ps();
+  const int quads = s.k_padded / 4, group_quads = s.group / 4;
+  for (int grp = 0; grp < s.groups; ++grp) {
+    __m512i acc[R][P];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_si512();
+    const int q_end = std::min(quads, (grp + 1) * group_quads);
+    for (int q = grp * group_quads; q < q_end; q += 2) {
+      const std::size_t off = static_cast<std::size_t>(q / 16) * 512 + static_cast<std::size_t>((q % 16) / 2) * 64;
+      __m512i x0[R], x1[R];
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        x0[i] = broadcast_quad_biased(a0 + i * g.lda + 4 * q);
+        x1[i] = broadcast_quad_biased(a0 + i * g.lda + 4 * (q + 1));
+      }
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const __m512i raw = _mm512_loadu_si512(b0 + p * stride + off);
+        const __m512i w0 = _mm512_sub_epi8(_mm512_and_si512(raw, low), eight);
+        const __m512i w1 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), eight);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) {
+          acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], x0[i], w0);
+          acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], x1[i], w1);
+        }
+      }
+    }
+    flush_group<R, P>(g, panel, grp, acc, sum);
+  }
+  store_rows<R, P>(g, row0, panel, sum);
+}
+
+using BlockFn = void (*)(const GemmIntArgs&, int, int);
+
+template <int R>
+constexpr BlockFn kBlocks8ForRows[kMaxPanels] = {block8<R, 1>, block8<R, 2>, block8<R, 3>, block8<R, 4>};
+constexpr const BlockFn* kBlocks8[4] = {kBlocks8ForRows<1>, kBlocks8ForRows<2>, kBlocks8ForRows<3>, kBlocks8ForRows<4>};
+template <int R>
+constexpr BlockFn kBlocks4ForRows[kMaxPanels] = {block4<R, 1>, block4<R, 2>, block4<R, 3>, block4<R, 4>};
+constexpr const BlockFn* kBlocks4[2] = {kBlocks4ForRows<1>, kBlocks4ForRows<2>};
+
+}  // namespace
+
+void gemm_int_avx512(const GemmIntArgs& args) {
+  const bool int8 = args.shape.bits == 8;
+  const int max_rows = int8 ? 4 : 2;
+  const std::size_t panel_bytes = std::max<std::size_t>(args.shape.panel_bytes(), 1);
+  const int group = static_cast<int>(std::max<std::size_t>(kMaxPanels, kGroupBytes / panel_bytes));
+  for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
+    const int g1 = std::min(args.panel_end, g0 + group);
+    for (int row = 0; row < args.m; row += max_rows) {
+      const int rows = std::min(max_rows, args.m - row);
+      const BlockFn* fns = int8 ? kBlocks8[rows - 1] : kBlocks4[rows - 1];
+      for (int p = g0; p < g1; p += kMaxPanels) fns[std::min(kMaxPanels, g1 - p) - 1](args, row, p);
+    }
+  }
+}
+
+void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
+                          std::size_t ldq, float* scales) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  for (int i = 0; i < rows; ++i) {
+    const std::uint16_t* xi = x + ldx * static_cast<std::size_t>(i);
+    std::int8_t* qi = codes + ldq * static_cast<std::size_t>(i);
+    auto load = [&](int kk) {
+      const __mmask16 m = kk + 16 <= k ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (k - kk)) - 1u);
+      const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, xi + kk));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+    };
+    // max|x| over the row; NaN and Inf both show up as a non-finite maximum of |x| bit patterns.
+    __m512i amax_bits = _mm512_setzero_si512();
+    for (int kk = 0; kk < k; kk += 16)
+      amax_bits = _mm512_max_epu32(amax_bits, _mm512_castps_si512(_mm512_and_ps(load(kk), abs_mask)));
+    const std::uint32_t top = _mm512_reduce_max_epu32(amax_bits);
+    std::memset(qi, 0, static_cast<std::size_t>(k_padded));
+    if (top >= 0x7f800000u) {
+      scales[i] = __builtin_nanf("");
+      continue;
+    }
+    float amax;
+    std::memcpy(&amax, &top, sizeof amax);
+    scales[i] = amax / 127.0f;
+    if (amax == 0.0f) continue;
+    const __m512 inv = _mm512_set1_ps(127.0f / amax);
+    for (int kk = 0; kk < k; kk += 16) {
+      const __mmask16 m = kk + 16 <= k ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (k - kk)) - 1u);
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load(kk), inv));  // round to nearest even
+      _mm_mask_storeu_epi8(qi + kk, m, _mm512_cvtsepi32_epi8(q));
+    }
+  }
+}
+
+}  // namespace tilemoe::kernels

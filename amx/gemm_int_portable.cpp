@@ -1,0 +1,59 @@
+// The integer GEMM on plain C++: the definition every faster kernel is tested against, and the
+// path for CPUs without AVX512-VNNI.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "amx/gemm_int.hpp"
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe::kernels {
+
+void gemm_int_portable(const GemmIntArgs& g) {
+  const PackedIntShape& s = g.shape;
+  for (int i = 0; i < g.m; ++i) {
+    const std::int8_t* a = g.a + g.lda * static_cast<std::size_t>(i);
+    for (int nb = g.panel_begin; nb < g.panel_end; ++nb) {
+      for (int c = 0; c < 16; ++c) {
+        const int col = nb * 16 + c;
+        float sum = 0.0f;
+        for (int grp = 0; grp < s.groups; ++grp) {
+          const int k0 = grp * s.group, k1 = std::min(s.k_padded, k0 + s.group);
+          std::int32_t acc = 0;
+          for (int kk = k0; kk < k1; ++kk) acc += static_cast<std::int32_t>(a[kk]) * packed_int_code(s, g.b.codes, col, kk);
+          sum += static_cast<float>(acc) * g.b.scales[(static_cast<std::size_t>(nb) * s.groups + grp) * 16 + c];
+        }
+        float& out = g.c[g.ldc * static_cast<std::size_t>(i) + (nb - g.panel_begin) * 16 + c];
+        const float v = g.a_scale[i] * sum;
+        out = g.accumulate ? out + v : v;
+      }
+    }
+  }
+}
+
+void quantize_rows_portable(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
+                            std::size_t ldq, float* scales) {
+  for (int i = 0; i < rows; ++i) {
+    const std::uint16_t* xi = x + ldx * static_cast<std::size_t>(i);
+    std::int8_t* qi = codes + ldq * static_cast<std::size_t>(i);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int kk = 0; kk < k; ++kk) {
+      const float v = bf16_to_float(xi[kk]);
+      finite = finite && std::isfinite(v);
+      amax = std::max(amax, std::fabs(v));
+    }
+    std::fill(qi, qi + k_padded, std::int8_t{0});
+    if (!finite) {
+      scales[i] = std::nanf("");
+      continue;
+    }
+    scales[i] = amax / 127.0f;
+    if (amax == 0.0f) continue;
+    const float inv = 127.0f / amax;
+    for (int kk = 0; kk < k; ++kk)
+      qi[kk] = static_cast<std::int8_t>(std::clamp(std::nearbyint(bf16_to_float(xi[kk]) * inv), -127.0f, 127.0f));
+  }
+}
+
+}  // namespace tilemoe::kernels

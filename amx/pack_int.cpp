@@ -1,0 +1,84 @@
+#include "amx/pack_int.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::kernels {
+
+PackedIntShape packed_int_shape(int bits, int n, int k, int group) {
+  if (n < 0 || k < 0) fail(ErrorKind::invalid_argument, "packed_int_shape: negative size");
+  if (bits != 8 && bits != 4) fail(ErrorKind::invalid_argument, "packed_int_shape: bits " + std::to_string(bits) + " is not 8 or 4");
+  if (bits == 4 && group != 32 && group != 64 && group != 128)
+    fail(ErrorKind::invalid_argument, "packed_int_shape: int4 group " + std::to_string(group) + " is not 32, 64 or 128");
+  PackedIntShape s;
+  s.bits = bits;
+  s.n = n;
+  s.k = k;
+  s.panels = (n + 15) / 16;
+  s.kblocks = (k + kIntBlockK - 1) / kIntBlockK;
+  s.n_padded = s.panels * 16;
+  s.k_padded = s.kblocks * kIntBlockK;
+  s.group = bits == 8 ? std::max(s.k_padded, kIntBlockK) : group;
+  s.groups = bits == 8 ? 1 : (s.k_padded + group - 1) / group;
+  return s;
+}
+
+namespace {
+
+int source_code(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, int col, int kk) {
+  if (col >= s.n || kk >= s.k) return 0;
+  const std::int8_t* row = q + ld * static_cast<std::size_t>(col);
+  if (s.bits == 8) return row[kk];
+  const auto byte = static_cast<std::uint8_t>(row[kk / 2]);
+  const int nibble = (kk & 1) ? (byte >> 4) : (byte & 0x0f);
+  return nibble >= 8 ? nibble - 16 : nibble;
+}
+
+std::size_t code_offset(const PackedIntShape& s, int col, int kk, int* shift) {
+  const int nb = col / 16, c = col % 16, kb = kk / kIntBlockK, r = (kk % kIntBlockK) / 4, p = kk % 4;
+  const std::size_t block = (static_cast<std::size_t>(nb) * s.kblocks + kb) * s.block_bytes();
+  if (s.bits == 8) {
+    *shift = 0;
+    return block + static_cast<std::size_t>(r) * 64 + c * 4 + p;
+  }
+  *shift = (r & 1) ? 4 : 0;
+  return block + static_cast<std::size_t>(r / 2) * 64 + c * 4 + p;
+}
+
+}  // namespace
+
+void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales, std::uint8_t* codes,
+                      float* scales, std::int32_t* colsums) {
+  std::fill(codes, codes + s.code_bytes(), std::uint8_t{0});
+  const int source_groups = s.bits == 8 ? 1 : (s.k + s.group - 1) / s.group;
+  for (int col = 0; col < s.n_padded; ++col) {
+    const int nb = col / 16, c = col % 16;
+    for (int g = 0; g < s.groups; ++g) {
+      const std::size_t at = (static_cast<std::size_t>(nb) * s.groups + g) * 16 + c;
+      scales[at] = (col < s.n && g < source_groups) ? row_scales[static_cast<std::size_t>(col) * source_groups + g] : 0.0f;
+      colsums[at] = 0;
+    }
+    for (int kk = 0; kk < s.k_padded; ++kk) {
+      const int code = source_code(s, q, ld, col, kk);
+      int shift = 0;
+      const std::size_t off = code_offset(s, col, kk, &shift);
+      if (s.bits == 8) {
+        codes[off] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
+      } else {
+        codes[off] |= static_cast<std::uint8_t>((code + 8) << shift);
+      }
+      colsums[(static_cast<std::size_t>(nb) * s.groups + kk / s.group) * 16 + c] += code;
+    }
+  }
+}
+
+int packed_int_code(const PackedIntShape& s, const std::uint8_t* codes, int col, int kk) {
+  int shift = 0;
+  const std::size_t off = code_offset(s, col, kk, &shift);
+  if (s.bits == 8) return static_cast<std::int8_t>(codes[off]);
+  return ((codes[off] >> shift) & 0x0f) - 8;
+}
+
+}  // namespace tilemoe::kernels

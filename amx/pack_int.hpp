@@ -1,0 +1,63 @@
+#pragma once
+// The packed layout of int8 and int4 weights that the AMX-INT8, AVX512-VNNI and portable integer
+// GEMM kernels all read (the integer twin of pack_bf16.hpp).
+//
+// For codes Q[N][K] (Y = X·Wᵀ, W = Q * scale), N is padded to a multiple of 16 (a panel) and K
+// to a multiple of 64 (a k-block), both with code 0. Each (panel nb, k-block kb) block holds
+// 16 quads of k × 16 columns in VNNI order,
+//
+//   element (r, c, p) = Q[nb*16 + c][kb*64 + 4*r + p]   (r: k-quad 0..15, c: column, p: 0..3)
+//
+//   int8: byte r*64 + c*4 + p: 1 KiB, exactly one AMX INT8 B tile, a row of which is one zmm for
+//         VPDPBUSD;
+//   int4: 512 bytes; byte (r/2)*64 + c*4 + p holds quad-row r in its low nibble when r is even
+//         and in its high nibble when r is odd, as code + 8 (0..15), so one 64-byte load and a
+//         mask or a shift gives two VNNI rows.
+// A panel's k-blocks are contiguous, so a panel streams in order along K.
+//
+// Scales: one f32 per (panel, group of `group` k, column) at scales[(nb*groups + g)*16 + c]; int8
+// has a single group spanning all of K (one scale per output channel). colsums holds, at the
+// same index, the sum of the group's codes: the AVX512-VNNI kernel multiplies unsigned bytes by
+// signed ones, so it feeds activations as a + 128 and takes 128 * colsum back off.
+#include <cstddef>
+#include <cstdint>
+
+#include "tilemoe/config.hpp"
+
+namespace tilemoe::kernels {
+
+inline constexpr int kIntBlockK = 64;
+
+struct PackedIntShape {
+  int bits = 8;  // 8 or 4
+  int n = 0, k = 0, n_padded = 0, k_padded = 0, panels = 0, kblocks = 0;
+  int group = 0;   // k per scale: k_padded for int8; 32, 64 or 128 for int4
+  int groups = 0;  // scale groups per column: ceil(k_padded / group)
+
+  std::size_t block_bytes() const { return bits == 8 ? 1024 : 512; }
+  std::size_t panel_bytes() const { return block_bytes() * static_cast<std::size_t>(kblocks); }
+  std::size_t code_bytes() const { return panel_bytes() * static_cast<std::size_t>(panels); }
+  std::size_t scale_count() const { return static_cast<std::size_t>(panels) * groups * 16; }
+};
+
+// bits 8 (group ignored) or 4 (group 32, 64 or 128); throws Error(invalid_argument) otherwise.
+PackedIntShape packed_int_shape(int bits, int n, int k, int group);
+
+// One packed matrix: where the kernels read it.
+struct PackedIntView {
+  const std::uint8_t* codes = nullptr;  // code_bytes()
+  const float* scales = nullptr;        // scale_count()
+  const std::int32_t* colsums = nullptr;
+};
+
+// Packs Q [n][k] (int8: one code a byte, row stride ld bytes; int4: two's complement nibbles, even
+// k in the low nibble, (k+1)/2 bytes a row at stride ld) with row scales (int8: [n]; int4:
+// [n][ceil(k/group)]) into the buffers, which must hold code_bytes(), scale_count() and
+// scale_count() elements; every one of them is written.
+void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales, std::uint8_t* codes,
+                      float* scales, std::int32_t* colsums);
+
+// The code of packed element (col, kk), sign-extended; for tests and the portable kernel.
+int packed_int_code(const PackedIntShape& s, const std::uint8_t* codes, int col, int kk);
+
+}  // namespace tilemoe::kernels

@@ -1,0 +1,268 @@
+#pragma once
+// One body of integer-kernel tests (int8 and int4 weights, int8 activations), run by each ISA's
+// test executable: packing round trips, the GEMM over a grid of awkward shapes against an exact
+// integer reference, and activation quantization bit for bit against the portable definition.
+// Buffers end at guard pages (kernel_test_grid.hpp's Guarded), so over-reads fault.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "amx/gemm_int.hpp"
+#include "amx/kernel_table.hpp"
+#include "amx/pack_int.hpp"
+#include "kernel_test_grid.hpp"
+
+namespace tilemoe::kernels::test {
+
+inline GemmIntFn raw_gemm_int(Isa isa) {
+  switch (isa) {
+    case Isa::portable: return gemm_int_portable;
+    case Isa::avx512_bf16: return gemm_int_avx512;
+    case Isa::amx_bf16: return gemm_int_amx;
+  }
+  return nullptr;
+}
+
+// Codes of W [n][k] in the canonical row-major form (int4: nibbles) with row scales.
+struct IntWeights {
+  int bits, n, k, group;
+  std::vector<int> code;           // [n][k], unpacked, for the reference
+  std::vector<std::int8_t> q;      // canonical form
+  std::vector<float> row_scales;   // [n][source groups]
+  PackedIntShape shape;
+  std::vector<std::uint8_t> codes;
+  std::vector<float> scales;
+  std::vector<std::int32_t> colsums;
+
+  IntWeights(std::mt19937& rng, int bits_, int n_, int k_, int group_) : bits(bits_), n(n_), k(k_), group(group_) {
+    shape = packed_int_shape(bits, n, k, group);
+    const int lo = bits == 8 ? -127 : -8, hi = bits == 8 ? 127 : 7;
+    code.resize(static_cast<std::size_t>(n) * k);
+    for (int& c : code) c = std::uniform_int_distribution<int>(lo, hi)(rng);
+    const std::size_t row_bytes = bits == 8 ? k : (k + 1) / 2;
+    q.assign(row_bytes * n, 0);
+    for (int r = 0; r < n; ++r)
+      for (int kk = 0; kk < k; ++kk) {
+        const int c = code[static_cast<std::size_t>(r) * k + kk];
+        if (bits == 8) {
+          q[row_bytes * r + kk] = static_cast<std::int8_t>(c);
+        } else {
+          auto& byte = reinterpret_cast<std::uint8_t&>(q[row_bytes * r + kk / 2]);
+          byte |= static_cast<std::uint8_t>((c & 0x0f) << ((kk & 1) ? 4 : 0));
+        }
+      }
+    const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
+    row_scales.resize(static_cast<std::size_t>(n) * source_groups);
+    for (float& s : row_scales) s = std::uniform_real_distribution<float>(0.001f, 0.05f)(rng);
+    codes.resize(shape.code_bytes());
+    scales.resize(shape.scale_count());
+    colsums.resize(shape.scale_count());
+    pack_int_weights(shape, q.data(), row_bytes, row_scales.data(), codes.data(), scales.data(), colsums.data());
+  }
+  float scale_of(int r, int kk) const {
+    const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
+    return row_scales[static_cast<std::size_t>(r) * source_groups + (bits == 8 ? 0 : kk / group)];
+  }
+};
+
+inline void check_int_packing() {
+  std::mt19937 rng(3);
+  for (int bits : {8, 4})
+    for (int group : {32, 64, 128})
+      for (int n : {1, 15, 17, 40})
+        for (int k : {1, 3, 63, 64, 65, 130, 257}) {
+          if (bits == 8 && group != 128) continue;
+          INFO("bits " << bits << " group " << group << " n " << n << " k " << k);
+          IntWeights w(rng, bits, n, k, group);
+          const PackedIntShape& s = w.shape;
+          for (int col = 0; col < s.n_padded; ++col) {
+            std::vector<std::int32_t> sums(s.groups, 0);
+            for (int kk = 0; kk < s.k_padded; ++kk) {
+              const int want = (col < n && kk < k) ? w.code[static_cast<std::size_t>(col) * k + kk] : 0;
+              REQUIRE(packed_int_code(s, w.codes.data(), col, kk) == want);
+              sums[kk / s.group] += want;
+            }
+            for (int g = 0; g < s.groups; ++g) {
+              const std::size_t at = (static_cast<std::size_t>(col / 16) * s.groups + g) * 16 + col % 16;
+              REQUIRE(w.colsums[at] == sums[g]);
+              const bool real = col < n && g * s.group < k;
+              REQUIRE(w.scales[at] == (real ? w.scale_of(col, g * s.group) : 0.0f));
+            }
+          }
+        }
+}
+
+struct IntGemmCase {
+  int bits, group, m, n, k;
+  bool accumulate = false;
+  int panel_begin = 0, panel_end = -1;
+  int lda_extra = 0, ldc_extra = 0;
+  bool nan_row = false;  // row 0's activation scale is NaN
+  std::string describe() const {
+    std::ostringstream s;
+    s << "bits=" << bits << " group=" << group << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
+      << " panels=[" << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
+      << " nan_row=" << nan_row;
+    return s.str();
+  }
+};
+
+inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19937& rng) {
+  INFO(tc.describe());
+  IntWeights w(rng, tc.bits, tc.n, tc.k, tc.group);
+  const PackedIntShape& s = w.shape;
+  const int pb = tc.panel_begin, pe = tc.panel_end < 0 ? s.panels : tc.panel_end;
+  const int cols = (pe - pb) * 16;
+  const std::size_t lda = static_cast<std::size_t>(s.k_padded + tc.lda_extra);
+  const std::size_t ldc = static_cast<std::size_t>(cols + tc.ldc_extra);
+  Guarded<std::int8_t> a((tc.m - 1) * lda + s.k_padded);
+  for (int i = 0; i < tc.m; ++i)
+    for (std::size_t q = 0; q < (i + 1 < tc.m ? lda : static_cast<std::size_t>(s.k_padded)); ++q)
+      a[i * lda + q] = q < static_cast<std::size_t>(tc.k) ? static_cast<std::int8_t>(std::uniform_int_distribution<int>(-127, 127)(rng))
+                       : q < static_cast<std::size_t>(s.k_padded) ? std::int8_t{0}
+                                                                  : std::int8_t{99};  // beyond k_padded: anything
+  std::vector<float> a_scale(tc.m);
+  for (float& v : a_scale) v = std::uniform_real_distribution<float>(0.001f, 0.02f)(rng);
+  if (tc.nan_row) a_scale[0] = std::nanf("");
+  Guarded<std::uint8_t> codes(w.codes.size());
+  std::copy(w.codes.begin(), w.codes.end(), codes.data());
+  const std::size_t c_count = (tc.m - 1) * ldc + cols;
+  Guarded<float> c(c_count);
+  std::vector<float> c0(c_count);
+  for (std::size_t i = 0; i < c_count; ++i) {
+    const bool target = i % ldc < static_cast<std::size_t>(cols);
+    c0[i] = !target ? kPadding : tc.accumulate ? std::uniform_real_distribution<float>(-1, 1)(rng) : kUnwritten;
+    c[i] = c0[i];
+  }
+  GemmIntArgs args{};
+  args.a = a.data();
+  args.lda = lda;
+  args.m = tc.m;
+  args.a_scale = a_scale.data();
+  args.shape = s;
+  args.b = PackedIntView{codes.data(), w.scales.data(), w.colsums.data()};
+  args.panel_begin = pb;
+  args.panel_end = pe;
+  args.c = c.data();
+  args.ldc = ldc;
+  args.accumulate = tc.accumulate;
+  gemm(args);
+
+  std::ostringstream error;
+  for (int i = 0; i < tc.m && error.tellp() == 0; ++i) {
+    for (std::size_t j = 0; j < ldc && error.tellp() == 0; ++j) {
+      const std::size_t at = i * ldc + j;
+      if (at >= c_count) break;
+      const float got = c[at];
+      if (j >= static_cast<std::size_t>(cols)) {
+        if (got != kPadding) error << "C[" << i << "][" << j << "] is padding but was written: " << got;
+        continue;
+      }
+      const int col = pb * 16 + static_cast<int>(j);
+      double sum = 0.0, mag = 0.0;
+      if (col < tc.n) {
+        for (int kk = 0; kk < tc.k; ++kk) {
+          const double t = static_cast<double>(a[i * lda + kk]) * w.code[static_cast<std::size_t>(col) * tc.k + kk] * w.scale_of(col, kk);
+          sum += t;
+          mag += std::fabs(t);
+        }
+      }
+      sum = sum * a_scale[i] + (tc.accumulate ? c0[at] : 0.0);
+      mag = mag * std::fabs(a_scale[i]) + (tc.accumulate ? std::fabs(c0[at]) : 0.0);
+      if (tc.nan_row && i == 0) {
+        if (!std::isnan(got)) error << "C[0][" << j << "] = " << got << " but row 0's scale is NaN";
+        continue;
+      }
+      const double tol = 1e-5 * mag + 1e-30;
+      if (!(std::fabs(got - sum) <= tol)) error << "C[" << i << "][" << j << "] = " << got << ", reference " << sum << " (tolerance " << tol << ")";
+    }
+  }
+  INFO(error.str());
+  REQUIRE(error.tellp() == 0);
+}
+
+inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
+  std::mt19937 rng(77);
+  static const int ms[] = {1, 2, 3, 4, 5, 16, 17, 31, 33, 50};
+  static const int ns[] = {1, 17, 33, 100};
+  static const int ks[] = {1, 31, 64, 100, 200, 257};
+  for (int bits : {8, 4}) {
+    for (int group : {32, 64, 128}) {
+      if (bits == 8 && group != 128) continue;
+      if (amx && bits == 4 && group == 32) continue;  // the table sends it to AVX512-VNNI
+      for (int m : ms)
+        for (int n : ns)
+          for (int k : ks) {
+            check_int_gemm_case(gemm, IntGemmCase{bits, group, m, n, k}, rng);
+            IntGemmCase tc{bits, group, m, n, k};
+            tc.accumulate = rng() % 2 == 0;
+            const int panels = packed_int_shape(bits, n, k, group).panels;
+            tc.panel_begin = static_cast<int>(rng() % panels);
+            tc.panel_end = tc.panel_begin + 1 + static_cast<int>(rng() % (panels - tc.panel_begin));
+            tc.lda_extra = static_cast<int>(rng() % 3) * 33;
+            tc.ldc_extra = static_cast<int>(rng() % 2) * 5;
+            tc.nan_row = rng() % 5 == 0;
+            check_int_gemm_case(gemm, tc, rng);
+          }
+    }
+  }
+}
+
+// K large enough for several L2 panel groups and many scale groups.
+inline void check_int_gemm_large(GemmIntFn gemm, bool amx) {
+  std::mt19937 rng(12);
+  for (int bits : {8, 4})
+    for (int m : {1, 7, 40, 70}) {
+      IntGemmCase tc{bits, (amx || m % 2) ? 128 : 32, m, 130, 4100};
+      tc.accumulate = m % 2 == 0;
+      tc.panel_begin = 1;
+      check_int_gemm_case(gemm, tc, rng);
+    }
+}
+
+inline void check_quantize_rows(QuantizeRowsFn quantize) {
+  std::mt19937 rng(4);
+  for (int k : {1, 15, 16, 17, 100, 2048}) {
+    const int rows = 6, k_padded = (k + 63) / 64 * 64;
+    const std::size_t ldx = k + 3, ldq = k_padded + 5;
+    std::vector<bf16> x(rows * ldx);
+    for (bf16& v : x) v = float_to_bf16(std::uniform_real_distribution<float>(-4, 4)(rng));
+    for (std::size_t j = 0; j < static_cast<std::size_t>(k); ++j) x[ldx + j] = 0;  // row 1: zeros
+    x[2 * ldx + k / 2] = float_to_bf16(NAN);
+    x[3 * ldx + k - 1] = float_to_bf16(-INFINITY);
+    x[4 * ldx] = float_to_bf16(1e30f);
+    std::vector<std::int8_t> want(rows * ldq, 5), got(rows * ldq, 5);
+    std::vector<float> sw(rows), sg(rows);
+    quantize_rows_portable(x.data(), ldx, rows, k, k_padded, want.data(), ldq, sw.data());
+    quantize(x.data(), ldx, rows, k, k_padded, got.data(), ldq, sg.data());
+    for (int i = 0; i < rows; ++i) {
+      INFO("k " << k << " row " << i);
+      REQUIRE((sw[i] == sg[i] || (std::isnan(sw[i]) && std::isnan(sg[i]))));
+      for (int j = 0; j < k_padded; ++j) REQUIRE(got[i * ldq + j] == want[i * ldq + j]);
+      for (std::size_t j = k_padded; j < ldq && i + 1 < rows; ++j) REQUIRE(got[i * ldq + j] == 5);
+    }
+    REQUIRE(sw[1] == 0.0f);
+    REQUIRE(std::isnan(sw[2]));
+    REQUIRE(std::isnan(sw[3]));
+    // Codes reproduce the row within half a step.
+    for (int j = 0; j < k; ++j)
+      REQUIRE(std::fabs(want[5 * ldq + j] * sw[5] - bf16_to_float(x[5 * ldx + j])) <= 0.5f * sw[5] * 1.0001f);
+  }
+}
+
+inline void check_int_kernels(Isa isa) {
+  const KernelTable& table = kernel_table(isa);
+  const bool amx = isa == Isa::amx_bf16;
+  SECTION("int packing") { check_int_packing(); }
+  SECTION("int gemm grid") { check_int_gemm_grid(raw_gemm_int(isa), amx); }
+  SECTION("int gemm large k") { check_int_gemm_large(raw_gemm_int(isa), amx); }
+  SECTION("table int gemm, every group") {
+    check_int_gemm_grid(table.gemm_int, false);
+    check_int_gemm_large(table.gemm_int, false);
+  }
+  SECTION("quantize rows") { check_quantize_rows(table.quantize_rows); }
+}
+
+}  // namespace tilemoe::kernels::test
