@@ -31,8 +31,6 @@
 
 namespace tilemoe {
 
-enum class WeightType { bf16, int8, int4 };
-
 struct MoeLayerConfig {
   int num_experts = 0;
   int top_k = 0;         // the largest number of routing slots a call may pass
@@ -148,6 +146,9 @@ class TILEMOE_CXX_API MoeLayer {
   Runtime::Ticket submit_backward(const bf16* grad_output, bf16* grad_input, const LoraGrads& grads, bool accumulate = false);
   Runtime::Ticket submit_backward(const float* grad_output, float* grad_input, const LoraGrads& grads,
                                   bool accumulate = false);
+  // update_lora_weights as a task: the view is validated when the task runs (a bad one fails the
+  // task and keeps the old set); tasks queued before it still read the old set.
+  Runtime::Ticket submit_update_lora_weights(const LayerLoraView& view);
 
   struct Impl;
 

@@ -353,5 +353,9 @@ Runtime::Ticket MoeLayer::submit_backward(const float* grad_output, float* grad_
   LayerLoraGrad g = grad_of(grads);
   return m->submit([=] { m->backward(grad_output, false, grad_input, false, g, accumulate); });
 }
+Runtime::Ticket MoeLayer::submit_update_lora_weights(const LayerLoraView& view) {
+  Impl* m = impl_.get();
+  return m->submit([=] { m->sft->update_lora_weights(view); });
+}
 
 }  // namespace tilemoe

@@ -18,6 +18,40 @@ void prepare_forward_term(const LoraProjectionView& lp, int e, int rows, LoraTer
 
 }  // namespace
 
+void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, const bf16* a, std::size_t lda,
+                                 const LoraTerm* term, float* c, std::size_t ldc, int n) {
+  if (w_.weight_type() == WeightType::bf16) {
+    const kernels::GemmBf16Args g = kernels::gemm_args(a + row0 * lda, lda, m, static_cast<int>(lda), w_.packed(p, e), p0, p1, c, ldc);
+    gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
+    return;
+  }
+  const bool down = p == Projection::down;
+  const kernels::PackedIntShape& is = w_.int_shape(p);
+  const std::size_t ldq = static_cast<std::size_t>(is.k_padded);
+  kernels::GemmIntArgs gi{};
+  gi.a = (down ? hq_ : xq_).data() + row0 * ldq;
+  gi.lda = ldq;
+  gi.m = m;
+  gi.a_scale = (down ? hq_scale_ : xq_scale_).data() + row0;
+  gi.shape = is;
+  gi.b = w_.packed_int(p, e);
+  gi.panel_begin = p0;
+  gi.panel_end = p1;
+  gi.c = c;
+  gi.ldc = ldc;
+  kt_.gemm_int(gi);
+  if (term == nullptr || !term->active()) return;
+  // LoRA stays bf16 on every weight type: its term alone (an empty main product) added to C.
+  kernels::GemmBf16Args g = kernels::gemm_args(a + row0 * lda, lda, m, 0, nullptr, p0, p1, c, ldc);
+  g.accumulate = true;
+  gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
+}
+
+void MoeForward::quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales) {
+  const kernels::PackedIntShape& is = w_.int_shape(p);
+  kt_.quantize_rows(src, ld, rows, is.k, is.k_padded, codes, static_cast<std::size_t>(is.k_padded), scales);
+}
+
 const char* MoeForward::phase_name(int i) {
   static const char* names[kPhases] = {"gather", "lora_prep", "gate_up", "lora_down", "down", "combine"};
   return names[i];
@@ -39,6 +73,15 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   if (xs_.size() < rows * hk) xs_.resize(rows * hk);
   if (h_.size() < rows * ik) h_.resize(rows * ik);
   if (y_.size() < slots * hidden) y_.resize(slots * hidden);
+  const bool quantized = w_.weight_type() != WeightType::bf16;
+  const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
+  const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
+  if (quantized) {
+    if (xq_.size() < rows * xq_ld) xq_.resize(rows * xq_ld);
+    if (hq_.size() < rows * hq_ld) hq_.resize(rows * hq_ld);
+    if (xq_scale_.size() < static_cast<std::size_t>(rows)) xq_scale_.resize(rows);
+    if (hq_scale_.size() < static_cast<std::size_t>(rows)) hq_scale_.resize(rows);
+  }
   active_.clear();
   for (int e = 0; e < s.num_experts; ++e)
     if (groups.count(e) > 0) active_.push_back(e);
@@ -59,6 +102,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     std::fill(dst + hidden, dst + hk, bf16(0));
     bf16* hrow = h_.data() + pos * ik;
     std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
+    if (quantized) quantize_rows(dst, hk, 1, Projection::gate, xq_.data() + pos * xq_ld, xq_scale_.data() + pos);
   }, 16);
   lap(0);
 
@@ -90,10 +134,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.intermediate - col0);
     for (Projection p : {Projection::gate, Projection::up}) {
-      const kernels::GemmBf16Args g = kernels::gemm_args(xs_.data() + row0 * hk, hk, m, static_cast<int>(hk), w_.packed(p, e), p0, p1,
-                                                         p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols));
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
-      gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
+      project_columns(p, e, m, row0, p0, p1, xs_.data(), hk, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n);
     }
     if (save) {
       for (int i = 0; i < m; ++i) {
@@ -105,9 +147,13 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   });
   lap(2);
 
-  if (any_lora) {
+  if (any_lora || quantized) {
     pool_.parallel_for(active_.size(), [&](std::size_t item, int worker) {
       int e = active_[item];
+      if (quantized)
+        quantize_rows(h_.data() + groups.offsets[e] * ik, ik, groups.count(e), Projection::down, hq_.data() + groups.offsets[e] * hq_ld,
+                      hq_scale_.data() + groups.offsets[e]);
+      if (!any_lora) return;
       lora_[e][static_cast<int>(Projection::down)].project(kt_, h_.data() + groups.offsets[e] * ik, ik, groups.count(e),
                                                            static_cast<int>(ik), scratch_[worker], saved_xa(Projection::down, e),
                                                            static_cast<std::size_t>(lora[Projection::down].rank));
@@ -125,10 +171,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     scratch.resize(static_cast<std::size_t>(m) * cols);
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.hidden - col0);
-    const kernels::GemmBf16Args g = kernels::gemm_args(h_.data() + groups.offsets[e] * ik, ik, m, static_cast<int>(ik),
-                                                       w_.packed(Projection::down, e), p0, p1, scratch.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
-    gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
+    project_columns(Projection::down, e, m, static_cast<std::size_t>(groups.offsets[e]), p0, p1, h_.data(), ik, term, scratch.data(),
+                    static_cast<std::size_t>(cols), n);
     for (int i = 0; i < m; ++i)
       std::memcpy(y_.data() + static_cast<std::size_t>(groups.slot[groups.offsets[e] + i]) * hidden + col0,
                   scratch.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n) * sizeof(float));

@@ -4,11 +4,13 @@
 // never on the thread count, so the output is bit-identical for any number of threads.
 //
 // Phases (each a parallel_for):
-//   gather     x rows of every (token, slot) into one bf16 block, grouped by expert
+//   gather     x rows of every (token, slot) into one bf16 block, grouped by expert (and, for
+//              int8/int4 weights, quantized to int8 per row)
 //   lora_prep  per expert: pack its LoRA A and B for the kernels; s * x A^T for gate and up
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
-//              steps, then h = silu(gate) * up in bf16
-//   lora_down  per expert: s * h A_down^T
+//              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
+//              h = silu(gate) * up in bf16
+//   lora_down  per expert: s * h A_down^T (and h quantized per row for integer weights)
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA) into one f32 row per slot
 //   combine    out[t] = sum_j w[t,j] y[t,j], slots in order
 #include <array>
@@ -48,6 +50,7 @@ class MoeForward {
   }
 
   kernels::Isa isa() const { return isa_; }
+  WeightType weight_type() const { return w_.weight_type(); }
 
   // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,
   // down, combine): what the bench's --phases prints to show where time goes.
@@ -57,6 +60,12 @@ class MoeForward {
   void reset_phase_seconds() { phase_seconds_ = {}; }
 
  private:
+  // C = A Wᵀ (+ LoRA term) for expert e's m rows from row0 over panels [p0, p1); `a` is the
+  // bf16 block (x or h) at stride lda, whose quantized twin integer weights read.
+  void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, const bf16* a, std::size_t lda,
+                       const LoraTerm* term, float* c, std::size_t ldc, int n);
+  void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
+
   const PackedExpertWeights& w_;
   kernels::Isa isa_;
   const kernels::KernelTable& kt_;
@@ -64,6 +73,9 @@ class MoeForward {
 
   // Reused across calls: grown to the largest batch seen, never shrunk.
   std::vector<bf16> xs_, h_;
+  // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride).
+  std::vector<std::int8_t> xq_, hq_;
+  std::vector<float> xq_scale_, hq_scale_;
   std::vector<float> y_;
   std::vector<int> active_;
   std::vector<std::array<LoraTerm, 3>> lora_;

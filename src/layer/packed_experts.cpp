@@ -1,5 +1,7 @@
 #include "src/layer/packed_experts.hpp"
 
+#include "tilemoe/error.hpp"
+
 namespace tilemoe {
 
 PackedExpertWeights PackedExpertWeights::pack(const ExpertWeightsView& w, numa::ThreadPool& pool, int node) {
@@ -22,11 +24,58 @@ PackedExpertWeights PackedExpertWeights::pack(const ExpertWeightsView& w, numa::
   return p;
 }
 
+PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
+  PackedExpertWeights p;
+  const MoeShape& s = q.shape;
+  p.shape_ = s;
+  p.type_ = q.type;
+  p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
+  p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
+  const int bits = q.type == WeightType::int8 ? 8 : 4;
+  p.int_up_ = kernels::packed_int_shape(bits, s.intermediate, s.hidden, q.group);
+  p.int_down_ = kernels::packed_int_shape(bits, s.hidden, s.intermediate, q.group);
+  for (Projection proj : kProjections) {
+    const quant::QuantizedProjection& qp = q[proj];
+    if (qp.type != q.type || qp.experts != s.num_experts || qp.n != projection_out(s, proj) || qp.k != projection_in(s, proj) ||
+        qp.codes.size() != qp.expert_code_bytes() * s.num_experts || qp.scales.size() != qp.expert_scale_count() * s.num_experts)
+      fail(ErrorKind::invalid_argument, std::string("pack_quantized: the ") + projection_name(proj) +
+                                            " projection does not match the layer's shape and weight type");
+    const kernels::PackedIntShape& is = p.int_shape(proj);
+    const int i = static_cast<int>(proj);
+    p.codes_[i] = numa::NodeBuffer<std::uint8_t>(is.code_bytes() * s.num_experts, node);
+    p.scales_[i] = numa::NodeBuffer<float>(is.scale_count() * s.num_experts, node);
+    p.colsums_[i] = numa::NodeBuffer<std::int32_t>(is.scale_count() * s.num_experts, node);
+  }
+  pool.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
+    const int e = static_cast<int>(item / 3);
+    const Projection proj = static_cast<Projection>(item % 3);
+    const quant::QuantizedProjection& qp = q[proj];
+    const kernels::PackedIntShape& is = p.int_shape(proj);
+    const int i = static_cast<int>(proj);
+    kernels::pack_int_weights(is, qp.codes_of(e), qp.row_bytes(), qp.scales_of(e), p.codes_[i].data() + is.code_bytes() * e,
+                              p.scales_[i].data() + is.scale_count() * e, p.colsums_[i].data() + is.scale_count() * e);
+  });
+  return p;
+}
+
 const bf16* PackedExpertWeights::packed(Projection p, int e) const {
   std::size_t per = p == Projection::down ? static_cast<std::size_t>(down_shape_.n_padded) * down_shape_.k_padded
                                           : static_cast<std::size_t>(gate_up_.n_padded) * gate_up_.k_padded;
   const bf16* base = p == Projection::gate ? gate_.data() : p == Projection::up ? up_.data() : down_.data();
   return base + per * static_cast<std::size_t>(e);
+}
+
+kernels::PackedIntView PackedExpertWeights::packed_int(Projection p, int e) const {
+  const kernels::PackedIntShape& is = int_shape(p);
+  const int i = static_cast<int>(p);
+  return {codes_[i].data() + is.code_bytes() * e, scales_[i].data() + is.scale_count() * e, colsums_[i].data() + is.scale_count() * e};
+}
+
+std::size_t PackedExpertWeights::bytes() const {
+  if (type_ == WeightType::bf16) return (gate_.size() + up_.size() + down_.size()) * sizeof(bf16);
+  std::size_t total = 0;
+  for (int i = 0; i < 3; ++i) total += codes_[i].size() + (scales_[i].size() + colsums_[i].size()) * 4;
+  return total;
 }
 
 }  // namespace tilemoe

@@ -1,10 +1,13 @@
 #pragma once
-// A layer's expert weights packed once, at load, into the layout every GEMM kernel reads
-// (amx/pack_bf16.hpp): gate and up as [I x H], down as [H x I], per expert, padded to tiles.
+// A layer's expert weights packed once, at load, into the layout the GEMM kernels read, per
+// expert, padded to tiles: gate and up as [I x H], down as [H x I]. Either bf16
+// (amx/pack_bf16.hpp) or int8/int4 codes with their scales (amx/pack_int.hpp).
 #include "amx/pack_bf16.hpp"
+#include "amx/pack_int.hpp"
 #include "numa/node_memory.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/model/expert_weights.hpp"
+#include "src/quant/quantize.hpp"
 
 namespace tilemoe {
 
@@ -13,18 +16,33 @@ class PackedExpertWeights {
   PackedExpertWeights() = default;
   // Packs in parallel on `pool`, into memory of NUMA node `node`.
   static PackedExpertWeights pack(const ExpertWeightsView& w, numa::ThreadPool& pool, int node = 0);
+  static PackedExpertWeights pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node = 0);
 
   const MoeShape& shape() const { return shape_; }
+  WeightType weight_type() const { return type_; }
+  int int4_group() const { return type_ == WeightType::int4 ? int_up_.group : 0; }
+  // The bf16 layout's shapes. They also set the row strides of the activations the layer keeps
+  // in bf16 (LoRA and backward read them), whatever the weight type.
   const kernels::PackedShape& up_shape() const { return gate_up_; }  // gate and up: n = I, k = H
   const kernels::PackedShape& down_shape() const { return down_shape_; }   // down: n = H, k = I
-  const bf16* packed(Projection p, int expert) const;
-  std::size_t bytes() const { return (gate_.size() + up_.size() + down_.size()) * sizeof(bf16); }
+  const bf16* packed(Projection p, int expert) const;  // bf16 only
+
+  // int8/int4 only.
+  const kernels::PackedIntShape& int_shape(Projection p) const { return p == Projection::down ? int_down_ : int_up_; }
+  kernels::PackedIntView packed_int(Projection p, int expert) const;
+
+  std::size_t bytes() const;
   std::size_t bytes_per_expert() const { return bytes() / static_cast<std::size_t>(shape_.num_experts); }
 
  private:
   MoeShape shape_;
+  WeightType type_ = WeightType::bf16;
   kernels::PackedShape gate_up_{}, down_shape_{};
   numa::NodeBuffer<bf16> gate_, up_, down_;
+  kernels::PackedIntShape int_up_{}, int_down_{};
+  std::array<numa::NodeBuffer<std::uint8_t>, 3> codes_;
+  std::array<numa::NodeBuffer<float>, 3> scales_;
+  std::array<numa::NodeBuffer<std::int32_t>, 3> colsums_;
 };
 
 }  // namespace tilemoe

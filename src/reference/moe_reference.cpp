@@ -3,7 +3,9 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "src/quant/quantize.hpp"
 #include "src/routing/token_groups.hpp"
 
 namespace tilemoe {
@@ -23,6 +25,28 @@ Mat<S> to_matrix(const bf16* data, int rows, int cols) {
   return m;
 }
 
+template <typename S>
+Mat<S> dequantized(const quant::QuantizedExperts& q, Projection p, int e) {
+  const quant::QuantizedProjection& qp = q[p];
+  std::vector<float> f(static_cast<std::size_t>(qp.n) * qp.k);
+  quant::dequantize_expert(qp, e, f.data());
+  return ConstMap<float>(f.data(), qp.n, qp.k).template cast<S>();
+}
+
+// Each row through per-row int8 quantization and back (what the integer kernels multiply).
+template <typename S>
+Mat<S> quantized_rows(const Mat<S>& v) {
+  Mat<S> out(v.rows(), v.cols());
+  std::vector<float> row(v.cols());
+  std::vector<std::int8_t> codes(v.cols());
+  for (Eigen::Index i = 0; i < v.rows(); ++i) {
+    for (Eigen::Index j = 0; j < v.cols(); ++j) row[j] = static_cast<float>(v(i, j));
+    const float scale = quant::quantize_activation_row(row.data(), static_cast<int>(v.cols()), codes.data());
+    for (Eigen::Index j = 0; j < v.cols(); ++j) out(i, j) = static_cast<S>(codes[j]) * static_cast<S>(scale);
+  }
+  return out;
+}
+
 // One projection of one expert, kept together so forward and backward read the same thing.
 template <typename S>
 struct Proj {
@@ -31,8 +55,9 @@ struct Proj {
   int expert;
   S scale = 0;
 
-  Proj(const ExpertWeightsView& ew, const LayerLoraT<S>& l, Projection p, int e)
-      : w(to_matrix<S>(ew.projection(p, e), projection_out(ew.shape, p), projection_in(ew.shape, p))), expert(e) {
+  Proj(const ExpertWeightsView& ew, const LayerLoraT<S>& l, Projection p, int e, const quant::QuantizedExperts* quantized = nullptr)
+      : w(quantized ? dequantized<S>(*quantized, p, e) : to_matrix<S>(ew.projection(p, e), projection_out(ew.shape, p), projection_in(ew.shape, p))),
+        expert(e) {
     if (l[p].active(e)) {
       lora = &l[p];
       scale = static_cast<S>(l[p].scale[e]);
@@ -42,8 +67,8 @@ struct Proj {
   ConstMap<S> b() const { return ConstMap<S>(lora->b_of(expert), lora->out, lora->rank); }
 
   // v: [n][in] -> [n][out]
-  Mat<S> apply(const Mat<S>& v) const {
-    Mat<S> y = v * w.transpose();
+  Mat<S> apply(const Mat<S>& v, bool int8_activations = false) const {
+    Mat<S> y = (int8_activations ? quantized_rows(v) : v) * w.transpose();
     if (lora) y.noalias() += scale * ((v * a().transpose()) * b().transpose());
     return y;
   }
@@ -78,7 +103,9 @@ Mat<S> gather_rows(const S* src, int cols, const TokenGroups& g, int e) {
 }  // namespace
 
 template <typename S>
-void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, S* output) {
+void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, S* output,
+                       const ReferenceOptions& options) {
+  const bool q = options.int8_activations;
   const MoeShape& s = w.shape;
   TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
   MutMap<S> out(output, batch.tokens, s.hidden);
@@ -86,10 +113,12 @@ void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, co
   for (int e = 0; e < s.num_experts; ++e) {
     if (groups.count(e) == 0) continue;
     Mat<S> x = gather_rows(batch.input, s.hidden, groups, e);
-    Mat<S> gate = Proj<S>(w, lora, Projection::gate, e).apply(x);
-    Mat<S> up = Proj<S>(w, lora, Projection::up, e).apply(x);
+    Mat<S> gate = Proj<S>(w, lora, Projection::gate, e, options.quantized).apply(x, q);
+    Mat<S> up = Proj<S>(w, lora, Projection::up, e, options.quantized).apply(x, q);
     Mat<S> h = gate.binaryExpr(up, [](S g, S u) { return g * sigmoid(g) * u; });
-    Mat<S> y = Proj<S>(w, lora, Projection::down, e).apply(h);
+    // The integer path keeps h in bf16 (as the kernels do) before quantizing it: the same codes.
+    if (q) h = h.unaryExpr([](S v) { return static_cast<S>(bf16_to_float(float_to_bf16(static_cast<float>(v)))); });
+    Mat<S> y = Proj<S>(w, lora, Projection::down, e, options.quantized).apply(h, q);
     for (int i = 0; i < groups.count(e); ++i) {
       int pos = groups.offsets[e] + i;
       out.row(groups.token[pos]) += batch.weights[groups.slot[pos]] * y.row(i);
@@ -136,8 +165,10 @@ void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, c
   }
 }
 
-template void reference_forward<float>(const ExpertWeightsView&, const LayerLoraT<float>&, const MoeBatch<float>&, float*);
-template void reference_forward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&, double*);
+template void reference_forward<float>(const ExpertWeightsView&, const LayerLoraT<float>&, const MoeBatch<float>&, float*,
+                                       const ReferenceOptions&);
+template void reference_forward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&, double*,
+                                        const ReferenceOptions&);
 template void reference_backward<float>(const ExpertWeightsView&, const LayerLoraT<float>&, const MoeBatch<float>&, const float*,
                                         float*, LayerLoraT<float>*);
 template void reference_backward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&,

@@ -9,6 +9,7 @@
 
 #include "src/lora/lora_weights.hpp"
 #include "src/model/expert_weights.hpp"
+#include "src/quant/quantize.hpp"
 
 namespace tilemoe {
 
@@ -21,9 +22,21 @@ struct MoeBatch {
   const S* weights = nullptr;                // [T][k]
 };
 
+// How the base products see their inputs. int8_activations: as the int8/int4 weight kernels do,
+// each row of x (gate, up) and h (down) goes through per-row int8 quantization
+// (quant::quantize_activation_row) before it meets W, h rounded to bf16 first as the kernels
+// keep it; LoRA terms see x exactly.
+// quantized: the base weights are these codes and scales, dequantized exactly in f32 (the
+// ExpertWeightsView then gives only the shape), rather than the bf16 view.
+struct ReferenceOptions {
+  bool int8_activations = false;
+  const quant::QuantizedExperts* quantized = nullptr;
+};
+
 // output: [T][H], overwritten. Throws invalid_argument for an expert id >= E.
 template <typename S>
-void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, S* output);
+void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, S* output,
+                       const ReferenceOptions& options = {});
 
 // Gradients of sum(output * grad_output): grad_input [T][H] and, when lora_grad is given (shaped
 // like lora, e.g. lora.zeros_like()), the gradient of every A and B; all overwritten. Experts

@@ -1,0 +1,177 @@
+#include "src/quant/quantize.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "numa/thread_pool.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::quant {
+
+namespace {
+
+// Divisors of max|w| tried for an int4 group's scale. 7 maps the largest weight exactly onto the
+// code 7; larger divisors clip it (to 7) but give the many small weights finer steps. On Gaussian
+// weights the best of these cuts the norm-wise error from 0.117 to 0.101 at group 128 and from
+// 0.097 to 0.087 at group 32.
+constexpr float kInt4Divisors[] = {7.0f, 7.5f, 8.0f, 8.5f, 9.0f, 9.5f, 10.0f};
+
+int round_clamp(float v, int lo, int hi) {
+  const float r = std::nearbyint(v);
+  return static_cast<int>(std::clamp(r, static_cast<float>(lo), static_cast<float>(hi)));
+}
+
+template <typename T>
+float load_f32(const T* p, int i) {
+  if constexpr (std::is_same_v<T, bf16>) return bf16_to_float(p[i]);
+  else return p[i];
+}
+
+template <typename T>
+float quantize_row_int8(const T* x, int k, std::int8_t* codes) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int i = 0; i < k; ++i) {
+    const float v = load_f32(x, i);
+    finite = finite && std::isfinite(v);
+    amax = std::max(amax, std::fabs(v));
+  }
+  if (!finite) {
+    std::fill(codes, codes + k, std::int8_t{0});
+    return std::nanf("");
+  }
+  if (amax == 0.0f) {
+    std::fill(codes, codes + k, std::int8_t{0});
+    return 0.0f;
+  }
+  // x * (127 / max) rather than x / scale: the kernels' quantize_rows computes the same product,
+  // so the reference path sees the very codes the kernels multiply.
+  const float scale = amax / kInt8MaxCode;
+  const float inv = kInt8MaxCode / amax;
+  for (int i = 0; i < k; ++i) codes[i] = static_cast<std::int8_t>(round_clamp(load_f32(x, i) * inv, -kInt8MaxCode, kInt8MaxCode));
+  return scale;
+}
+
+}  // namespace
+
+bool valid_int4_group(int group) { return group == 32 || group == 64 || group == 128; }
+
+QuantizedProjection QuantizedProjection::allocate(WeightType type, int experts, int n, int k, int group) {
+  QuantizedProjection q;
+  q.type = type;
+  q.experts = experts;
+  q.n = n;
+  q.k = k;
+  q.group = type == WeightType::int8 ? std::max(k, 1) : group;
+  q.codes.assign(q.expert_code_bytes() * experts, 0);
+  q.scales.assign(q.expert_scale_count() * experts, 0.0f);
+  return q;
+}
+
+void quantize_int8_matrix(const bf16* w, int n, int k, std::size_t ldw, std::int8_t* codes, float* scales) {
+  for (int r = 0; r < n; ++r) scales[r] = quantize_row_int8(w + ldw * r, k, codes + static_cast<std::size_t>(k) * r);
+}
+
+void quantize_int4_matrix(const bf16* w, int n, int k, std::size_t ldw, int group, std::int8_t* codes, float* scales) {
+  const std::size_t row_bytes = static_cast<std::size_t>(k + 1) / 2;
+  const int groups = (k + group - 1) / group;
+  std::vector<float> v(group);
+  for (int r = 0; r < n; ++r) {
+    auto* row = reinterpret_cast<std::uint8_t*>(codes + row_bytes * r);
+    std::fill(row, row + row_bytes, std::uint8_t{0});
+    for (int g = 0; g < groups; ++g) {
+      const int k0 = g * group, len = std::min(group, k - k0);
+      float amax = 0.0f;
+      for (int i = 0; i < len; ++i) {
+        v[i] = bf16_to_float(w[ldw * r + k0 + i]);
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      float best_scale = 0.0f;
+      if (amax > 0.0f) {
+        double best_err = -1.0;
+        for (float d : kInt4Divisors) {
+          const float s = amax / d, inv = 1.0f / s;
+          double err = 0.0;
+          for (int i = 0; i < len; ++i) {
+            const float e = static_cast<float>(round_clamp(v[i] * inv, -8, 7)) * s - v[i];
+            err += static_cast<double>(e) * e;
+          }
+          if (best_err < 0.0 || err < best_err) {
+            best_err = err;
+            best_scale = s;
+          }
+        }
+        const float inv = 1.0f / best_scale;
+        for (int i = 0; i < len; ++i) {
+          const int kk = k0 + i;
+          const auto nibble = static_cast<std::uint8_t>(round_clamp(v[i] * inv, -8, 7) & 0x0f);
+          row[kk / 2] |= (kk & 1) ? static_cast<std::uint8_t>(nibble << 4) : nibble;
+        }
+      }
+      scales[static_cast<std::size_t>(groups) * r + g] = best_scale;
+    }
+  }
+}
+
+void dequantize_expert(const QuantizedProjection& q, int e, float* out) {
+  const std::int8_t* codes = q.codes_of(e);
+  const float* scales = q.scales_of(e);
+  const int groups = q.groups_per_row();
+  for (int r = 0; r < q.n; ++r) {
+    const std::int8_t* row = codes + q.row_bytes() * r;
+    for (int kk = 0; kk < q.k; ++kk) {
+      const int code = q.type == WeightType::int4 ? int4_code(row, kk) : row[kk];
+      out[static_cast<std::size_t>(q.k) * r + kk] = static_cast<float>(code) * scales[static_cast<std::size_t>(groups) * r + kk / q.group];
+    }
+  }
+}
+
+QuantizedExperts quantize_experts(const ExpertWeightsView& w, WeightType type, int group, numa::ThreadPool* pool) {
+  if (type != WeightType::int8 && type != WeightType::int4)
+    fail(ErrorKind::invalid_argument, std::string("quantize: weight type ") + weight_type_name(type) + " is not int8 or int4");
+  if (type == WeightType::int4 && !valid_int4_group(group))
+    fail(ErrorKind::invalid_argument, "quantize: int4 group size " + std::to_string(group) + " is not 32, 64 or 128");
+  const MoeShape& s = w.shape;
+  QuantizedExperts q;
+  q.shape = s;
+  q.type = type;
+  q.group = type == WeightType::int4 ? group : 0;
+  for (Projection p : kProjections)
+    q[p] = QuantizedProjection::allocate(type, s.num_experts, projection_out(s, p), projection_in(s, p), group);
+  auto one = [&](std::size_t item, int) {
+    const Projection p = kProjections[item % 3];
+    const int e = static_cast<int>(item / 3);
+    QuantizedProjection& qp = q[p];
+    if (type == WeightType::int8)
+      quantize_int8_matrix(w.projection(p, e), qp.n, qp.k, qp.k, qp.codes_of(e), qp.scales_of(e));
+    else
+      quantize_int4_matrix(w.projection(p, e), qp.n, qp.k, qp.k, group, qp.codes_of(e), qp.scales_of(e));
+  };
+  const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;
+  if (pool) pool->parallel_for(items, one);
+  else for (std::size_t i = 0; i < items; ++i) one(i, 0);
+  return q;
+}
+
+ExpertWeights dequantize_experts(const QuantizedExperts& q) {
+  ExpertWeights w;
+  w.shape = q.shape;
+  const std::size_t per = static_cast<std::size_t>(q.shape.hidden) * q.shape.intermediate;
+  std::vector<float> tmp(per);
+  for (Projection p : kProjections) {
+    auto& dst = p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down;
+    dst.resize(per * q.shape.num_experts);
+    for (int e = 0; e < q.shape.num_experts; ++e) {
+      dequantize_expert(q[p], e, tmp.data());
+      for (std::size_t i = 0; i < per; ++i) dst[per * e + i] = float_to_bf16(tmp[i]);
+    }
+  }
+  return w;
+}
+
+float quantize_activation_row(const float* x, int k, std::int8_t* codes) { return quantize_row_int8(x, k, codes); }
+float quantize_activation_row(const bf16* x, int k, std::int8_t* codes) { return quantize_row_int8(x, k, codes); }
+
+}  // namespace tilemoe::quant

@@ -1,0 +1,17 @@
+// The forward with int8/int4 base weights on the amx kernels; SKIPPED where the CPU lacks them.
+#include "moe_forward_quantized_grid.hpp"
+
+using namespace tilemoe;
+
+TEST_CASE("amx int8/int4 forward equals the reference on dequantized weights", "[forward][quantized]") {
+  test::run_quantized_forward_grid(kernels::Isa::amx_bf16);
+}
+TEST_CASE("amx int8/int4 forward matches the fixtures", "[forward][quantized][fixtures]") {
+  test::run_quantized_fixture_forward(kernels::Isa::amx_bf16);
+}
+TEST_CASE("amx int8/int4 forward: same bits for 1, 2 and 16 threads, NaN stays in its token", "[forward][quantized]") {
+  test::run_quantized_identity_and_nan(kernels::Isa::amx_bf16, {1, 2, 16});
+}
+TEST_CASE("amx quantization error on Gaussian weights is within the bars", "[forward][quantized]") {
+  test::run_quantization_error(kernels::Isa::amx_bf16);
+}

@@ -1,0 +1,164 @@
+#pragma once
+// The forward with int8/int4 base weights against the reference path run on the dequantized
+// weights with the same per-row int8 activations, over the awkward-shape grid and the fixtures,
+// on one ISA; and the quantization error itself against bf16, on Gaussian weights, so that a
+// change that makes it worse is seen. Included by one test file per ISA.
+#include <random>
+
+#include "catch.hpp"
+#include "fixture_cases.hpp"
+#include "shape_grid.hpp"
+#include "src/io/safetensors.hpp"
+#include "src/layer/moe_compute.hpp"
+#include "src/layer/moe_forward.hpp"
+#include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "src/lora/peft_adapter.hpp"
+#include "src/model/checkpoint.hpp"
+#include "src/quant/quantize.hpp"
+#include "test_util.hpp"
+
+namespace tilemoe::test {
+
+struct QuantCase {
+  WeightType type;
+  int group;
+};
+inline const QuantCase kQuantCases[] = {{WeightType::int8, 0}, {WeightType::int4, 32}, {WeightType::int4, 64}, {WeightType::int4, 128}};
+
+inline std::vector<float> quantized_forward(kernels::Isa isa, const quant::QuantizedExperts& q, const LayerLora& lora, int tokens,
+                                            const RandomRouting& routing, const std::vector<bf16>& xb, numa::ThreadPool& pool) {
+  auto packed = PackedExpertWeights::pack_quantized(q, pool);
+  MoeForward fwd(packed, isa, pool);
+  std::vector<float> got(xb.size());
+  fwd.forward(lora, tokens, q.shape.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), got.data());
+  return got;
+}
+
+inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, const MoeShape& s, int tokens, int rank, int lora_every,
+                                      numa::ThreadPool& pool, std::uint64_t seed) {
+  auto w = random_expert_weights(s, seed);
+  auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
+  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  auto routing = random_routing(tokens, s, seed + 2);
+  for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;
+  auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
+  auto xb = to_bf16(x.data(), x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(xb[i]);  // the kernels see bf16 x
+  MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
+  std::vector<float> want(x.size());
+  reference_forward(w.view(), lora, batch, want.data(), ReferenceOptions{true, &q});
+  return rel_error(quantized_forward(isa, q, lora, tokens, routing, xb, pool), want);
+}
+
+inline void run_quantized_forward_grid(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  for (const QuantCase& qc : kQuantCases) {
+    for (const auto& c : awkward_shape_grid()) {
+      INFO(weight_type_name(qc.type) << " group " << qc.group << " hidden " << c.shape.hidden << " inter " << c.shape.intermediate
+                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " tokens " << c.tokens
+                                     << " rank " << c.rank << " lora on every " << c.lora_every);
+      CHECK(quantized_forward_error(isa, qc, c.shape, c.tokens, c.rank, c.lora_every, pool, 31 + c.tokens) <= 1e-2);
+    }
+  }
+}
+
+inline void run_quantized_fixture_forward(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  for (const auto& c : fixture_cases()) {
+    auto ck = Checkpoint::open(c.dir + "/model");
+    auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
+    for (int layer : c.layers) {
+      auto experts = ck.load_layer_experts(layer);
+      auto lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
+      FixtureLayerInputs in = read_fixture_layer(ref, layer);
+      std::vector<float> x(in.input_bf16.size());
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(in.input_bf16[i]);
+      MoeBatch<float> batch{in.tokens, in.top_k, x.data(), in.expert_ids.data(), in.weights.data()};
+      for (const QuantCase& qc : kQuantCases) {
+        auto q = quant::quantize_experts(experts.view(), qc.type, qc.group, &pool);
+        std::vector<float> want(x.size());
+        reference_forward(experts.view(), lora.lora, batch, want.data(), ReferenceOptions{true, &q});
+        auto packed = PackedExpertWeights::pack_quantized(q, pool);
+        MoeForward fwd(packed, isa, pool);
+        std::vector<float> y(x.size());
+        fwd.forward(lora.lora, in.tokens, in.top_k, in.input_bf16.data(), in.expert_ids.data(), in.weights.data(), y.data());
+        INFO(c.name << " layer " << layer << " " << weight_type_name(qc.type) << " group " << qc.group);
+        CHECK(rel_error(y, want) <= 1e-2);
+        // Against PyTorch's bf16 output: the quantization error itself, within the bars below.
+        const double vs_torch = rel_error(y, in.expected(ref, "output"));
+        UNSCOPED_INFO("quantization error vs PyTorch: " << vs_torch);
+        CHECK(vs_torch <= (qc.type == WeightType::int8 ? 2.5e-2 : 1.5e-1));
+      }
+    }
+  }
+}
+
+// Gaussian weights (std 1/sqrt(fan_in)) and activations, no LoRA: the quantization error of the
+// whole layer's output (three projections, activations quantized twice) against the bf16
+// forward. The errors compound through the layer (one int4 projection alone is ~0.10 at group
+// 128, the layer ~0.18), so these bars only guard against regressions; the per-weight errors
+// against the bars are checked where quantization is (tests/test_quantized_file.cpp).
+inline void run_quantization_error(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  const MoeShape s{512, 384, 4, 2};
+  ExpertWeights w;
+  w.shape = s;
+  std::mt19937 rng(99);
+  const std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate * s.num_experts;
+  for (auto* v : {&w.gate, &w.up, &w.down}) {
+    const float sd = 1.0f / std::sqrt(static_cast<float>(v == &w.down ? s.intermediate : s.hidden));
+    std::normal_distribution<float> nd(0.0f, sd);
+    v->resize(per);
+    for (bf16& b : *v) b = float_to_bf16(nd(rng));
+  }
+  const int tokens = 64;
+  auto routing = random_routing(tokens, s, 3);
+  std::vector<float> x(static_cast<std::size_t>(tokens) * s.hidden);
+  std::normal_distribution<float> nx(0.0f, 1.0f);
+  for (float& v : x) v = nx(rng);
+  auto xb = to_bf16(x.data(), x.size());
+  auto packed = PackedExpertWeights::pack(w.view(), pool);
+  MoeForward fwd(packed, isa, pool);
+  std::vector<float> want(x.size());
+  fwd.forward(LayerLora{}, tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), want.data());
+  for (const QuantCase& qc : kQuantCases) {
+    auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
+    const double err = rel_error(quantized_forward(isa, q, LayerLora{}, tokens, routing, xb, pool), want);
+    const double bar = qc.type == WeightType::int8 ? 3e-2 : qc.group == 32 ? 0.16 : 0.19;
+    INFO(weight_type_name(qc.type) << " group " << qc.group << ": output error vs bf16 " << err << " (bar " << bar << ")");
+    std::printf("quantization error of a Gaussian layer's output, %s group %d: %.4f (bar %.3f)\n", weight_type_name(qc.type), qc.group, err, bar);
+    CHECK(err <= bar);
+  }
+}
+
+// Same bits for any thread count, and NaN in one token's activations stays in that token.
+inline void run_quantized_identity_and_nan(kernels::Isa isa, std::vector<int> thread_counts) {
+  MoeShape s{96, 72, 8, 3};
+  auto w = random_expert_weights(s, 5);
+  LayerLora lora = random_lora(s, 8, 16.0f, 6, 2);
+  for (const QuantCase& qc : kQuantCases) {
+    for (int tokens : {1, 5, 100}) {
+      auto routing = random_routing(tokens, s, 7);
+      auto xb = to_bf16(random_activations(static_cast<std::size_t>(tokens) * s.hidden, 8).data(), static_cast<std::size_t>(tokens) * s.hidden);
+      xb[s.hidden / 2] = float_to_bf16(NAN);  // token 0
+      std::vector<float> first;
+      for (int threads : thread_counts) {
+        numa::ThreadPool& pool = pool_for_threads(threads);
+        auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
+        auto y = quantized_forward(isa, q, lora, tokens, routing, xb, pool);
+        if (first.empty()) {
+          first = y;
+          bool token0_nan = false;
+          for (int j = 0; j < s.hidden; ++j) token0_nan = token0_nan || std::isnan(y[j]);
+          CHECK(token0_nan);
+          for (std::size_t i = s.hidden; i < y.size(); ++i) REQUIRE(std::isfinite(y[i]));
+        } else {
+          REQUIRE(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tilemoe::test
