@@ -325,6 +325,17 @@ void SafetensorsFile::prefetch(std::size_t offset, std::size_t bytes) const noex
   ::madvise(const_cast<std::byte*>(base_) + begin, offset + bytes - begin, MADV_WILLNEED);
 }
 
+void SafetensorsFile::release(std::size_t offset, std::size_t bytes) const noexcept {
+  if (!base_ || offset >= size_) return;
+  bytes = std::min(bytes, size_ - offset);
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  // Whole pages only, rounded outwards: a page shared with a neighbouring tensor is dropped too,
+  // which is harmless on this read-only private mapping (it is read back from the file).
+  std::size_t begin = offset / page * page;
+  std::size_t end = std::min(size_, (offset + bytes + page - 1) / page * page);
+  ::madvise(const_cast<std::byte*>(base_) + begin, end - begin, MADV_DONTNEED);
+}
+
 const TensorInfo& SafetensorsFile::get(std::string_view name) const {
   if (const TensorInfo* t = find(name)) return *t;
   bad(path_, "no tensor " + quote_key(name));

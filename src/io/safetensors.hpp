@@ -46,6 +46,11 @@ class SafetensorsFile {
   // for gathers that touch many small tensors of one region, which would otherwise fault them in
   // one scattered read at a time. Out-of-range parts are ignored; only a hint.
   void prefetch(std::size_t offset, std::size_t bytes) const noexcept;
+  // Drops the pages of [offset, offset + bytes) from this process's memory (the kernel's page
+  // cache keeps them): for readers that copy a tensor out and will not look at it again, so
+  // that reading a whole checkpoint layer by layer does not grow the resident set by the size
+  // of the checkpoint. Reading the range again afterwards is still valid (it faults back in).
+  void release(std::size_t offset, std::size_t bytes) const noexcept;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:

@@ -57,15 +57,18 @@ std::vector<std::string> shard_files(const std::string& dir) {
   return out;
 }
 
-// DeepSeek-V3's FP8 checkpoints store e4m3 weights with one inverse scale per 128x128 block.
-void dequantize_fp8_blocks(const std::uint8_t* q, int rows, int cols, const std::vector<float>& scale_inv, int scale_rows,
-                           int scale_cols, bf16* out) {
-  int br = (rows + scale_rows - 1) / scale_rows, bc = (cols + scale_cols - 1) / scale_cols;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      float s = scale_inv[static_cast<std::size_t>(r / br) * scale_cols + c / bc];
-      out[static_cast<std::size_t>(r) * cols + c] = float_to_bf16(f8e4m3_to_float(q[static_cast<std::size_t>(r) * cols + c]) * s);
-    }
+// DeepSeek-V3's FP8 checkpoints store e4m3 weights with one inverse scale per block of
+// block_rows x block_cols (128 x 128); the last block of a row or column is partial when the
+// shape is not a multiple of the block.
+void dequantize_fp8_blocks(const std::uint8_t* q, int rows, int cols, const std::vector<float>& scale_inv, int block_rows,
+                           int block_cols, bf16* out) {
+  const std::size_t scale_cols = static_cast<std::size_t>((cols + block_cols - 1) / block_cols);
+  for (int r = 0; r < rows; ++r) {
+    const float* scale_row = scale_inv.data() + static_cast<std::size_t>(r / block_rows) * scale_cols;
+    for (int c = 0; c < cols; ++c)
+      out[static_cast<std::size_t>(r) * cols + c] =
+          float_to_bf16(f8e4m3_to_float(q[static_cast<std::size_t>(r) * cols + c]) * scale_row[c / block_cols]);
+  }
 }
 
 }  // namespace
@@ -98,7 +101,7 @@ void Checkpoint::check_moe_layer(int layer) const {
                                           config_.moe_layers_string() + ")");
 }
 
-std::vector<bf16> Checkpoint::read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what) const {
+void Checkpoint::read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what, bf16* out) const {
   const Location* loc = find(name);
   const auto& file = *files_[loc->file];
   const auto& info = *loc->info;
@@ -108,23 +111,28 @@ std::vector<bf16> Checkpoint::read_expert_tensor(const std::string& name, int ro
   if (info.dtype == io::Dtype::F8_E4M3) {
     std::string scale_name = name + "_scale_inv";
     const Location* s = find(scale_name);
-    if (!s) fail(ErrorKind::bad_file, file.path() + ": " + what + " is FP8 but '" + scale_name + "' is missing");
+    if (!s) fail(ErrorKind::bad_file, file.path() + ": " + what + " ('" + name + "') is FP8 but '" + scale_name + "' is missing");
     const auto& sinfo = *s->info;
-    if (sinfo.shape.size() != 2 || sinfo.shape[0] <= 0 || sinfo.shape[1] <= 0 || sinfo.shape[0] > rows || sinfo.shape[1] > cols)
-      fail(ErrorKind::bad_file, files_[s->file]->path() + ": '" + scale_name + "' has shape " + io::shape_string(sinfo.shape));
+    const int br = config_.fp8_block_rows, bc = config_.fp8_block_cols;
+    const std::int64_t want_rows = (rows + br - 1) / br, want_cols = (cols + bc - 1) / bc;
+    if (sinfo.shape.size() != 2 || sinfo.shape[0] != want_rows || sinfo.shape[1] != want_cols)
+      fail(ErrorKind::bad_file, files_[s->file]->path() + ": '" + scale_name + "' has shape " + io::shape_string(sinfo.shape) +
+                                    ", expected [" + std::to_string(want_rows) + ", " + std::to_string(want_cols) +
+                                    "]: one scale per " + std::to_string(br) + "x" + std::to_string(bc) + " block of the [" +
+                                    std::to_string(rows) + ", " + std::to_string(cols) + "] weight");
     auto scale = io::read_as_f32(*files_[s->file], scale_name);
-    std::vector<bf16> out(static_cast<std::size_t>(rows) * cols);
-    dequantize_fp8_blocks(reinterpret_cast<const std::uint8_t*>(file.data(info)), rows, cols, scale,
-                          static_cast<int>(sinfo.shape[0]), static_cast<int>(sinfo.shape[1]), out.data());
-    return out;
+    dequantize_fp8_blocks(reinterpret_cast<const std::uint8_t*>(file.data(info)), rows, cols, scale, br, bc, out);
+    file.release(info.offset, info.nbytes);
+    return;
   }
   if (info.dtype != io::Dtype::BF16 && info.dtype != io::Dtype::F16 && info.dtype != io::Dtype::F32)
     fail(ErrorKind::bad_file, file.path() + ": " + what + " ('" + name + "') has dtype " + io::dtype_name(info.dtype) +
                                   "; expert weights must be BF16, F16, F32 or F8_E4M3");
-  return io::read_as_bf16(file, name);
+  io::convert_to_bf16(info.dtype, file.data(info), static_cast<std::size_t>(rows) * cols, out);
+  file.release(info.offset, info.nbytes);
 }
 
-ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progress) const {
+std::array<std::vector<std::string>, 3> Checkpoint::expert_tensor_names(int layer) const {
   check_moe_layer(layer);
   const MoeShape& s = config_.shape;
   std::array<std::vector<std::string>, 3> names;
@@ -140,10 +148,29 @@ ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progre
     if (!slot.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot + "' and '" + name + "'");
     slot = name;
   }
+  for (Projection p : kProjections)
+    for (int e = 0; e < s.num_experts; ++e)
+      if (names[static_cast<int>(p)][e].empty())
+        fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
+                                      " weight is missing (looked for '...layers." + std::to_string(layer) + "...experts." +
+                                      std::to_string(e) + "." +
+                                      (p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2") +
+                                      ".weight')");
+  return names;
+}
+
+const io::SafetensorsFile* Checkpoint::file_of(const std::string& name) const {
+  const Location* loc = find(name);
+  return loc ? files_[loc->file].get() : nullptr;
+}
+
+ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progress) const {
+  const MoeShape& s = config_.shape;
+  const auto names = expert_tensor_names(layer);
   std::size_t total_bytes = 0, done_bytes = 0;
   for (const auto& list : names)
     for (const auto& name : list)
-      if (!name.empty()) total_bytes += find(name)->info->nbytes;
+      total_bytes += find(name)->info->nbytes;
   ExpertWeights w;
   w.shape = s;
   std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate;
@@ -154,14 +181,9 @@ ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progre
     for (int e = 0; e < s.num_experts; ++e) {
       const std::string& name = names[static_cast<int>(p)][e];
       std::string what = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p);
-      if (name.empty())
-        fail(ErrorKind::bad_file, dir_ + ": " + what + " weight is missing (looked for '...layers." + std::to_string(layer) +
-                                      "...experts." + std::to_string(e) + "." +
-                                      (p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2") +
-                                      ".weight')");
-      auto data = read_expert_tensor(name, rows, cols, what);
-      require_finite(data.data(), data.size(), files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
-      std::copy(data.begin(), data.end(), dst.begin() + static_cast<std::ptrdiff_t>(per * e));
+      bf16* out = dst.data() + per * e;
+      read_expert_tensor(name, rows, cols, what, out);
+      require_finite(out, per, files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
       done_bytes += find(name)->info->nbytes;
       if (progress) progress(done_bytes, total_bytes);
     }
@@ -169,7 +191,7 @@ ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progre
   return w;
 }
 
-RouterWeights Checkpoint::load_router(int layer) const {
+std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
   check_moe_layer(layer);
   const MoeShape& s = config_.shape;
   const std::string* found = nullptr;
@@ -186,14 +208,21 @@ RouterWeights Checkpoint::load_router(int layer) const {
   if (!found) fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " has no router weight ('...layers." +
                                            std::to_string(layer) + "...gate.weight' of shape [" + std::to_string(s.num_experts) + ", " +
                                            std::to_string(s.hidden) + "])");
-  const Location* loc = find(*found);
+  std::vector<std::string> names{*found};
+  std::string bias = found->substr(0, found->size() - 7) + ".e_score_correction_bias";
+  if (find(bias)) names.push_back(bias);
+  return names;
+}
+
+RouterWeights Checkpoint::load_router(int layer) const {
+  const MoeShape& s = config_.shape;
+  const auto names = router_tensor_names(layer);
   RouterWeights r;
   std::vector<std::int64_t> shape{s.num_experts, s.hidden};
-  r.weight = io::read_as_f32(*files_[loc->file], *found, shape);
-  std::string bias = found->substr(0, found->size() - 7) + ".e_score_correction_bias";
-  if (const Location* b = find(bias)) {
+  r.weight = io::read_as_f32(*file_of(names[0]), names[0], shape);
+  if (names.size() > 1) {
     std::vector<std::int64_t> bshape{s.num_experts};
-    r.correction_bias = io::read_as_f32(*files_[b->file], bias, bshape);
+    r.correction_bias = io::read_as_f32(*file_of(names[1]), names[1], bshape);
   }
   return r;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // A Hugging Face checkpoint directory: config.json plus one model.safetensors or shards listed
 // in model.safetensors.index.json. Loads one MoE layer's routed experts and router at a time.
+#include <array>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -31,6 +32,15 @@ class Checkpoint {
   ExpertWeights load_layer_experts(int layer, const ProgressFn& progress = {}) const;
   RouterWeights load_router(int layer) const;
 
+  // The stored names of a layer's routed-expert weights, [projection][expert]. Throws as
+  // load_layer_experts does for a non-MoE layer or a missing, duplicated or out-of-range expert.
+  std::array<std::vector<std::string>, 3> expert_tensor_names(int layer) const;
+  // The router weight of a MoE layer and, when stored, its correction bias (names as stored).
+  std::vector<std::string> router_tensor_names(int layer) const;
+  // The shard holding a stored tensor; nullptr when no shard does.
+  const io::SafetensorsFile* file_of(const std::string& name) const;
+  const std::vector<std::unique_ptr<io::SafetensorsFile>>& files() const { return files_; }
+
   std::size_t tensor_count() const { return location_.size(); }
 
  private:
@@ -40,7 +50,8 @@ class Checkpoint {
   };
   const Location* find(const std::string& name) const;
   void check_moe_layer(int layer) const;
-  std::vector<bf16> read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what) const;
+  // Checks the stored tensor against [rows, cols] and writes it, converted to bf16, to `out`.
+  void read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what, bf16* out) const;
 
   std::string dir_;
   ModelConfig config_;

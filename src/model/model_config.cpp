@@ -68,6 +68,22 @@ void read_deepseek_router(const json& j, ModelConfig& c) {
   c.topk_group = value_or<int>(j, "topk_group", v3 ? 4 : 1);
 }
 
+// quantization_config.weight_block_size of FP8 checkpoints; the edge blocks of a weight whose
+// shape is not a multiple of the block are partial, so the block size cannot be inferred from
+// the scale tensor's shape.
+void read_fp8_block(const json& j, ModelConfig& c, const std::string& src) {
+  auto q = j.find("quantization_config");
+  if (q == j.end() || !q->is_object()) return;
+  auto b = q->find("weight_block_size");
+  if (b == q->end() || b->is_null()) return;
+  if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() || !(*b)[1].is_number_integer() ||
+      (*b)[0].get<long long>() <= 0 || (*b)[1].get<long long>() <= 0 || (*b)[0].get<long long>() > (1 << 20) ||
+      (*b)[1].get<long long>() > (1 << 20))
+    fail(ErrorKind::bad_file, src + ": quantization_config.weight_block_size must be two positive integers, e.g. [128, 128]");
+  c.fp8_block_rows = (*b)[0].get<int>();
+  c.fp8_block_cols = (*b)[1].get<int>();
+}
+
 }  // namespace
 
 double lora_scaling(double alpha, int rank, bool use_rslora) {
@@ -93,10 +109,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     fail(ErrorKind::bad_file, src + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) fail(ErrorKind::bad_file, src + ": not a JSON object");
+  ModelConfig c;
+  read_fp8_block(j, c, src);
   // Multimodal wrappers keep the language model's config under text_config.
   if (!j.contains("hidden_size") && j.contains("text_config") && j["text_config"].is_object()) j = j["text_config"];
 
-  ModelConfig c;
   c.model_type = value_or<std::string>(j, "model_type", "");
   c.shape.hidden = require_int(j, "hidden_size", src);
   c.num_layers = require_int(j, "num_hidden_layers", src);

@@ -21,6 +21,10 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;    // then multiply them by this (DeepSeek)
   int n_group = 1;                       // group_limited_greedy and noaux_tc only
   int topk_group = 1;
+  // FP8 expert weights (DeepSeek-V3/R1): one weight_scale_inv per block of this many rows and
+  // columns, from quantization_config.weight_block_size (DeepSeek ships [128, 128]).
+  int fp8_block_rows = 128;
+  int fp8_block_cols = 128;
 
   bool is_moe_layer(int layer) const;
   std::string moe_layers_string() const;  // "1, 2"

@@ -1,0 +1,93 @@
+// FP8 checkpoints (DeepSeek-V3/R1): F8_E4M3 expert weights with block scales load as the block-wise
+// dequantization written out here, partial edge blocks included; broken scales are errors naming
+// the file and tensor.
+#include <filesystem>
+
+#include "catch.hpp"
+#include "fp8_checkpoint.hpp"
+#include "src/model/checkpoint.hpp"
+#include "test_util.hpp"
+
+using namespace tilemoe;
+using test::error_of;
+
+namespace {
+
+// w[r][c] = e4m3(code[r][c]) * scale_inv[r / block_rows][c / block_cols], rounded once to bf16.
+std::vector<bf16> dequantize_plainly(const test::Fp8Checkpoint& ck, Projection p, int e) {
+  const int rows = projection_out(ck.shape, p), cols = projection_in(ck.shape, p);
+  const auto& codes = ck.codes[static_cast<int>(p)][e];
+  const auto& scales = ck.scale_inv[static_cast<int>(p)][e];
+  std::vector<bf16> out;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const float s = scales[static_cast<std::size_t>(r / ck.opt.block_rows) * ck.scale_cols(p) + c / ck.opt.block_cols];
+      out.push_back(float_to_bf16(f8e4m3_to_float(codes[static_cast<std::size_t>(r) * cols + c]) * s));
+    }
+  return out;
+}
+
+void check_loads_plainly(const test::Fp8Checkpoint& fp8) {
+  auto ck = Checkpoint::open(fp8.dir);
+  ExpertWeights w = ck.load_layer_experts(fp8.layer);
+  const std::size_t per = static_cast<std::size_t>(fp8.shape.hidden) * fp8.shape.intermediate;
+  for (Projection p : kProjections)
+    for (int e = 0; e < fp8.shape.num_experts; ++e) {
+      INFO(projection_name(p) << " expert " << e);
+      const auto& got = p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down;
+      const auto want = dequantize_plainly(fp8, p, e);
+      CHECK(std::equal(want.begin(), want.end(), got.begin() + static_cast<std::ptrdiff_t>(per * e)));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("FP8 experts with 128x128 block scales, edge blocks partial, load as plain block-wise dequantization", "[fp8][checkpoint]") {
+  auto fp8 = test::write_fp8_checkpoint(test::temp_dir() + "/fp8");
+  CHECK(fp8.scale_rows(Projection::gate) == 3);  // 300 rows: 128 + 128 + 44
+  CHECK(fp8.scale_cols(Projection::gate) == 2);  // 200 columns: 128 + 72
+  check_loads_plainly(fp8);
+  // config.json without quantization_config: DeepSeek's 128 x 128.
+  check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_noconfig", {.block_in_config = false}));
+  // Another block size, from quantization_config.weight_block_size.
+  check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_64x32", {.block_rows = 64, .block_cols = 32}));
+  // The router loads as stored next to it.
+  auto router = Checkpoint::open(fp8.dir).load_router(1);
+  CHECK(router.correction_bias == std::vector<float>{0.5f, -0.5f});
+}
+
+TEST_CASE("FP8 errors: missing or misshapen scale_inv, NaN codes, bad block size", "[fp8][checkpoint][errors]") {
+  const std::string dir = test::temp_dir() + "/fp8_bad";
+  const std::string file = dir + "/model.safetensors";
+  {
+    auto fp8 = test::write_fp8_checkpoint(dir, {.drop_one_scale = true});
+    std::string err = error_of([&] { Checkpoint::open(dir).load_layer_experts(1); });
+    INFO(err);
+    CHECK(err.find(file) != std::string::npos);
+    CHECK(err.find("layer 1 expert 1 up") != std::string::npos);
+    CHECK(err.find("'model.layers.1.mlp.experts.1.up_proj.weight_scale_inv' is missing") != std::string::npos);
+  }
+  // One scale too few (as if the blocks had been [150, 100]), and one per element.
+  for (std::vector<std::int64_t> shape : {std::vector<std::int64_t>{2, 2}, std::vector<std::int64_t>{300, 200}, std::vector<std::int64_t>{6}}) {
+    auto fp8 = test::write_fp8_checkpoint(dir, {.gate_scale_shape = shape});
+    std::string err = error_of([&] { Checkpoint::open(dir).load_layer_experts(1); });
+    INFO(err);
+    CHECK(err.find(file) != std::string::npos);
+    CHECK(err.find("'model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv' has shape") != std::string::npos);
+    CHECK(err.find("expected [3, 2]: one scale per 128x128 block of the [300, 200] weight") != std::string::npos);
+  }
+  {
+    auto fp8 = test::write_fp8_checkpoint(dir, {.nan_code_at = 1234});
+    std::string err = error_of([&] { Checkpoint::open(dir).load_layer_experts(1); });
+    INFO(err);
+    CHECK(err.find("layer 1 expert 0 up ('model.layers.1.mlp.experts.0.up_proj.weight'): element 1234 is NaN") != std::string::npos);
+  }
+  {
+    auto fp8 = test::write_fp8_checkpoint(dir);
+    std::ofstream(dir + "/config.json") << R"({"model_type": "deepseek_v3", "hidden_size": 200, "moe_intermediate_size": 300,
+      "n_routed_experts": 2, "num_experts_per_tok": 1, "num_hidden_layers": 2, "first_k_dense_replace": 1,
+      "quantization_config": {"weight_block_size": [128]}})";
+    CHECK(error_of([&] { Checkpoint::open(dir); }).find(dir + "/config.json: quantization_config.weight_block_size must be two positive integers") !=
+          std::string::npos);
+  }
+}
