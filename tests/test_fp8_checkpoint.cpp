@@ -1,11 +1,14 @@
 // FP8 checkpoints (DeepSeek-V3/R1): F8_E4M3 expert weights with block scales load as the block-wise
 // dequantization written out here, partial edge blocks included; broken scales are errors naming
-// the file and tensor.
+// the file and tensor; and such a checkpoint quantizes to int8 without a bf16 copy of the model.
 #include <filesystem>
 
 #include "catch.hpp"
 #include "fp8_checkpoint.hpp"
+#include "quantized_dir_util.hpp"
 #include "src/model/checkpoint.hpp"
+#include "src/quant/checkpoint_fingerprint.hpp"
+#include "src/quant/quantized_file.hpp"
 #include "test_util.hpp"
 
 using namespace tilemoe;
@@ -90,4 +93,18 @@ TEST_CASE("FP8 errors: missing or misshapen scale_inv, NaN codes, bad block size
     CHECK(error_of([&] { Checkpoint::open(dir); }).find(dir + "/config.json: quantization_config.weight_block_size must be two positive integers") !=
           std::string::npos);
   }
+}
+
+TEST_CASE("an FP8 checkpoint quantizes to int8 layer by layer, as its dequantized weights do", "[fp8][quant]") {
+  auto fp8 = test::write_fp8_checkpoint(test::temp_dir() + "/fp8_to_int8");
+  auto ck = Checkpoint::open(fp8.dir);
+  const std::string out = test::temp_dir() + "/fp8_int8";
+  std::filesystem::remove_all(out);
+  {
+    quant::QuantizedModelWriter w(out, quant::spec_for_checkpoint(ck, WeightType::int8, 0, 1, {1}));
+    w.write_layer(1, quant::quantize_experts(ck.load_layer_experts(1).view(), WeightType::int8, 0, nullptr));
+    w.commit();
+  }
+  auto want = quant::quantize_experts(ck.load_layer_experts(1).view(), WeightType::int8, 0, nullptr);
+  test::check_same_quantized(quant::load_quantized_layer(out, 1, fp8.shape, quant::checkpoint_fingerprint(ck)), want);
 }
