@@ -1,0 +1,180 @@
+#include "bindings.hpp"
+#include "errors.hpp"
+#include "layer_config.hpp"
+#include "py_layer.hpp"
+#include "scalar_args.hpp"
+
+namespace tilemoe::binding {
+namespace {
+
+std::shared_ptr<PyRuntime> runtime_arg(py::handle runtime, py::handle isa, int threads) {
+  if (runtime.is_none()) return PyRuntime::shared(str_arg(isa, "isa"), threads);
+  if (!py::isinstance<PyRuntime>(runtime)) type_error("runtime: expected a tilemoe.Runtime or None");
+  return runtime.cast<std::shared_ptr<PyRuntime>>();
+}
+
+LoraFactors factors_of(py::object ga, py::object gb, py::object ua, py::object ub, py::object da, py::object db) {
+  return {std::move(ga), std::move(gb), std::move(ua), std::move(ub), std::move(da), std::move(db)};
+}
+
+std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer, py::object adapter, py::object isa,
+                                         py::object threads, py::object numa_nodes, py::object max_tokens,
+                                         py::object max_cache_depth, py::object lora_rank, py::object lora_alpha,
+                                         py::object use_rslora, py::object runtime) {
+  CheckpointLayerOptions o;
+  const std::string dir = str_arg(model_dir, "model_dir");
+  const int index = int_arg(layer, "layer");
+  o.adapter = optional_str_arg(adapter, "adapter").value_or("");
+  o.max_tokens = int_arg(max_tokens, "max_tokens");
+  o.max_cache_depth = int_arg(max_cache_depth, "max_cache_depth");
+  o.lora_rank = int_arg(lora_rank, "lora_rank");
+  o.lora_alpha = lora_alpha.is_none() ? o.lora_rank : float_arg(lora_alpha, "lora_alpha");
+  o.use_rslora = bool_arg(use_rslora, "use_rslora");
+  const int nodes = optional_int_arg(numa_nodes, "numa_nodes").value_or(1);
+  if (nodes != 1)
+    unsupported_error("numa_nodes " + std::to_string(nodes) + ": tensor parallel over NUMA nodes is not built yet; use 1");
+  auto rt = runtime_arg(runtime, isa, optional_int_arg(threads, "threads").value_or(0));
+  return std::make_unique<PyLayer>(std::move(rt), dir, index, o);
+}
+
+template <class T>
+py::object optional_value(const std::optional<T>& v) {
+  return v ? py::cast(*v) : py::none();
+}
+
+}  // namespace
+
+void bind_layer(py::module_& m) {
+  py::class_<PyLayer>(m, "MoELayer", R"doc(
+One MoE layer's routed experts on this CPU, for inference and LoRA fine-tuning.
+
+MoELayer(config, gate, up, down, *, isa="auto", runtime=None, layer_index=None): a
+tilemoe.MoEConfig and the bf16 expert weights in Hugging Face orientation, gate and up
+[E, intermediate, hidden], down [E, hidden, intermediate] (torch.bfloat16 tensors, or numpy uint16
+arrays of bf16 bits), packed once here. layer_index: the layer's index in the model, for PEFT
+names and adapters.
+
+Arrays are numpy arrays or torch CPU tensors, C-contiguous, used in place: x bf16 [T, hidden],
+expert_ids int64 [T, k] (ids < 0 are skipped), weights f32 [T, k], out bf16 or f32 [T, hidden].
+LoRA A f32 [E, r, in] and B f32 [E, out, r] are read in place at every call (an optimizer step on
+them is seen by the next call). The GIL is released while the runtime works.)doc")
+      .def(py::init([](py::object config, py::object gate, py::object up, py::object down, py::object isa, py::object runtime,
+                       py::object layer_index) {
+             const LayerSetup setup = layer_setup_from_py(config);
+             auto rt = runtime_arg(runtime, isa, setup.threads);
+             return std::make_unique<PyLayer>(std::move(rt), config, gate, up, down, optional_int_arg(layer_index, "layer_index"));
+           }),
+           py::arg("config"), py::arg("gate"), py::arg("up"), py::arg("down"), py::kw_only(), py::arg("isa") = "auto",
+           py::arg("runtime") = py::none(), py::arg("layer_index") = py::none())
+      .def_static("from_checkpoint", &from_checkpoint, py::arg("model_dir"), py::arg("layer"), py::arg("adapter") = py::none(),
+                  py::arg("isa") = "auto", py::arg("threads") = py::none(), py::arg("numa_nodes") = py::none(), py::kw_only(),
+                  py::arg("max_tokens") = 2048, py::arg("max_cache_depth") = 1, py::arg("lora_rank") = 0,
+                  py::arg("lora_alpha") = py::none(), py::arg("use_rslora") = false, py::arg("runtime") = py::none(),
+                  R"doc(
+Layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors), with a PEFT
+adapter directory or `tilemoe convert-lora` file if given. max_tokens: the largest batch;
+max_cache_depth: forwards saved for backward at once (0: inference only); lora_rank, lora_alpha
+(default: lora_rank), use_rslora: for LoRA sets given later with update_lora_weights.)doc")
+
+      .def("forward", [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out) { return l.forward(x, ids, w, out); },
+           py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(),
+           "out[t] = sum_j weights[t,j] * expert_{ids[t,j]}(x[t]); returns out (allocated as bf16 like x when None).")
+      .def(
+          "forward_sft",
+          [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out, py::object save) {
+            return l.forward_sft(x, ids, w, out, bool_arg(save, "save_for_backward"));
+          },
+          py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(), py::arg("save_for_backward") = true,
+          "forward that, with save_for_backward, saves what backward needs (max_cache_depth at once).")
+      .def(
+          "backward",
+          [](PyLayer& l, py::object go, py::object gi, py::object grads, py::object accumulate) {
+            return l.backward(go, gi, grads, bool_arg(accumulate, "accumulate"));
+          },
+          py::arg("grad_output"), py::arg("grad_input") = py::none(), py::arg("grads") = py::none(), py::arg("accumulate") = false,
+          R"doc(
+Pops the newest saved forward. For loss = sum(out * grad_output) writes grad_input (bf16 or f32
+like grad_output; returned) and, where grads names arrays (dict with keys gate_a, gate_b, up_a,
+up_b, down_a, down_b, or a sequence of six, None: not wanted), the LoRA gradients of the set that
+forward used: overwritten (zero for experts without tokens) or added to with accumulate.)doc")
+      .def(
+          "update_lora_weights",
+          [](PyLayer& l, py::object ga, py::object gb, py::object ua, py::object ub, py::object da, py::object db, py::object scales,
+             py::object present) { l.update_lora_weights(factors_of(ga, gb, ua, ub, da, db), scales, present); },
+          py::arg("gate_a") = py::none(), py::arg("gate_b") = py::none(), py::arg("up_a") = py::none(), py::arg("up_b") = py::none(),
+          py::arg("down_a") = py::none(), py::arg("down_b") = py::none(), py::kw_only(), py::arg("scales") = py::none(),
+          py::arg("present") = py::none(), R"doc(
+Points the layer at another LoRA set, zero copy: A f32 [E, r, in], B f32 [E, out, r] per
+projection (both None: no LoRA there; r <= the config's lora_rank). scales: None (lora_alpha / r,
+or / sqrt(r) with rsLoRA), one float, or f32 [3, E] per projection and expert; present: None
+(every expert) or bool/uint8 [3, E]. The arrays must stay unresized while the layer uses them.)doc")
+
+      .def("submit_forward", [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out) {
+             return l.submit_forward(x, ids, w, out);
+           },
+           py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(), "forward as a task: returns a Task at once.")
+      .def(
+          "submit_forward_sft",
+          [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out, py::object save) {
+            return l.submit_forward_sft(x, ids, w, out, bool_arg(save, "save_for_backward"));
+          },
+          py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(), py::arg("save_for_backward") = true,
+          "forward_sft as a task.")
+      .def(
+          "submit_backward",
+          [](PyLayer& l, py::object go, py::object gi, py::object grads, py::object accumulate) {
+            return l.submit_backward(go, gi, grads, bool_arg(accumulate, "accumulate"));
+          },
+          py::arg("grad_output"), py::arg("grad_input") = py::none(), py::arg("grads") = py::none(), py::arg("accumulate") = false,
+          "backward as a task.")
+      .def(
+          "submit_update_lora_weights",
+          [](PyLayer& l, py::object ga, py::object gb, py::object ua, py::object ub, py::object da, py::object db, py::object scales,
+             py::object present) { return l.submit_update_lora_weights(factors_of(ga, gb, ua, ub, da, db), scales, present); },
+          py::arg("gate_a") = py::none(), py::arg("gate_b") = py::none(), py::arg("up_a") = py::none(), py::arg("up_b") = py::none(),
+          py::arg("down_a") = py::none(), py::arg("down_b") = py::none(), py::kw_only(), py::arg("scales") = py::none(),
+          py::arg("present") = py::none(), "update_lora_weights as a task: tasks queued before it still read the old set.")
+      .def("sync", &PyLayer::sync,
+           "Waits for every task submitted to the layer's runtime; raises the first failure not yet reported.")
+
+      .def(
+          "load_adapter",
+          [](PyLayer& l, py::object path, py::object layer) {
+            l.load_adapter(str_arg(path, "path"), optional_int_arg(layer, "layer"));
+          },
+          py::arg("path"), py::arg("layer") = py::none(),
+          "A PEFT adapter directory or convert-lora file, held by the layer; needs no saved forward.")
+      .def("unload_adapter", &PyLayer::unload_adapter, "Back to no LoRA; needs no saved forward.")
+      .def("lora_weights", &PyLayer::lora_weights,
+           "Copies of the LoRA in use: {projection: {'a', 'b', 'scale', 'present'}} for gate, up, down (numpy).")
+
+      .def_property_readonly("config", [](const PyLayer& l) { return config_to_py(l.config(), l.runtime()->runtime().threads()); })
+      .def_property_readonly("lora_scale", &PyLayer::lora_scale, "lora_alpha / lora_rank (or / sqrt with rsLoRA) of the config.")
+      .def_property_readonly("lora_ranks", [](const PyLayer& l) {
+        LoraRanks r = l.lora_ranks();
+        return py::make_tuple(r[0], r[1], r[2]);
+      }, "The ranks of the LoRA set in use, gate, up, down (0: none).")
+      .def_property_readonly("saved_forwards", &PyLayer::saved_forwards, "Forwards saved for backward (submitted ones included).")
+      .def_property_readonly("cache_bytes", &PyLayer::cache_bytes)
+      .def_property_readonly("weight_bytes", &PyLayer::weight_bytes)
+      .def_property_readonly("runtime", &PyLayer::runtime)
+      .def_property_readonly("isa", [](const PyLayer& l) { return std::string(l.runtime()->runtime().isa()); })
+      .def_property_readonly("model_dir", [](const PyLayer& l) { return optional_value(l.origin().model_dir); })
+      .def_property_readonly("adapter", [](const PyLayer& l) { return optional_value(l.origin().adapter); })
+      .def_property_readonly("layer_index", [](const PyLayer& l) { return optional_value(l.origin().layer_index); })
+      .def(
+          "_time_forward",
+          [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out, py::object iterations) {
+            return l.time_forward(x, ids, w, out, int_arg(iterations, "iterations"));
+          },
+          py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out"), py::arg("iterations"),
+          "For tilemoe.bench: seconds per MoeLayer::forward call in a C++ loop, to compare with the Python call.")
+      .def("__repr__", [](const PyLayer& l) {
+        const MoeLayerConfig& c = l.config();
+        return "tilemoe.MoELayer(experts=" + std::to_string(c.num_experts) + ", top_k=" + std::to_string(c.top_k) +
+               ", hidden=" + std::to_string(c.hidden) + ", intermediate=" + std::to_string(c.intermediate) +
+               ", isa='" + l.runtime()->runtime().isa() + "')";
+      });
+}
+
+}  // namespace tilemoe::binding

@@ -1,0 +1,12 @@
+#pragma once
+// The pieces of the extension module tilemoe._tilemoe, each registered by its own file.
+#include <pybind11/pybind11.h>
+
+namespace tilemoe::binding {
+
+namespace py = pybind11;
+
+void bind_runtime(py::module_& m);  // Runtime, Task
+void bind_layer(py::module_& m);    // MoELayer
+
+}  // namespace tilemoe::binding

@@ -1,0 +1,160 @@
+#include "tensor_arg.hpp"
+
+#include <pybind11/numpy.h>
+
+#include "errors.hpp"
+
+namespace tilemoe::binding {
+namespace {
+
+// torch is optional: its types are looked up once it has been imported by someone, and kept for
+// the life of the process (the 1-token call path must not pay for attribute lookups by name).
+struct TorchTypes {
+  py::object tensor_type, strided, bf16, f32, i64, u8, boolean, empty;
+  bool loaded = false;
+};
+
+TorchTypes& torch_types() {
+  static TorchTypes* t = new TorchTypes();  // never destroyed: Python may be gone at exit
+  if (!t->loaded) {
+    py::dict modules = py::module_::import("sys").attr("modules");
+    if (!modules.contains("torch")) return *t;
+    py::object torch = modules["torch"];
+    t->tensor_type = torch.attr("Tensor");
+    t->strided = torch.attr("strided");
+    t->bf16 = torch.attr("bfloat16");
+    t->f32 = torch.attr("float32");
+    t->i64 = torch.attr("int64");
+    t->u8 = torch.attr("uint8");
+    t->boolean = torch.attr("bool");
+    t->empty = torch.attr("empty");
+    t->loaded = true;
+  }
+  return *t;
+}
+
+bool numpy_loaded() {
+  static bool loaded = false;
+  if (!loaded) loaded = py::module_::import("sys").attr("modules").cast<py::dict>().contains("numpy");
+  return loaded;
+}
+
+std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>(); }
+
+std::vector<std::int64_t> shape_of(py::handle shape_tuple) {
+  std::vector<std::int64_t> out;
+  for (py::handle d : shape_tuple) out.push_back(d.cast<std::int64_t>());
+  return out;
+}
+
+TensorArg from_torch(py::handle t, const char* name, Access access, const TorchTypes& tt) {
+  TensorArg a;
+  a.name = name;
+  a.is_torch = true;
+  py::object dtype = t.attr("dtype");
+  if (dtype.is(tt.bf16)) a.dtype = DType::bf16;
+  else if (dtype.is(tt.f32)) a.dtype = DType::f32;
+  else if (dtype.is(tt.i64)) a.dtype = DType::i64;
+  else if (dtype.is(tt.u8) || dtype.is(tt.boolean)) a.dtype = DType::u8;
+  else type_error(std::string(name) + ": dtype " + py::str(dtype).cast<std::string>() + " is not supported here");
+  if (!py::object(t.attr("layout")).is(tt.strided)) value_error(std::string(name) + ": a sparse tensor; pass a dense (strided) one");
+  if (!t.attr("is_cpu").cast<bool>())
+    value_error(std::string(name) + ": a tensor on " + py::str(t.attr("device")).cast<std::string>() +
+                "; the runtime reads CPU memory: pass tensor.cpu()");
+  if (!t.attr("is_contiguous")().cast<bool>())
+    value_error(std::string(name) + ": not contiguous; pass tensor.contiguous()");
+  if (access == Access::write && t.attr("requires_grad").cast<bool>())
+    value_error(std::string(name) + ": requires grad, but the runtime writes it in place; pass a tensor that does not "
+                "(or its .detach())");
+  a.shape = shape_of(t.attr("shape"));
+  a.data = reinterpret_cast<void*>(t.attr("data_ptr")().cast<std::uintptr_t>());
+  return a;
+}
+
+TensorArg from_numpy(const py::array& arr, const char* name, Access access) {
+  TensorArg a;
+  a.name = name;
+  py::dtype dt = arr.dtype();
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  if (kind == 'u' && size == 2) a.dtype = DType::bf16;  // bfloat16 bits
+  else if (kind == 'f' && size == 4) a.dtype = DType::f32;
+  else if (kind == 'i' && size == 8) a.dtype = DType::i64;
+  else if ((kind == 'u' && size == 1) || kind == 'b') a.dtype = DType::u8;
+  else type_error(std::string(name) + ": dtype " + py::str(py::handle(dt)).cast<std::string>() + " is not supported here");
+  if (size > 1 && dt.byteorder() == '>') value_error(std::string(name) + ": big-endian array; pass one in native byte order");
+  const int flags = py::detail::array_proxy(arr.ptr())->flags;
+  if (!(flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_))
+    value_error(std::string(name) + ": not C-contiguous; pass numpy.ascontiguousarray(...)");
+  if (!(flags & py::detail::npy_api::NPY_ARRAY_ALIGNED_)) value_error(std::string(name) + ": misaligned array");
+  if (access == Access::write && !(flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_))
+    value_error(std::string(name) + ": read-only array, but the runtime writes it");
+  a.shape.assign(arr.shape(), arr.shape() + arr.ndim());
+  a.data = const_cast<void*>(arr.data());
+  return a;
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype, bool torch) {
+  switch (dtype) {
+    case DType::bf16: return torch ? "torch.bfloat16" : "uint16 (bfloat16 bits)";
+    case DType::f32: return torch ? "torch.float32" : "float32";
+    case DType::i64: return torch ? "torch.int64" : "int64";
+    case DType::u8: return torch ? "torch.uint8 or torch.bool" : "uint8 or bool";
+  }
+  return "?";
+}
+
+std::string TensorArg::shape_string() const {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+void TensorArg::require_shape(std::initializer_list<std::int64_t> want) const {
+  bool ok = want.size() == shape.size();
+  std::string w = "[";
+  std::size_t i = 0;
+  for (std::int64_t d : want) {
+    if (ok && d >= 0 && shape[i] != d) ok = false;
+    w += (i ? ", " : "") + (d >= 0 ? std::to_string(d) : std::string("*"));
+    ++i;
+  }
+  if (!ok) value_error(std::string(name) + ": shape " + shape_string() + ", expected " + w + "]");
+}
+
+void TensorArg::require_dtype(std::initializer_list<DType> allowed) const {
+  for (DType d : allowed)
+    if (d == dtype) return;
+  std::string list;
+  for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d, is_torch));
+  type_error(std::string(name) + ": dtype " + dtype_name(dtype, is_torch) + ", expected " + list);
+}
+
+TensorArg tensor_arg(py::handle obj, const char* name, Access access) {
+  const TorchTypes& tt = torch_types();
+  if (tt.loaded && py::isinstance(obj, tt.tensor_type)) return from_torch(obj, name, access, tt);
+  if (numpy_loaded() && py::isinstance<py::array>(obj)) return from_numpy(py::reinterpret_borrow<py::array>(obj), name, access);
+  type_error(std::string(name) + ": expected a numpy array or a torch tensor, got " + type_name(obj));
+}
+
+bool optional_tensor_arg(py::handle obj, const char* name, Access access, TensorArg& out) {
+  if (obj.is_none()) return false;
+  out = tensor_arg(obj, name, access);
+  return true;
+}
+
+py::object new_array(bool torch, DType dtype, const std::vector<std::int64_t>& shape) {
+  py::tuple dims(shape.size());
+  for (std::size_t i = 0; i < shape.size(); ++i) dims[i] = py::int_(shape[i]);
+  if (torch) {
+    const TorchTypes& tt = torch_types();
+    py::object dt = dtype == DType::bf16 ? tt.bf16 : dtype == DType::f32 ? tt.f32 : dtype == DType::i64 ? tt.i64 : tt.u8;
+    return tt.empty(dims, py::arg("dtype") = dt);
+  }
+  const char* np_dtype = dtype == DType::bf16 ? "uint16" : dtype == DType::f32 ? "float32" : dtype == DType::i64 ? "int64" : "uint8";
+  return py::module_::import("numpy").attr("empty")(dims, py::arg("dtype") = np_dtype);
+}
+
+}  // namespace tilemoe::binding

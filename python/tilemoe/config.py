@@ -1,0 +1,52 @@
+"""tilemoe.MoEConfig: the shape and limits of one MoE layer's routed experts."""
+from dataclasses import dataclass
+from typing import Optional
+
+_WEIGHT_TYPES = ("bf16", "int8", "int4")
+
+
+@dataclass
+class MoEConfig:
+    """What tilemoe.MoELayer(config, gate, up, down) builds.
+
+    num_experts, top_k, hidden, intermediate: the layer's shape (top_k: the most routing slots a
+    call may pass). max_tokens: the largest batch of one call. lora_rank: the largest LoRA rank the
+    layer accepts (0: no LoRA); lora_alpha and use_rslora give the scale of sets passed to
+    update_lora_weights, alpha / r (or alpha / sqrt(r)); lora_alpha None means lora_rank (scale 1).
+    max_cache_depth: forwards saved for backward at once (0: inference only). weight_type: "bf16"
+    ("int8", "int4" are not built yet). numa_nodes: 1 (tensor parallel over nodes is not built
+    yet). threads: the runtime's worker threads, None or 0 for one per core.
+    """
+
+    num_experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    max_tokens: int = 2048
+    lora_rank: int = 0
+    lora_alpha: Optional[float] = None
+    use_rslora: bool = False
+    max_cache_depth: int = 1
+    weight_type: str = "bf16"
+    numa_nodes: int = 1
+    threads: Optional[int] = None
+
+    def __post_init__(self):
+        # Types here, ranges in the runtime: both name the field.
+        for name in ("num_experts", "top_k", "hidden", "intermediate", "max_tokens", "lora_rank", "max_cache_depth",
+                     "numa_nodes"):
+            _require_int(name, getattr(self, name))
+        if self.threads is not None:
+            _require_int("threads", self.threads)
+        if self.lora_alpha is not None and (isinstance(self.lora_alpha, bool)
+                                            or not isinstance(self.lora_alpha, (int, float))):
+            raise TypeError(f"MoEConfig.lora_alpha: expected a float or None, got {type(self.lora_alpha).__name__}")
+        if not isinstance(self.use_rslora, bool):
+            raise TypeError(f"MoEConfig.use_rslora: expected a bool, got {type(self.use_rslora).__name__}")
+        if self.weight_type not in _WEIGHT_TYPES:
+            raise ValueError(f"MoEConfig.weight_type: {self.weight_type!r}; expected one of {', '.join(_WEIGHT_TYPES)}")
+
+
+def _require_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"MoEConfig.{name}: expected an int, got {type(value).__name__}")
