@@ -13,6 +13,7 @@
 #include "src/layer/moe_forward.hpp"
 #include "src/layer/moe_sft_layer.hpp"
 #include "src/layer/synthetic_layer.hpp"
+#include "src/quant/quantize.hpp"
 #include "tilemoe/error.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/machine_limits.hpp"
@@ -48,8 +49,8 @@ int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 :
 
 void add_bench_command(CLI::App& app, int& status) {
   struct Args {
-    std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto";
-    int threads = 0, layers = 0;
+    std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16";
+    int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group;
     double iter_scale = 1.0;
     bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false;
     std::string workdir = "/tmp";
@@ -60,6 +61,9 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
   cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none)")->capture_default_str();
   cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
+  cmd->add_option("--weights", a->weights, "Base weight type: bf16, int8 (per-channel scales, int8 activations) or int4")
+      ->capture_default_str();
+  cmd->add_option("--group-size", a->group_size, "int4: inputs per scale (32, 64 or 128)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
   cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
@@ -84,6 +88,9 @@ void add_bench_command(CLI::App& app, int& status) {
     auto rank_list = parse_int_list(a->ranks, "--lora-rank");
     if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
+    const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
+    if (weight_type != WeightType::bf16 && a->backward)
+      fail(ErrorKind::unsupported, "bench --backward: training through " + a->weights + " base weights is not built yet; use --weights bf16");
     numa::ThreadPool& pool = pool_for_threads(a->threads);
     const auto& topo = numa::system_topology();
     pin_caller_to_first_core();
@@ -93,21 +100,37 @@ void add_bench_command(CLI::App& app, int& status) {
     auto t0 = Clock::now();
     ExpertWeights source = random_expert_weights(s, 1, &pool);
     double gen_s = seconds_since(t0);
-    std::size_t layer_bytes = 3 * source.gate.size() * sizeof(bf16);
-    int layers = a->layers > 0 ? a->layers
-                               : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
+    double quantize_s = 0;
+    quant::QuantizedExperts quantized;
+    if (weight_type != WeightType::bf16) {
+      t0 = Clock::now();
+      quantized = quant::quantize_experts(source.view(), weight_type, a->group_size, &pool);
+      quantize_s = seconds_since(t0);
+    }
+    auto pack_layer = [&] {
+      return weight_type == WeightType::bf16 ? PackedExpertWeights::pack(source.view(), pool) : PackedExpertWeights::pack_quantized(quantized, pool);
+    };
     std::vector<PackedExpertWeights> packed;
     t0 = Clock::now();
-    for (int l = 0; l < layers; ++l) packed.push_back(PackedExpertWeights::pack(source.view(), pool));
+    packed.push_back(pack_layer());
+    const std::size_t layer_bytes = std::max<std::size_t>(packed[0].bytes(), 1);
+    int layers = a->layers > 0 ? a->layers
+                               : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
+    while (static_cast<int>(packed.size()) < layers) packed.push_back(pack_layer());
     double pack_s = seconds_since(t0);
     source = ExpertWeights{};
+    quantized = quant::QuantizedExperts{};
+    // Integer products: VPDPBUSD and TDPBSSD do twice the multiply-adds of their bf16 twins per
+    // instruction, so the floor takes the integer peak as twice the measured bf16 one.
+    const double product_peak = weight_type == WeightType::bf16 ? peak : 2 * peak;
     if (!a->json) {
       std::printf("tilemoe bench: shape %s (hidden %d, intermediate %d, %d experts, top-%d), isa %s, %d threads\n", a->shape.c_str(),
                   s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_name(isa), pool.size());
       std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n",
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
-      std::printf("weights: %d layers x %.2f GB packed (made in %.1f s, packed in %.1f s: %.2f s per layer)\n", layers,
-                  packed[0].bytes() / 1e9, gen_s, pack_s, pack_s / layers);
+      std::printf("weights: %s%s, %d layers x %.2f GB packed (made in %.1f s, quantized in %.1f s, packed in %.1f s: %.2f s per layer)\n",
+                  a->weights.c_str(), weight_type == WeightType::int4 ? (" group " + std::to_string(a->group_size)).c_str() : "", layers,
+                  packed[0].bytes() / 1e9, gen_s, quantize_s, pack_s, pack_s / layers);
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
@@ -181,12 +204,12 @@ void add_bench_command(CLI::App& app, int& status) {
         // Backward does twice the forward's products (dH through down, dX through gate and up).
         double flops = (a->backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *
                        (3.0 * s.hidden * s.intermediate + rank * (2.0 * s.hidden + 2.0 * s.intermediate + s.intermediate + s.hidden));
-        double floor_ms = std::max(bytes / bw, peak > 0 ? flops / peak : 0.0) * 1e3;
+        double floor_ms = std::max(bytes / bw, product_peak > 0 ? flops / product_peak : 0.0) * 1e3;
         if (a->json)
-          std::printf("{\"shape\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
+          std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                       "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                       "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d}\n",
-                      a->shape.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false", median, min_ms,
+                      a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false", median, min_ms,
                       a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms, bytes / median / 1e6,
                       flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters);
         else if (a->backward)

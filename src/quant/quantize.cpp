@@ -56,6 +56,13 @@ float quantize_row_int8(const T* x, int k, std::int8_t* codes) {
 
 }  // namespace
 
+WeightType parse_weight_type(const std::string& name, const std::string& what) {
+  if (name == "bf16") return WeightType::bf16;
+  if (name == "int8") return WeightType::int8;
+  if (name == "int4") return WeightType::int4;
+  fail(ErrorKind::invalid_argument, what + ": weight type '" + name + "' is not bf16, int8 or int4");
+}
+
 bool valid_int4_group(int group) { return group == 32 || group == 64 || group == 128; }
 
 QuantizedProjection QuantizedProjection::allocate(WeightType type, int experts, int n, int k, int group) {

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tilemoe/bf16.hpp"
@@ -28,6 +29,9 @@ inline constexpr int kInt8MaxCode = 127;
 
 // The group sizes int4 accepts: 32, 64, 128.
 bool valid_int4_group(int group);
+
+// "bf16", "int8" or "int4"; anything else is Error(invalid_argument) naming `what` (e.g. the option).
+WeightType parse_weight_type(const std::string& name, const std::string& what);
 
 // One projection of every expert: n output rows of k inputs each (Hugging Face orientation).
 struct QuantizedProjection {
