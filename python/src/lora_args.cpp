@@ -15,8 +15,6 @@ MoeShape shape_of(const MoeLayerConfig& c) { return {c.hidden, c.intermediate, c
 // A [E, r, in] and B [E, out, r] of projection p, r taken from A.
 int check_factor_pair(const MoeLayerConfig& cfg, Projection p, const TensorArg& a, const TensorArg& b) {
   const MoeShape s = shape_of(cfg);
-  a.require_dtype({DType::f32});
-  b.require_dtype({DType::f32});
   a.require_shape({cfg.num_experts, -1, projection_in(s, p)});
   const std::int64_t r = a.dim(1);
   if (r < 1 || r > cfg.lora_rank)
@@ -45,8 +43,10 @@ LoraSetArg lora_set_arg(const MoeLayerConfig& cfg, const std::array<py::object, 
       uniform = scales.cast<float>();
       uniform_given = true;
     } else {
-      TensorArg t = tensor_arg(scales, "scales", Access::read);
-      t.require_dtype({DType::f32});
+      if (!py::hasattr(scales, "shape"))
+        type_error("scales: expected None, a float, or a float32 array [3, num_experts], got " +
+                   py::str(py::type::handle_of(scales).attr("__name__")).cast<std::string>());
+      TensorArg t = tensor_arg(scales, "scales", Access::read, {DType::f32});
       t.require_shape({3, E});
       scale_rows = static_cast<const float*>(t.data);
       keep.append(scales);
@@ -54,8 +54,7 @@ LoraSetArg lora_set_arg(const MoeLayerConfig& cfg, const std::array<py::object, 
   }
   const std::uint8_t* present_rows = nullptr;
   TensorArg pres;
-  if (optional_tensor_arg(present, "present", Access::read, pres)) {
-    pres.require_dtype({DType::u8});
+  if (optional_tensor_arg(present, "present", Access::read, {DType::u8}, pres)) {
     pres.require_shape({3, E});
     present_rows = static_cast<const std::uint8_t*>(pres.data);
     keep.append(present);
@@ -71,8 +70,8 @@ LoraSetArg lora_set_arg(const MoeLayerConfig& cfg, const std::array<py::object, 
     if (cfg.lora_rank == 0)
       value_error(std::string(kFactorNames[2 * i]) + ": the layer was built with lora_rank 0 and takes no LoRA; set "
                   "MoEConfig.lora_rank (or lora_rank= of from_checkpoint)");
-    TensorArg a = tensor_arg(a_obj, kFactorNames[2 * i], Access::read);
-    TensorArg b = tensor_arg(b_obj, kFactorNames[2 * i + 1], Access::read);
+    TensorArg a = tensor_arg(a_obj, kFactorNames[2 * i], Access::read, {DType::f32});
+    TensorArg b = tensor_arg(b_obj, kFactorNames[2 * i + 1], Access::read, {DType::f32});
     auto& v = out.view[p];
     v.rank = check_factor_pair(cfg, p, a, b);
     v.in = projection_in(s, p);
@@ -124,8 +123,7 @@ LayerLoraGrad lora_grads_arg(const MoeLayerConfig& cfg, const LoraRanks& ranks, 
     if (r == 0)
       value_error(std::string("grads['") + kFactorNames[i] + "']: the saved forward has no LoRA on " + projection_name(p) +
                   ", so there is no such gradient");
-    TensorArg t = tensor_arg(obj, kFactorNames[i], Access::write);
-    t.require_dtype({DType::f32});
+    TensorArg t = tensor_arg(obj, kFactorNames[i], Access::write, {DType::f32});
     if (i % 2 == 0) t.require_shape({E, r, projection_in(s, p)});
     else t.require_shape({E, projection_out(s, p), r});
     float* data = static_cast<float*>(t.data);

@@ -75,9 +75,8 @@ PyLayer::PyLayer(std::shared_ptr<PyRuntime> runtime, py::handle config, py::hand
     : runtime_(std::move(runtime)) {
   const LayerSetup setup = layer_setup_from_py(config);
   const MoeLayerConfig& c = setup.config;
-  TensorArg g = tensor_arg(gate, "gate", Access::read), u = tensor_arg(up, "up", Access::read),
-            d = tensor_arg(down, "down", Access::read);
-  for (const TensorArg* t : {&g, &u, &d}) t->require_dtype({DType::bf16});
+  TensorArg g = tensor_arg(gate, "gate", Access::read, {DType::bf16}), u = tensor_arg(up, "up", Access::read, {DType::bf16}),
+            d = tensor_arg(down, "down", Access::read, {DType::bf16});
   g.require_shape({c.num_experts, c.intermediate, c.hidden});
   u.require_shape({c.num_experts, c.intermediate, c.hidden});
   d.require_shape({c.num_experts, c.hidden, c.intermediate});
@@ -122,14 +121,11 @@ std::unique_lock<std::mutex> PyLayer::lock_state() {
 
 PyLayer::Batch PyLayer::batch_arg(py::handle x, py::handle ids, py::handle weights, py::handle out) const {
   const MoeLayerConfig& c = layer_->config();
-  TensorArg X = tensor_arg(x, "x", Access::read);
-  X.require_dtype({DType::bf16});
+  TensorArg X = tensor_arg(x, "x", Access::read, {DType::bf16});
   X.require_shape({-1, c.hidden});
-  TensorArg I = tensor_arg(ids, "expert_ids", Access::read);
-  I.require_dtype({DType::i64});
+  TensorArg I = tensor_arg(ids, "expert_ids", Access::read, {DType::i64});
   I.require_shape({X.dim(0), -1});
-  TensorArg W = tensor_arg(weights, "weights", Access::read);
-  W.require_dtype({DType::f32});
+  TensorArg W = tensor_arg(weights, "weights", Access::read, {DType::f32});
   W.require_shape({X.dim(0), I.dim(1)});
 
   Batch b;
@@ -150,8 +146,7 @@ PyLayer::Batch PyLayer::batch_arg(py::handle x, py::handle ids, py::handle weigh
   } else {
     b.out_obj = py::reinterpret_borrow<py::object>(out);
   }
-  TensorArg O = tensor_arg(out, "out", Access::write);
-  O.require_dtype({DType::bf16, DType::f32});
+  TensorArg O = tensor_arg(out, "out", Access::write, {DType::bf16, DType::f32});
   O.require_shape({X.dim(0), c.hidden});
   b.out = O.data;
   b.out_bf16 = O.dtype == DType::bf16;
@@ -165,8 +160,7 @@ PyLayer::Grads PyLayer::grads_arg(const char* who, py::handle grad_output, py::h
   const SavedForward& top = saved_.back();
   const MoeLayerConfig& c = layer_->config();
   Grads g;
-  TensorArg GO = tensor_arg(grad_output, "grad_output", Access::read);
-  GO.require_dtype({DType::bf16, DType::f32});
+  TensorArg GO = tensor_arg(grad_output, "grad_output", Access::read, {DType::bf16, DType::f32});
   GO.require_shape({top.tokens, c.hidden});
   if (grad_input.is_none()) {
     g.grad_input_obj = new_array(GO.is_torch, GO.dtype, GO.shape);
@@ -174,7 +168,7 @@ PyLayer::Grads PyLayer::grads_arg(const char* who, py::handle grad_output, py::h
   } else {
     g.grad_input_obj = py::reinterpret_borrow<py::object>(grad_input);
   }
-  TensorArg GI = tensor_arg(grad_input, "grad_input", Access::write);
+  TensorArg GI = tensor_arg(grad_input, "grad_input", Access::write, {DType::bf16, DType::f32});
   if (GI.dtype != GO.dtype)
     type_error(std::string("grad_input: dtype ") + dtype_name(GI.dtype, GI.is_torch) + ", expected grad_output's " +
                dtype_name(GO.dtype, GO.is_torch));
@@ -416,10 +410,10 @@ py::dict PyLayer::lora_weights() {
     py::object scale = new_array(false, DType::f32, {E});
     py::object present = py::module_::import("numpy").attr("zeros")(E, py::arg("dtype") = "bool");
     const std::size_t a_elems = static_cast<std::size_t>(E) * l.rank * l.in, b_elems = static_cast<std::size_t>(E) * l.out * l.rank;
-    std::memcpy(tensor_arg(a, "a", Access::write).data, l.a, sizeof(float) * a_elems);
-    std::memcpy(tensor_arg(b, "b", Access::write).data, l.b, sizeof(float) * b_elems);
-    auto* s = static_cast<float*>(tensor_arg(scale, "scale", Access::write).data);
-    auto* pr = static_cast<bool*>(tensor_arg(present, "present", Access::write).data);
+    std::memcpy(tensor_arg(a, "a", Access::write, {DType::f32}).data, l.a, sizeof(float) * a_elems);
+    std::memcpy(tensor_arg(b, "b", Access::write, {DType::f32}).data, l.b, sizeof(float) * b_elems);
+    auto* s = static_cast<float*>(tensor_arg(scale, "scale", Access::write, {DType::f32}).data);
+    auto* pr = static_cast<bool*>(tensor_arg(present, "present", Access::write, {DType::u8}).data);
     for (int e = 0; e < E; ++e) {
       s[e] = l.scale_of(e);
       pr[e] = l.active(e);

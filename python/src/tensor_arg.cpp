@@ -47,16 +47,30 @@ std::vector<std::int64_t> shape_of(py::handle shape_tuple) {
   return out;
 }
 
-TensorArg from_torch(py::handle t, const char* name, Access access, const TorchTypes& tt) {
+[[noreturn]] void wrong_dtype(const char* name, const std::string& got, bool torch, DTypes allowed) {
+  std::string list;
+  for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d, torch));
+  type_error(std::string(name) + ": dtype " + got + ", expected " + list);
+}
+
+bool is_allowed(DType d, DTypes allowed) {
+  for (DType a : allowed)
+    if (a == d) return true;
+  return false;
+}
+
+TensorArg from_torch(py::handle t, const char* name, Access access, DTypes allowed, const TorchTypes& tt) {
   TensorArg a;
   a.name = name;
   a.is_torch = true;
   py::object dtype = t.attr("dtype");
+  bool known = true;
   if (dtype.is(tt.bf16)) a.dtype = DType::bf16;
   else if (dtype.is(tt.f32)) a.dtype = DType::f32;
   else if (dtype.is(tt.i64)) a.dtype = DType::i64;
   else if (dtype.is(tt.u8) || dtype.is(tt.boolean)) a.dtype = DType::u8;
-  else type_error(std::string(name) + ": dtype " + py::str(dtype).cast<std::string>() + " is not supported here");
+  else known = false;
+  if (!known || !is_allowed(a.dtype, allowed)) wrong_dtype(name, py::str(dtype).cast<std::string>(), true, allowed);
   if (!py::object(t.attr("layout")).is(tt.strided)) value_error(std::string(name) + ": a sparse tensor; pass a dense (strided) one");
   if (!t.attr("is_cpu").cast<bool>())
     value_error(std::string(name) + ": a tensor on " + py::str(t.attr("device")).cast<std::string>() +
@@ -71,17 +85,19 @@ TensorArg from_torch(py::handle t, const char* name, Access access, const TorchT
   return a;
 }
 
-TensorArg from_numpy(const py::array& arr, const char* name, Access access) {
+TensorArg from_numpy(const py::array& arr, const char* name, Access access, DTypes allowed) {
   TensorArg a;
   a.name = name;
   py::dtype dt = arr.dtype();
   const char kind = dt.kind();
   const auto size = dt.itemsize();
+  bool known = true;
   if (kind == 'u' && size == 2) a.dtype = DType::bf16;  // bfloat16 bits
   else if (kind == 'f' && size == 4) a.dtype = DType::f32;
   else if (kind == 'i' && size == 8) a.dtype = DType::i64;
   else if ((kind == 'u' && size == 1) || kind == 'b') a.dtype = DType::u8;
-  else type_error(std::string(name) + ": dtype " + py::str(py::handle(dt)).cast<std::string>() + " is not supported here");
+  else known = false;
+  if (!known || !is_allowed(a.dtype, allowed)) wrong_dtype(name, py::str(py::handle(dt)).cast<std::string>(), false, allowed);
   if (size > 1 && dt.byteorder() == '>') value_error(std::string(name) + ": big-endian array; pass one in native byte order");
   const int flags = py::detail::array_proxy(arr.ptr())->flags;
   if (!(flags & py::detail::npy_api::NPY_ARRAY_C_CONTIGUOUS_))
@@ -124,24 +140,17 @@ void TensorArg::require_shape(std::initializer_list<std::int64_t> want) const {
   if (!ok) value_error(std::string(name) + ": shape " + shape_string() + ", expected " + w + "]");
 }
 
-void TensorArg::require_dtype(std::initializer_list<DType> allowed) const {
-  for (DType d : allowed)
-    if (d == dtype) return;
-  std::string list;
-  for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d, is_torch));
-  type_error(std::string(name) + ": dtype " + dtype_name(dtype, is_torch) + ", expected " + list);
-}
-
-TensorArg tensor_arg(py::handle obj, const char* name, Access access) {
+TensorArg tensor_arg(py::handle obj, const char* name, Access access, DTypes allowed) {
   const TorchTypes& tt = torch_types();
-  if (tt.loaded && py::isinstance(obj, tt.tensor_type)) return from_torch(obj, name, access, tt);
-  if (numpy_loaded() && py::isinstance<py::array>(obj)) return from_numpy(py::reinterpret_borrow<py::array>(obj), name, access);
+  if (tt.loaded && py::isinstance(obj, tt.tensor_type)) return from_torch(obj, name, access, allowed, tt);
+  if (numpy_loaded() && py::isinstance<py::array>(obj))
+    return from_numpy(py::reinterpret_borrow<py::array>(obj), name, access, allowed);
   type_error(std::string(name) + ": expected a numpy array or a torch tensor, got " + type_name(obj));
 }
 
-bool optional_tensor_arg(py::handle obj, const char* name, Access access, TensorArg& out) {
+bool optional_tensor_arg(py::handle obj, const char* name, Access access, DTypes allowed, TensorArg& out) {
   if (obj.is_none()) return false;
-  out = tensor_arg(obj, name, access);
+  out = tensor_arg(obj, name, access, allowed);
   return true;
 }
 

@@ -31,15 +31,16 @@ struct TensorArg {
   std::string shape_string() const;
   // ValueError unless the shape is exactly `want` (-1: any extent).
   void require_shape(std::initializer_list<std::int64_t> want) const;
-  // TypeError unless the dtype is one of `allowed`.
-  void require_dtype(std::initializer_list<DType> allowed) const;
 };
 
-// Throws TypeError for anything but a numpy array or torch tensor of a supported dtype, ValueError
-// for a tensor that is not on the CPU, not C-contiguous or (numpy) misaligned or byte-swapped.
-TensorArg tensor_arg(py::handle obj, const char* name, Access access);
+using DTypes = std::initializer_list<DType>;
+
+// Throws TypeError for anything but a numpy array or torch tensor of one of the `allowed` dtypes,
+// ValueError for one that is not on the CPU, not C-contiguous, or (numpy) misaligned or
+// byte-swapped.
+TensorArg tensor_arg(py::handle obj, const char* name, Access access, DTypes allowed);
 // None stays absent; anything else as tensor_arg.
-bool optional_tensor_arg(py::handle obj, const char* name, Access access, TensorArg& out);
+bool optional_tensor_arg(py::handle obj, const char* name, Access access, DTypes allowed, TensorArg& out);
 
 // A new uninitialised C-contiguous array: a torch tensor or a numpy array.
 py::object new_array(bool torch, DType dtype, const std::vector<std::int64_t>& shape);

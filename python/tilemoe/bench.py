@@ -70,7 +70,8 @@ def main(argv=None):
                     help="base weights of the PyTorch model (its LoRA is float32, as PEFT keeps it)")
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--torch-threads", type=int, default=None, help="PyTorch's threads (default: the runtime's)")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="PyTorch's threads for both steps (default: PyTorch's own choice, what its users get)")
     ap.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = ap.parse_args(argv)
 
@@ -81,7 +82,8 @@ def main(argv=None):
                             max_tokens=max(args.tokens, 1), lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank,
                             max_cache_depth=1, threads=args.threads)
     layer = tilemoe.MoELayer(cfg, gate, up, down, isa=args.isa)
-    torch.set_num_threads(args.torch_threads or layer.runtime.threads)  # the same cores for both sides
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     moe = MoELoRA(layer, generator=g)
     with torch.no_grad():  # B nonzero, so the LoRA path does real work in both models
         for p in moe.parameters():

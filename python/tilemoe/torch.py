@@ -156,6 +156,10 @@ class MoELoRA(torch.nn.Module):
         the experts' weighted sum [..., hidden] in x's dtype and device."""
         if x.shape[-1] != self.hidden:
             raise ValueError(f"x: last dimension {x.shape[-1]}, expected hidden = {self.hidden}")
+        if expert_ids.is_floating_point() or expert_ids.is_complex():
+            raise TypeError(f"expert_ids: dtype {expert_ids.dtype}, expected an integer dtype (torch.int64)")
+        if not weights.is_floating_point():
+            raise TypeError(f"weights: dtype {weights.dtype}, expected a floating dtype (torch.float32)")
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.hidden)
         ids = expert_ids.reshape(x2d.shape[0], -1)
