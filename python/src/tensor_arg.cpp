@@ -11,6 +11,8 @@ namespace {
 // the life of the process (the 1-token call path must not pay for attribute lookups by name).
 struct TorchTypes {
   py::object tensor_type, strided, bf16, f32, i64, u8, boolean, empty;
+  // Attribute names made once: getattr by C string builds a new str each time.
+  py::object dtype_name, layout_name, is_cpu_name, is_contiguous_name, requires_grad_name, shape_name, data_ptr_name;
   bool loaded = false;
 };
 
@@ -28,6 +30,13 @@ TorchTypes& torch_types() {
     t->u8 = torch.attr("uint8");
     t->boolean = torch.attr("bool");
     t->empty = torch.attr("empty");
+    t->dtype_name = py::str("dtype");
+    t->layout_name = py::str("layout");
+    t->is_cpu_name = py::str("is_cpu");
+    t->is_contiguous_name = py::str("is_contiguous");
+    t->requires_grad_name = py::str("requires_grad");
+    t->shape_name = py::str("shape");
+    t->data_ptr_name = py::str("data_ptr");
     t->loaded = true;
   }
   return *t;
@@ -63,7 +72,7 @@ TensorArg from_torch(py::handle t, const char* name, Access access, DTypes allow
   TensorArg a;
   a.name = name;
   a.is_torch = true;
-  py::object dtype = t.attr("dtype");
+  py::object dtype = t.attr(tt.dtype_name);
   bool known = true;
   if (dtype.is(tt.bf16)) a.dtype = DType::bf16;
   else if (dtype.is(tt.f32)) a.dtype = DType::f32;
@@ -71,17 +80,19 @@ TensorArg from_torch(py::handle t, const char* name, Access access, DTypes allow
   else if (dtype.is(tt.u8) || dtype.is(tt.boolean)) a.dtype = DType::u8;
   else known = false;
   if (!known || !is_allowed(a.dtype, allowed)) wrong_dtype(name, py::str(dtype).cast<std::string>(), true, allowed);
-  if (!py::object(t.attr("layout")).is(tt.strided)) value_error(std::string(name) + ": a sparse tensor; pass a dense (strided) one");
-  if (!t.attr("is_cpu").cast<bool>())
+  if (!py::object(t.attr(tt.layout_name)).is(tt.strided))
+    value_error(std::string(name) + ": a sparse tensor; pass a dense (strided) one");
+  if (t.attr(tt.is_cpu_name).ptr() != Py_True)
     value_error(std::string(name) + ": a tensor on " + py::str(t.attr("device")).cast<std::string>() +
                 "; the runtime reads CPU memory: pass tensor.cpu()");
-  if (!t.attr("is_contiguous")().cast<bool>())
-    value_error(std::string(name) + ": not contiguous; pass tensor.contiguous()");
-  if (access == Access::write && t.attr("requires_grad").cast<bool>())
+  if (t.attr(tt.is_contiguous_name)().ptr() != Py_True) value_error(std::string(name) + ": not contiguous; pass tensor.contiguous()");
+  if (access == Access::write && t.attr(tt.requires_grad_name).ptr() == Py_True)
     value_error(std::string(name) + ": requires grad, but the runtime writes it in place; pass a tensor that does not "
                 "(or its .detach())");
-  a.shape = shape_of(t.attr("shape"));
-  a.data = reinterpret_cast<void*>(t.attr("data_ptr")().cast<std::uintptr_t>());
+  py::tuple shape = py::reinterpret_borrow<py::tuple>(t.attr(tt.shape_name));  // torch.Size is a tuple
+  a.shape.resize(shape.size());
+  for (std::size_t i = 0; i < a.shape.size(); ++i) a.shape[i] = PyLong_AsLongLong(shape[i].ptr());
+  a.data = PyLong_AsVoidPtr(t.attr(tt.data_ptr_name)().ptr());
   return a;
 }
 
@@ -130,14 +141,16 @@ std::string TensorArg::shape_string() const {
 
 void TensorArg::require_shape(std::initializer_list<std::int64_t> want) const {
   bool ok = want.size() == shape.size();
-  std::string w = "[";
   std::size_t i = 0;
   for (std::int64_t d : want) {
     if (ok && d >= 0 && shape[i] != d) ok = false;
-    w += (i ? ", " : "") + (d >= 0 ? std::to_string(d) : std::string("*"));
     ++i;
   }
-  if (!ok) value_error(std::string(name) + ": shape " + shape_string() + ", expected " + w + "]");
+  if (ok) return;
+  std::string w = "[";
+  i = 0;
+  for (std::int64_t d : want) w += (i++ ? ", " : "") + (d >= 0 ? std::to_string(d) : std::string("*"));
+  value_error(std::string(name) + ": shape " + shape_string() + ", expected " + w + "]");
 }
 
 TensorArg tensor_arg(py::handle obj, const char* name, Access access, DTypes allowed) {

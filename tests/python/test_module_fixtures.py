@@ -159,6 +159,14 @@ for case in ("deepseek_tiny", "mixtral_tiny", "original_moe_tiny"):
         if layer_index == spec["layers"][0]:
             save_pretrained_round_trip(case, layer_index, module, x, ids, w)
 
+# A layer made from memory is named as DeepSeek/Qwen name experts, at the layer index it was given.
+cfg = tilemoe.MoEConfig(num_experts=2, top_k=1, hidden=32, intermediate=32, lora_rank=2)
+w = torch.zeros(2, 32, 32, dtype=torch.bfloat16)
+names = list(dict(MoELoRA(tilemoe.MoELayer(cfg, w, w, w, layer_index=5)).named_parameters()))
+expect(names[:2] == ["base_model.model.model.layers.5.mlp.experts.0.gate_proj.lora_A.weight",
+                     "base_model.model.model.layers.5.mlp.experts.0.gate_proj.lora_B.weight"] and len(names) == 12,
+       f"PEFT names of a layer made from memory: {names[:2]}")
+
 if failures:
     print(len(failures), "failure(s)")
     sys.exit(1)
