@@ -43,7 +43,8 @@ std::string json_string(const std::string& path, const std::string& s) {
   }
 }
 
-// The output under its temporary name: mapped for writing, removed unless commit() succeeds.
+// The output under its temporary name: mapped for streamed tensors, written with pwrite for the
+// others, removed unless commit() succeeds.
 class TmpOutput {
  public:
   explicit TmpOutput(const std::string& path)
@@ -75,6 +76,34 @@ class TmpOutput {
     return static_cast<std::byte*>(p);
   }
 
+  // Copies bytes given in memory into the file with pwrite: no page faults, and the kernel need
+  // not zero fresh page-cache pages first as it must for pages first touched through the mapping
+  // (for a file of GBs, that zeroing and faulting cost more than the copy).
+  void write_at(std::uint64_t offset, const void* src, std::uint64_t bytes) {
+    const auto* p = static_cast<const char*>(src);
+    while (bytes > 0) {
+      const ssize_t w = ::pwrite(fd_, p, std::min<std::uint64_t>(bytes, 1ull << 30), static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) io_error("cannot write '" + tmp_ + "'", w < 0 ? errno : EIO);
+      p += w;
+      offset += static_cast<std::uint64_t>(w);
+      bytes -= static_cast<std::uint64_t>(w);
+    }
+  }
+
+  // Data is written front to back; once `end` bytes are written, the pages before it leave this
+  // process (64 MB at a time, so small tensors cost no extra system calls). The data stays in
+  // the page cache: a shared file mapping's written pages are the file's. Writing a file of many
+  // GB then holds little of this process's resident memory, not the whole file until the end.
+  void written_up_to(std::uint64_t end) noexcept {
+    constexpr std::uint64_t kStep = 64ull << 20;
+    const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    const std::uint64_t upto = end / page * page;
+    if (!map_ || upto < released_ + kStep) return;
+    ::madvise(static_cast<std::byte*>(map_) + released_, upto - released_, MADV_DONTNEED);
+    released_ = upto;
+  }
+
   void commit() {
     ::munmap(map_, size_);
     map_ = nullptr;
@@ -96,6 +125,7 @@ class TmpOutput {
   int fd_ = -1;
   void* map_ = nullptr;
   std::uint64_t size_ = 0;
+  std::uint64_t released_ = 0;
   bool created_ = false, committed_ = false;
 };
 
@@ -213,8 +243,9 @@ void SafetensorsWriter::write(const std::string& path) const {
     if (e.fill) {
       e.fill(p, nbytes[i]);
     } else if (nbytes[i] > 0) {
-      std::memcpy(p, e.is_owned ? static_cast<const void*>(e.owned.data()) : e.data, nbytes[i]);
+      out.write_at(data_start + begin[i], e.is_owned ? static_cast<const void*>(e.owned.data()) : e.data, nbytes[i]);
     }
+    out.written_up_to(data_start + begin[i] + nbytes[i]);
   }
   out.commit();
 }

@@ -1,12 +1,14 @@
 #include "src/model/checkpoint.hpp"
 
 #include <array>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "numa/thread_pool.hpp"
 #include "src/model/finite_check.hpp"
 #include "src/model/tensor_names.hpp"
 #include "tilemoe/error.hpp"
@@ -165,30 +167,36 @@ const io::SafetensorsFile* Checkpoint::file_of(const std::string& name) const {
 }
 
 ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progress) const {
+  ExpertWeights w;
+  load_layer_experts(layer, w, progress, nullptr);
+  return w;
+}
+
+void Checkpoint::load_layer_experts(int layer, ExpertWeights& w, const ProgressFn& progress, numa::ThreadPool* pool) const {
   const MoeShape& s = config_.shape;
   const auto names = expert_tensor_names(layer);
-  std::size_t total_bytes = 0, done_bytes = 0;
+  std::size_t total_bytes = 0;
   for (const auto& list : names)
-    for (const auto& name : list)
-      total_bytes += find(name)->info->nbytes;
-  ExpertWeights w;
+    for (const auto& name : list) total_bytes += find(name)->info->nbytes;
+  const std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate;
   w.shape = s;
-  std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate;
-  for (Projection p : kProjections) {
-    auto& dst = p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down;
-    dst.resize(per * s.num_experts);
-    int rows = projection_out(s, p), cols = projection_in(s, p);
-    for (int e = 0; e < s.num_experts; ++e) {
-      const std::string& name = names[static_cast<int>(p)][e];
-      std::string what = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p);
-      bf16* out = dst.data() + per * e;
-      read_expert_tensor(name, rows, cols, what, out);
-      require_finite(out, per, files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
-      done_bytes += find(name)->info->nbytes;
-      if (progress) progress(done_bytes, total_bytes);
-    }
-  }
-  return w;
+  for (auto* v : {&w.gate, &w.up, &w.down}) v->resize(per * s.num_experts);  // a no-op when reused
+  std::atomic<std::size_t> done_bytes{0};
+  auto one = [&](std::size_t item, int worker) {
+    const Projection p = kProjections[item / s.num_experts];
+    const int e = static_cast<int>(item % s.num_experts);
+    const std::string& name = names[static_cast<int>(p)][e];
+    const std::string what = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p);
+    bf16* out = (p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down).data() + per * e;
+    read_expert_tensor(name, projection_out(s, p), projection_in(s, p), what, out);
+    require_finite(out, per, files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
+    const std::size_t done = done_bytes += find(name)->info->nbytes;
+    if (progress && worker == 0) progress(done, total_bytes);
+  };
+  const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;
+  if (pool) pool->parallel_for(items, one);
+  else for (std::size_t i = 0; i < items; ++i) one(i, 0);
+  if (progress) progress(total_bytes, total_bytes);
 }
 
 std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {

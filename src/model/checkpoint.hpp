@@ -14,6 +14,10 @@
 
 namespace tilemoe {
 
+namespace numa {
+class ThreadPool;
+}
+
 struct RouterWeights {
   std::vector<float> weight;           // [E][H]
   std::vector<float> correction_bias;  // [E] (DeepSeek-V3's e_score_correction_bias) or empty
@@ -30,6 +34,11 @@ class Checkpoint {
   // the message names the directory, layer, expert and projection. F32, F16 and FP8 (with
   // block scales) are converted to bf16. `progress` hears of the bytes read, tensor by tensor.
   ExpertWeights load_layer_experts(int layer, const ProgressFn& progress = {}) const;
+  // The same into `into`, whose buffers are reused when it holds a layer of this shape already:
+  // a tool that reads layer after layer then touches no fresh memory after the first (the
+  // kernel's zeroing and faulting-in of a new GB per layer cost more than reading it). With a
+  // pool the tensors are read in parallel, and `progress` is called on the calling thread only.
+  void load_layer_experts(int layer, ExpertWeights& into, const ProgressFn& progress, numa::ThreadPool* pool) const;
   RouterWeights load_router(int layer) const;
 
   // The stored names of a layer's routed-expert weights, [projection][expert]. Throws as
