@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "catch.hpp"
+#include "numa/thread_pool.hpp"
 #include "fp8_checkpoint.hpp"
 #include "quantized_dir_util.hpp"
 #include "src/model/checkpoint.hpp"
@@ -54,6 +55,19 @@ TEST_CASE("FP8 experts with 128x128 block scales, edge blocks partial, load as p
   check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_noconfig", {.block_in_config = false}));
   // Another block size, from quantization_config.weight_block_size.
   check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_64x32", {.block_rows = 64, .block_cols = 32}));
+  // In parallel, into buffers reused from another layer's load: the same values.
+  numa::ThreadPool pool(3, {});
+  auto ck = Checkpoint::open(fp8.dir);
+  ExpertWeights reused = ck.load_layer_experts(1);
+  std::fill(reused.down.begin(), reused.down.end(), bf16{0x7fc0});
+  std::size_t last_done = 0, last_total = 0;
+  ck.load_layer_experts(1, reused, [&](std::size_t done, std::size_t total) { last_done = done, last_total = total; }, &pool);
+  ExpertWeights plain = ck.load_layer_experts(1);
+  CHECK(reused.gate == plain.gate);
+  CHECK(reused.up == plain.up);
+  CHECK(reused.down == plain.down);
+  CHECK(last_done == last_total);
+  CHECK(last_total == 3u * 2u * 300u * 200u);  // the FP8 bytes stored
   // The router loads as stored next to it.
   auto router = Checkpoint::open(fp8.dir).load_router(1);
   CHECK(router.correction_bias == std::vector<float>{0.5f, -0.5f});

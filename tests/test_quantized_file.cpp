@@ -10,7 +10,9 @@
 #include "catch.hpp"
 #include "quantized_dir_util.hpp"
 #include "src/layer/synthetic_layer.hpp"
+#include "numa/thread_pool.hpp"
 #include "src/quant/quantization_error.hpp"
+#include "src/quant/quantize_into.hpp"
 #include "src/quant/quantized_file.hpp"
 #include "test_util.hpp"
 
@@ -188,6 +190,21 @@ TEST_CASE("a slice is the layer's columns: reassembled slices are the layer", "[
         }
     }
   }
+}
+
+TEST_CASE("quantize_experts_into reuses its buffers and gives quantize_experts' codes", "[quant]") {
+  numa::ThreadPool pool(3, {});
+  QuantizedExperts q;
+  ExpertWeights a = random_expert_weights(kOdd, 1), b = random_expert_weights(kOdd, 2);
+  quantize_experts_into(a.view(), WeightType::int8, 0, &pool, q);
+  test::check_same_quantized(q, quantize_experts(a.view(), WeightType::int8, 0, nullptr));
+  quantize_experts_into(a.view(), WeightType::int4, 32, &pool, q);  // another type: new buffers
+  test::check_same_quantized(q, quantize_experts(a.view(), WeightType::int4, 32, nullptr));
+  const std::int8_t* codes = q[Projection::down].codes.data();
+  quantize_experts_into(b.view(), WeightType::int4, 32, nullptr, q);  // same form: the same buffers, nothing stale
+  CHECK(q[Projection::down].codes.data() == codes);
+  test::check_same_quantized(q, quantize_experts(b.view(), WeightType::int4, 32, nullptr));
+  CHECK(error_of([&] { quantize_experts_into(b.view(), WeightType::int4, 16, nullptr, q); }).find("group size 16") != std::string::npos);
 }
 
 TEST_CASE("the writer refuses what does not fit, and a failed run leaves nothing", "[quant][file][errors]") {

@@ -36,6 +36,7 @@ LoadedLayer load_layer(const std::string& model_dir, int layer, const std::strin
 void add_forward_backward_commands(CLI::App& app, int& status);
 void add_convert_lora_command(CLI::App& app, int& status);
 void add_export_peft_command(CLI::App& app, int& status);
+void add_quantize_command(CLI::App& app, int& status);
 void add_demo_command(CLI::App& app, int& status);
 void add_bench_command(CLI::App& app, int& status);
 void add_info_command(CLI::App& app, int& status);

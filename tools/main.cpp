@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   tilemoe::cli::add_forward_backward_commands(app, status);
   tilemoe::cli::add_convert_lora_command(app, status);
   tilemoe::cli::add_export_peft_command(app, status);
+  tilemoe::cli::add_quantize_command(app, status);
   tilemoe::cli::add_demo_command(app, status);
   tilemoe::cli::add_train_demo_command(app, status);
   tilemoe::cli::add_bench_command(app, status);
