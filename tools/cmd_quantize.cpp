@@ -105,12 +105,14 @@ void add_quantize_command(CLI::App& app, int& status) {
       ExpertWeights w;
       quant::QuantizedExperts q;
       for (std::size_t i = 0; i < layers.size(); ++i) {
+        // Reading a layer is the first half of its share of the bar; quantizing and writing it, the second.
         const std::size_t before = read_total;
-        ck.load_layer_experts(layers[i], w, [&](std::size_t done, std::size_t) { bar.update(before + done, total); }, &pool);
-        read_total += layer_bytes[i];
+        ck.load_layer_experts(layers[i], w, [&](std::size_t done, std::size_t) { bar.update(before + done / 2, total); }, &pool);
         quant::quantize_experts_into(w.view(), type, a->group, &pool, q);
         error.add_layer(w.view(), q, &pool);
         written += writer.write_layer(layers[i], q);
+        read_total += layer_bytes[i];
+        bar.update(read_total, total);
       }
     }
     writer.commit();

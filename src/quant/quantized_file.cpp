@@ -239,7 +239,9 @@ QuantizedModelInfo parse_index(const std::string& text, const std::string& path)
   for (std::size_t n = 0; n < slices.size(); ++n) {
     const json& s = slices[n];
     const std::string field = "slices[" + std::to_string(n) + "]";
-    if (!s.is_array() || s.size() != 2 || !s[0].is_number_integer() || !s[1].is_number_integer()) r.bad(field, "is not [begin, end]");
+    if (!s.is_array() || s.size() != 2 || !s[0].is_number_integer() || !s[1].is_number_integer() || s[0].get<long long>() < 0 ||
+        s[1].get<long long>() > info.shape.intermediate)
+      r.bad(field, "is not [begin, end] within intermediate " + std::to_string(info.shape.intermediate));
     IntermediateSlice sl{s[0].get<int>(), s[1].get<int>()};
     if (sl.begin != expected_begin || sl.end <= sl.begin || sl.end > info.shape.intermediate || sl.begin % kSliceAlign != 0)
       r.bad(field, "is [" + std::to_string(sl.begin) + ", " + std::to_string(sl.end) + "); slices must be non-empty, start at " +
