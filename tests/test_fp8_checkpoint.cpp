@@ -17,6 +17,14 @@ using test::error_of;
 
 namespace {
 
+// Default options with some changed (designated initializers would warn about the others).
+template <typename F>
+test::Fp8Options options(F change) {
+  test::Fp8Options o;
+  change(o);
+  return o;
+}
+
 // w[r][c] = e4m3(code[r][c]) * scale_inv[r / block_rows][c / block_cols], rounded once to bf16.
 std::vector<bf16> dequantize_plainly(const test::Fp8Checkpoint& ck, Projection p, int e) {
   const int rows = projection_out(ck.shape, p), cols = projection_in(ck.shape, p);
@@ -52,9 +60,9 @@ TEST_CASE("FP8 experts with 128x128 block scales, edge blocks partial, load as p
   CHECK(fp8.scale_cols(Projection::gate) == 2);  // 200 columns: 128 + 72
   check_loads_plainly(fp8);
   // config.json without quantization_config: DeepSeek's 128 x 128.
-  check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_noconfig", {.block_in_config = false}));
+  check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_noconfig", options([](auto& o) { o.block_in_config = false; })));
   // Another block size, from quantization_config.weight_block_size.
-  check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_64x32", {.block_rows = 64, .block_cols = 32}));
+  check_loads_plainly(test::write_fp8_checkpoint(test::temp_dir() + "/fp8_64x32", options([](auto& o) { o.block_rows = 64, o.block_cols = 32; })));
   // In parallel, into buffers reused from another layer's load: the same values.
   numa::ThreadPool pool(3, {});
   auto ck = Checkpoint::open(fp8.dir);
@@ -77,7 +85,7 @@ TEST_CASE("FP8 errors: missing or misshapen scale_inv, NaN codes, bad block size
   const std::string dir = test::temp_dir() + "/fp8_bad";
   const std::string file = dir + "/model.safetensors";
   {
-    auto fp8 = test::write_fp8_checkpoint(dir, {.drop_one_scale = true});
+    auto fp8 = test::write_fp8_checkpoint(dir, options([](auto& o) { o.drop_one_scale = true; }));
     std::string err = error_of([&] { Checkpoint::open(dir).load_layer_experts(1); });
     INFO(err);
     CHECK(err.find(file) != std::string::npos);
@@ -86,7 +94,7 @@ TEST_CASE("FP8 errors: missing or misshapen scale_inv, NaN codes, bad block size
   }
   // One scale too few (as if the blocks had been [150, 100]), and one per element.
   for (std::vector<std::int64_t> shape : {std::vector<std::int64_t>{2, 2}, std::vector<std::int64_t>{300, 200}, std::vector<std::int64_t>{6}}) {
-    auto fp8 = test::write_fp8_checkpoint(dir, {.gate_scale_shape = shape});
+    auto fp8 = test::write_fp8_checkpoint(dir, options([&](auto& o) { o.gate_scale_shape = shape; }));
     std::string err = error_of([&] { Checkpoint::open(dir).load_layer_experts(1); });
     INFO(err);
     CHECK(err.find(file) != std::string::npos);
@@ -94,7 +102,7 @@ TEST_CASE("FP8 errors: missing or misshapen scale_inv, NaN codes, bad block size
     CHECK(err.find("expected [3, 2]: one scale per 128x128 block of the [300, 200] weight") != std::string::npos);
   }
   {
-    auto fp8 = test::write_fp8_checkpoint(dir, {.nan_code_at = 1234});
+    auto fp8 = test::write_fp8_checkpoint(dir, options([](auto& o) { o.nan_code_at = 1234; }));
     std::string err = error_of([&] { Checkpoint::open(dir).load_layer_experts(1); });
     INFO(err);
     CHECK(err.find("layer 1 expert 0 up ('model.layers.1.mlp.experts.0.up_proj.weight'): element 1234 is NaN") != std::string::npos);
