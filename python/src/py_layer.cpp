@@ -278,6 +278,7 @@ void PyLayer::update_lora_weights(const LoraFactors& factors, py::handle scales,
 
 Task PyLayer::submit_forward(py::handle x, py::handle ids, py::handle weights, py::handle out) {
   Batch b = batch_arg(x, ids, weights, out);
+  stack_trusted();  // forgets the tickets known done, so a server that only submits forwards keeps none
   Runtime::Ticket t = b.out_bf16
                           ? layer_->submit_forward(b.tokens, b.top_k, b.x, b.ids, b.weights, static_cast<bf16*>(b.out))
                           : layer_->submit_forward(b.tokens, b.top_k, b.x, b.ids, b.weights, static_cast<float*>(b.out));

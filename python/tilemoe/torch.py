@@ -81,6 +81,8 @@ class MoELoRA(torch.nn.Module):
     scales); a layer without LoRA gets PEFT's initialisation at `rank` (default: the config's
     lora_rank): A Kaiming-uniform, B zero, scale lora_alpha / rank. `naming` (a
     tilemoe.naming.PeftNaming) overrides the names found for the layer (tilemoe.naming.naming_of).
+    The module points the layer at its own arrays: one MoELoRA per layer, and no other
+    update_lora_weights on it while the module is in use.
     """
 
     def __init__(self, layer, *, rank=None, naming=None, generator=None):
