@@ -198,7 +198,7 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
         LoadedLora shapes = load_layer_lora(c.dir + "/adapter", read_model_config(c.dir + "/model"), l);
         LayerLora grads = shapes.lora.zeros_like();
         LayerLoraGrad gv;
-        for (int i = 0; i < 3; ++i) gv[i] = {grads.proj[i].a.data(), grads.proj[i].b.data()};
+        for (int i = 0; i < 3; ++i) gv[i].a = grads.proj[i].a.data(), gv[i].b = grads.proj[i].b.data();
         CHECK(layer.lora().max_rank() == shapes.lora.proj[0].rank);
         layer.backward(in.grad_output.data(), dx.data(), gv);
         CHECK(rel_error(dx, in.expected(ref, "grad_input")) <= 1e-2);

@@ -15,6 +15,19 @@
 
 namespace tilemoe {
 
+// Strides, in floats, of a set that is a window of larger arrays (the NUMA split hands each node
+// the B rows or A columns of its slice of the intermediate dimension); 0 means dense. Dense: A's
+// rows are `in` apart, experts rank * in (A) and out * rank (B) apart; B's rows are always rank.
+struct LoraStrides {
+  std::size_t a_row = 0;
+  std::size_t a_expert = 0;
+  std::size_t b_expert = 0;
+
+  std::size_t a_row_of(int in) const { return a_row != 0 ? a_row : static_cast<std::size_t>(in); }
+  std::size_t a_expert_of(int rank, int in) const { return a_expert != 0 ? a_expert : static_cast<std::size_t>(rank) * a_row_of(in); }
+  std::size_t b_expert_of(int rank, int out) const { return b_expert != 0 ? b_expert : static_cast<std::size_t>(out) * rank; }
+};
+
 struct LoraProjectionView {
   int rank = 0;  // 0: no LoRA on this projection
   int in = 0, out = 0;
@@ -23,11 +36,15 @@ struct LoraProjectionView {
   const float* scale = nullptr;           // [E]; nullptr: uniform_scale for every expert
   float uniform_scale = 1.0f;
   const std::uint8_t* present = nullptr;  // [E]; nullptr: every expert has LoRA
+  LoraStrides strides;                    // of a and b; default: dense
 
   bool active(int e) const { return rank > 0 && (present == nullptr || present[e] != 0); }
   float scale_of(int e) const { return scale != nullptr ? scale[e] : uniform_scale; }
-  const float* a_of(int e) const { return a + static_cast<std::size_t>(e) * rank * in; }
-  const float* b_of(int e) const { return b + static_cast<std::size_t>(e) * out * rank; }
+  std::size_t lda() const { return strides.a_row_of(in); }
+  const float* a_of(int e) const { return a + static_cast<std::size_t>(e) * strides.a_expert_of(rank, in); }
+  const float* b_of(int e) const { return b + static_cast<std::size_t>(e) * strides.b_expert_of(rank, out); }
+  bool dense() const { return lda() == static_cast<std::size_t>(in) && strides.a_expert_of(rank, in) == static_cast<std::size_t>(rank) * in &&
+                              strides.b_expert_of(rank, out) == static_cast<std::size_t>(out) * rank; }
 };
 
 struct LayerLoraView {
@@ -44,6 +61,11 @@ struct LayerLoraView {
 struct LoraProjectionGrad {
   float* a = nullptr;  // [E][rank][in]
   float* b = nullptr;  // [E][out][rank]
+  LoraStrides strides;  // as in LoraProjectionView; default: dense
+
+  std::size_t lda(int in) const { return strides.a_row_of(in); }
+  float* a_of(int e, int rank, int in) const { return a + static_cast<std::size_t>(e) * strides.a_expert_of(rank, in); }
+  float* b_of(int e, int rank, int out) const { return b + static_cast<std::size_t>(e) * strides.b_expert_of(rank, out); }
 };
 using LayerLoraGrad = std::array<LoraProjectionGrad, 3>;
 

@@ -283,9 +283,9 @@ void MoeLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int6
 namespace {
 LayerLoraGrad grad_of(const LoraGrads& g) {
   LayerLoraGrad v;
-  v[0] = {g.gate_a, g.gate_b};
-  v[1] = {g.up_a, g.up_b};
-  v[2] = {g.down_a, g.down_b};
+  v[0].a = g.gate_a, v[0].b = g.gate_b;
+  v[1].a = g.up_a, v[1].b = g.up_b;
+  v[2].a = g.down_a, v[2].b = g.down_b;
   return v;
 }
 }  // namespace

@@ -15,7 +15,7 @@ namespace {
 void prepare_backward_term(const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
   const kernels::StridedF32 b{lp.b_of(e), static_cast<std::size_t>(lp.rank), 1};
-  const kernels::StridedF32 a{lp.a_of(e), static_cast<std::size_t>(lp.in), 1};
+  const kernels::StridedF32 a{lp.a_of(e), lp.lda(), 1};
   term.prepare(b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows);
 }
 
@@ -156,9 +156,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         const int e = static_cast<int>(item / 3), p = static_cast<int>(item % 3);
         const auto& lp = lora.proj[p];
         if (lp.rank == 0) return;
-        const std::size_t na = static_cast<std::size_t>(lp.rank) * lp.in, nb = static_cast<std::size_t>(lp.out) * lp.rank;
-        if (grads[p].a) std::fill_n(grads[p].a + e * na, na, 0.0f);
-        if (grads[p].b) std::fill_n(grads[p].b + e * nb, nb, 0.0f);
+        const LoraProjectionGrad& g = grads[p];
+        if (g.a)
+          for (int i = 0; i < lp.rank; ++i) std::fill_n(g.a_of(e, lp.rank, lp.in) + i * g.lda(lp.in), lp.in, 0.0f);
+        if (g.b) std::fill_n(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank, 0.0f);
       });
     }
     pool_.parallel_for(active_.size() * 3, [&](std::size_t item, int worker) {
@@ -172,7 +173,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       term.project(kt_, dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
       if (grads[2].b)
         kt_.lora_grad_outer(dy_.data() + off(e) * hk, hk, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
-                            grads[2].b + static_cast<std::size_t>(e) * hidden * r, r, false);
+                            grads[2].b_of(e, static_cast<int>(r), s.hidden), r, false);
     });
   }
   lap(1);
@@ -232,7 +233,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       if (p == 2) {
         if (need_h)
           kt_.lora_grad_outer(h_.data() + off(e) * inter, inter, dp_[2].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
-                              grads[2].a + static_cast<std::size_t>(e) * r * inter, inter, true);
+                              grads[2].a_of(e, static_cast<int>(r), s.intermediate), grads[2].lda(s.intermediate), true);
         return;
       }
       const bf16* d_out = dgu_.data() + off(e) * gu_ld + (p == 1 ? ik : 0);
@@ -240,10 +241,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), scratch_[worker].proj, dp, r);
       if (grads[p].b)
         kt_.lora_grad_outer(d_out, gu_ld, entry.xa[p].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
-                            grads[p].b + static_cast<std::size_t>(e) * inter * r, r, false);
+                            grads[p].b_of(e, static_cast<int>(r), s.intermediate), r, false);
       if (grads[p].a)
         kt_.lora_grad_outer(xs_.data() + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
-                            grads[p].a + static_cast<std::size_t>(e) * r * hidden, hidden, true);
+                            grads[p].a_of(e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true);
     });
   }
   lap(3);

@@ -9,6 +9,8 @@
 #include "numa/topology.hpp"
 #include "src/layer/moe_forward.hpp"
 #include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/tensor_parallel_layer.hpp"
+#include "numa/node_group.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe {
@@ -34,22 +36,47 @@ numa::ThreadPool& pool_for_threads(int threads) {
   return *p;
 }
 
+numa::NodeGroup& node_group_for(numa::ThreadPool& pool, int nodes) {
+  const numa::Topology& topo = numa::system_topology();
+  if (nodes == 0) nodes = std::max<int>(1, static_cast<int>(topo.nodes.size()));
+  static std::mutex mu;
+  static std::map<std::pair<const numa::ThreadPool*, int>, std::unique_ptr<numa::NodeGroup>> groups;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& g = groups[{&pool, nodes}];
+  if (!g) g = nodes == 1 ? std::make_unique<numa::NodeGroup>(pool, topo.nodes.empty() ? 0 : topo.nodes[0].os_index)
+                         : std::make_unique<numa::NodeGroup>(topo, nodes, pool.size());
+  return *g;
+}
+
 std::vector<bf16> to_bf16(const float* x, std::size_t n) {
   std::vector<bf16> out(n);
   for (std::size_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
   return out;
 }
 
+namespace {
+
+TensorParallelLayer split_layer(const ExpertWeightsView& w, const ComputeOptions& opt, kernels::Isa isa, const SftLayerOptions& options,
+                                const LayerLoraView& view) {
+  numa::NodeGroup& nodes = node_group_for(pool_for_threads(opt.threads), opt.numa_nodes);
+  return TensorParallelLayer(w.shape, WeightType::bf16, 0, nodes, isa, options,
+                             [&](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) {
+                               return PackedExpertWeights::pack_slice(w, s, pool, node);
+                             },
+                             view);
+}
+
+}  // namespace
+
 void moe_forward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const ComputeOptions& opt,
                  float* output) {
   std::string backend = resolve_backend(opt.isa);
   if (backend == "reference") return reference_forward(w, lora, batch, output);
   auto isa = *kernels::parse_isa(backend);
-  numa::ThreadPool& pool = pool_for_threads(opt.threads);
-  PackedExpertWeights packed = PackedExpertWeights::pack(w, pool);
-  MoeForward fwd(packed, isa, pool);
+  const LayerLoraView view = lora_view(lora);
+  TensorParallelLayer layer = split_layer(w, opt, isa, {std::max(batch.tokens, 1), 0, view.max_rank(), std::max(batch.top_k, 1)}, view);
   auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * w.shape.hidden);
-  fwd.forward(lora, batch.tokens, batch.top_k, x.data(), batch.expert_ids, batch.weights, output);
+  layer.forward_sft(batch.tokens, batch.top_k, x.data(), batch.expert_ids, batch.weights, output, false);
 }
 
 void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const float* grad_output,
@@ -60,10 +87,8 @@ void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBa
     return reference_backward(w, lora, batch, grad_output, grad_input, lora_grad);
   }
   auto isa = *kernels::parse_isa(backend);
-  numa::ThreadPool& pool = pool_for_threads(opt.threads);
-  PackedExpertWeights packed = PackedExpertWeights::pack(w, pool);
   const LayerLoraView view = lora_view(lora);
-  MoeSftLayer layer(packed, isa, pool, {std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)}, view);
+  TensorParallelLayer layer = split_layer(w, opt, isa, {std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)}, view);
   auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * w.shape.hidden);
   std::vector<float> scratch_out;
   if (!output) scratch_out.resize(x.size()), output = scratch_out.data();

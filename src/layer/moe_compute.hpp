@@ -10,15 +10,20 @@ namespace tilemoe {
 
 struct ComputeOptions {
   std::string isa = "auto";
-  int threads = 0;  // 0: every core
+  int threads = 0;     // 0: every core
+  int numa_nodes = 1;  // tensor parallel over this many (real or virtual) nodes; 0: the machine's nodes
 };
 
 // The implementation `isa` resolves to on this CPU; throws unsupported when it cannot run here.
 std::string resolve_backend(const std::string& isa);
 
 // A pool of `threads` workers (0: the process-wide pool over every core), created once per count.
-namespace numa { class ThreadPool; }
+namespace numa { class ThreadPool; class NodeGroup; }
 numa::ThreadPool& pool_for_threads(int threads);
+// The node groups of the tensor-parallel layer, created once per (pool, node count) and never
+// destroyed: one node wraps `pool` itself; more split the machine's cores (numa::NodeGroup) into
+// as many workers in all as `pool` has. nodes 0 means the machine's real NUMA node count.
+numa::NodeGroup& node_group_for(numa::ThreadPool& pool, int nodes);
 
 std::vector<bf16> to_bf16(const float* x, std::size_t n);
 

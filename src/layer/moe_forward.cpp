@@ -12,7 +12,7 @@ namespace {
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank].
 void prepare_forward_term(const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
-  term.prepare({lp.a_of(e), static_cast<std::size_t>(lp.in), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
+  term.prepare({lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
                lp.out, lp.scale_of(e), rows);
 }
 

@@ -14,7 +14,8 @@ MoeSftLayer::MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, n
       forward_(weights, isa, pool),
       backward_(weights, isa, pool),
       cache_(weights.shape(), CacheLimits{options.max_tokens, options.max_top_k > 0 ? options.max_top_k : std::max(1, weights.shape().top_k), options.max_cache_depth,
-                                          options.max_lora_rank}) {
+                                          options.max_lora_rank},
+             options.memory_node) {
   update_lora_weights(lora);
 }
 
@@ -55,6 +56,11 @@ void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::i
 void MoeSftLayer::backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate) {
   const ForwardCacheEntry& entry = cache_.top("backward");
   backward_.backward(entry, grad_output, grad_input, grads, accumulate);
+  cache_.pop();
+}
+
+void MoeSftLayer::discard_newest_saved() {
+  cache_.top("discard_newest_saved");
   cache_.pop();
 }
 

@@ -23,6 +23,7 @@ struct SftLayerOptions {
   int max_cache_depth = 1;  // saved forwards held at once
   int max_lora_rank = 0;    // the largest rank update_lora_weights accepts
   int max_top_k = 0;        // routing slots per token forward_sft may save (0: the model's top-k)
+  int memory_node = 0;      // the NUMA node the cache stack lives on
 };
 
 class MoeSftLayer {
@@ -48,10 +49,15 @@ class MoeSftLayer {
   // LoRA set that forward used (overwritten, zero for experts without tokens, or added to with
   // accumulate). An empty stack is an Error(state) that changes nothing.
   void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false);
+  // Drops the newest saved forward without a backward (a NUMA node whose sibling failed to save
+  // the same forward). Error(state) when there is none.
+  void discard_newest_saved();
 
   int cached_forwards() const { return cache_.size(); }
   // Tokens of the saved forward the next backward pops; Error(state) when there is none.
   int tokens_of_newest_saved() const { return cache_.top("backward").tokens; }
+  // The forward the next backward pops; Error(state) when there is none.
+  const ForwardCacheEntry& newest_saved() const { return cache_.top("backward"); }
   std::size_t cache_bytes() const { return cache_.bytes(); }
   const MoeShape& shape() const { return shape_; }
   MoeForward& forward_pass() { return forward_; }

@@ -1,12 +1,24 @@
 #include "src/layer/packed_experts.hpp"
 
+#include <string>
+
 #include "tilemoe/error.hpp"
 
 namespace tilemoe {
 
 PackedExpertWeights PackedExpertWeights::pack(const ExpertWeightsView& w, numa::ThreadPool& pool, int node) {
+  return pack_slice(w, {0, w.shape.intermediate}, pool, node);
+}
+
+PackedExpertWeights PackedExpertWeights::pack_slice(const ExpertWeightsView& w, quant::IntermediateSlice slice, numa::ThreadPool& pool,
+                                                    int node) {
+  const MoeShape& full = w.shape;
+  if (slice.begin < 0 || slice.end > full.intermediate || slice.begin >= slice.end)
+    fail(ErrorKind::invalid_argument, "pack_slice: [" + std::to_string(slice.begin) + ", " + std::to_string(slice.end) +
+                                          ") is not a slice of intermediate " + std::to_string(full.intermediate));
   PackedExpertWeights p;
-  const MoeShape& s = w.shape;
+  MoeShape s = full;
+  s.intermediate = slice.width();
   p.shape_ = s;
   p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
   p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
@@ -19,7 +31,9 @@ PackedExpertWeights PackedExpertWeights::pack(const ExpertWeightsView& w, numa::
     int e = static_cast<int>(item / 3);
     Projection proj = static_cast<Projection>(item % 3);
     int n = projection_out(s, proj), k = projection_in(s, proj);
-    kernels::pack_bf16_weights(w.projection(proj, e), n, k, static_cast<std::size_t>(k), const_cast<bf16*>(p.packed(proj, e)));
+    const std::size_t ld = static_cast<std::size_t>(projection_in(full, proj));
+    const bf16* src = w.projection(proj, e) + (proj == Projection::down ? static_cast<std::size_t>(slice.begin) : slice.begin * ld);
+    kernels::pack_bf16_weights(src, n, k, ld, const_cast<bf16*>(p.packed(proj, e)));
   });
   return p;
 }

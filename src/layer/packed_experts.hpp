@@ -7,6 +7,7 @@
 #include "numa/node_memory.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/model/expert_weights.hpp"
+#include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
 
 namespace tilemoe {
@@ -16,6 +17,9 @@ class PackedExpertWeights {
   PackedExpertWeights() = default;
   // Packs in parallel on `pool`, into memory of NUMA node `node`.
   static PackedExpertWeights pack(const ExpertWeightsView& w, numa::ThreadPool& pool, int node = 0);
+  // The slice [begin, end) of the intermediate dimension (gate/up rows, down columns), read in
+  // place, as a layer of intermediate = slice.width(): one NUMA node's share.
+  static PackedExpertWeights pack_slice(const ExpertWeightsView& w, quant::IntermediateSlice slice, numa::ThreadPool& pool, int node);
   static PackedExpertWeights pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node = 0);
 
   const MoeShape& shape() const { return shape_; }

@@ -55,6 +55,13 @@ inline void validate_lora_view(const LayerLoraView& v, const MoeShape& s, int ma
                                             ", rank] but the layer needs in = " + std::to_string(projection_in(s, p)) +
                                             ", out = " + std::to_string(projection_out(s, p)));
     if (l.a == nullptr || l.b == nullptr) fail(ErrorKind::invalid_argument, where + "A or B is a null pointer");
+    // Windows of larger arrays may be strided, but rows and experts must not overlap.
+    const std::size_t a_row = l.lda();
+    if (a_row < static_cast<std::size_t>(l.in) || l.strides.a_expert_of(l.rank, l.in) < static_cast<std::size_t>(l.rank) * a_row ||
+        l.strides.b_expert_of(l.rank, l.out) < static_cast<std::size_t>(l.out) * l.rank)
+      fail(ErrorKind::invalid_argument, where + "strides (A rows " + std::to_string(a_row) + ", A experts " +
+                                            std::to_string(l.strides.a_expert_of(l.rank, l.in)) + ", B experts " +
+                                            std::to_string(l.strides.b_expert_of(l.rank, l.out)) + ") make rows or experts overlap");
     for (int e = 0; e < s.num_experts; ++e)
       if (l.active(e) && !std::isfinite(l.scale_of(e)))
         fail(ErrorKind::invalid_argument, where + "expert " + std::to_string(e) + " has a non-finite scale");

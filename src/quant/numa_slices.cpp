@@ -27,10 +27,12 @@ std::vector<IntermediateSlice> numa_slices(int intermediate, int nodes) {
 
 QuantizedExperts slice_experts(const QuantizedExperts& q, IntermediateSlice s) {
   const MoeShape& full = q.shape;
-  if (s.begin < 0 || s.end > full.intermediate || s.begin >= s.end || s.begin % kSliceAlign != 0)
+  // int4 down rows must split on a group boundary (whole groups, whole bytes); int8 anywhere.
+  const int align = q.type == WeightType::int4 ? q.group : 1;
+  if (s.begin < 0 || s.end > full.intermediate || s.begin >= s.end || s.begin % align != 0)
     fail(ErrorKind::invalid_argument, "slice [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ") of intermediate " +
                                           std::to_string(full.intermediate) + " is empty, out of range or not aligned to " +
-                                          std::to_string(kSliceAlign));
+                                          std::to_string(align));
   QuantizedExperts out;
   out.shape = full;
   out.shape.intermediate = s.width();
@@ -47,7 +49,7 @@ QuantizedExperts slice_experts(const QuantizedExperts& q, IntermediateSlice s) {
                     dst.expert_scale_count() * sizeof(float));
         continue;
       }
-      // Columns [begin, end) of every row. begin is even, so int4 bytes split cleanly.
+      // Columns [begin, end) of every row. An int4 begin is a multiple of the group, so even: bytes split cleanly.
       const std::size_t byte0 = q.type == WeightType::int4 ? s.begin / 2 : s.begin;
       const int group0 = q.type == WeightType::int4 ? s.begin / q.group : 0;
       for (int r = 0; r < dst.n; ++r) {

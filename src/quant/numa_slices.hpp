@@ -25,7 +25,7 @@ struct IntermediateSlice {
 std::vector<IntermediateSlice> numa_slices(int intermediate, int nodes);
 
 // The part of a layer that one node holds, as a layer of intermediate = s.width(): gate/up rows
-// and down columns [begin, end). int8 down rows keep the scale of their whole row (the nodes'
+// and down columns [begin, end); for int4, begin must be a multiple of the group size. int8 down rows keep the scale of their whole row (the nodes'
 // partial sums then add up to the unsplit product); int4 down rows keep the scales of their
 // groups, which the alignment keeps whole.
 QuantizedExperts slice_experts(const QuantizedExperts& q, IntermediateSlice s);

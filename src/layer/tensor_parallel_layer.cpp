@@ -1,0 +1,307 @@
+#include "src/layer/tensor_parallel_layer.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "src/lora/lora_view.hpp"
+#include "src/routing/token_groups.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+
+std::vector<quant::IntermediateSlice> node_slices(int intermediate, int nodes, int align) {
+  if (nodes < 1 || align < 1 || intermediate < 1)
+    fail(ErrorKind::invalid_argument, "node_slices: intermediate " + std::to_string(intermediate) + ", nodes " + std::to_string(nodes) +
+                                          " and align " + std::to_string(align) + " must be positive");
+  const int blocks = (intermediate + align - 1) / align;
+  const int count = std::min(nodes, blocks);
+  std::vector<quant::IntermediateSlice> out;
+  for (int n = 0; n < count; ++n) {
+    // Node n takes blocks [n * blocks / count, (n + 1) * blocks / count): counts differ by at most one.
+    const int b0 = static_cast<int>(static_cast<long long>(n) * blocks / count);
+    const int b1 = static_cast<int>(static_cast<long long>(n + 1) * blocks / count);
+    out.push_back({b0 * align, std::min(intermediate, b1 * align)});
+  }
+  return out;
+}
+
+int node_slice_align(WeightType type, int int4_group) {
+  switch (type) {
+    case WeightType::bf16: return 32;
+    case WeightType::int8: return 64;
+    case WeightType::int4: return std::max(64, int4_group);
+  }
+  return 128;
+}
+
+LayerLoraView slice_lora_view(const LayerLoraView& full, quant::IntermediateSlice slice) {
+  LayerLoraView v = full;
+  for (Projection p : kProjections) {
+    const LoraProjectionView& f = full[p];
+    LoraProjectionView& d = v[p];
+    if (f.rank == 0) continue;
+    // The window keeps the full arrays' strides: rows and experts stay where they were.
+    d.strides = {f.lda(), f.strides.a_expert_of(f.rank, f.in), f.strides.b_expert_of(f.rank, f.out)};
+    if (p == Projection::down) {
+      d.in = slice.width();
+      d.a = f.a + slice.begin;
+    } else {
+      d.out = slice.width();
+      d.b = f.b + static_cast<std::size_t>(slice.begin) * f.rank;
+    }
+  }
+  return v;
+}
+
+namespace {
+
+// The gradient windows of one slice, as slice_lora_view; `ranks` of the saved forward's set,
+// `full` the layer's unsplit shape (which the caller's arrays have).
+LayerLoraGrad slice_lora_grad(const LayerLoraGrad& grads, const LayerLoraView& ranks, const MoeShape& full, quant::IntermediateSlice slice) {
+  LayerLoraGrad g = grads;
+  for (Projection p : kProjections) {
+    const int i = static_cast<int>(p);
+    const int r = ranks[p].rank, in = projection_in(full, p), out = projection_out(full, p);
+    if (r == 0) continue;
+    g[i].strides = {grads[i].lda(in), grads[i].strides.a_expert_of(r, in), grads[i].strides.b_expert_of(r, out)};
+    if (p == Projection::down) {
+      if (g[i].a) g[i].a += slice.begin;
+    } else if (g[i].b) {
+      g[i].b += static_cast<std::size_t>(slice.begin) * r;
+    }
+  }
+  return g;
+}
+
+template <typename T>
+void ensure(numa::NodeBuffer<T>& b, std::size_t n, int node) {
+  if (b.size() < n) b = numa::NodeBuffer<T>(n, node);
+}
+
+// Below this many floats a merge runs on the calling thread: waking the nodes would cost more.
+constexpr std::size_t kMergeInline = 1 << 15;
+
+}  // namespace
+
+struct TensorParallelLayer::Shard {
+  quant::IntermediateSlice slice;
+  int os_node = 0;
+  numa::ThreadPool* pool = nullptr;
+  PackedExpertWeights weights;
+  std::unique_ptr<MoeSftLayer> layer;
+  // Partial results of nodes other than node 0, in this node's memory.
+  numa::NodeBuffer<float> out, grad_in;
+  std::array<numa::NodeBuffer<float>, 3> grad;  // gate's A, up's A, down's B: [E][rank][in] or [E][out][rank]
+};
+
+TensorParallelLayer::TensorParallelLayer(const MoeShape& shape, WeightType type, int int4_group, numa::NodeGroup& nodes,
+                                         kernels::Isa isa, const SftLayerOptions& options, const PackSlice& pack,
+                                         const LayerLoraView& lora)
+    : shape_(shape), type_(type), nodes_(nodes), max_rank_(options.max_lora_rank) {
+  validate_lora_view(lora, shape_, max_rank_, "TensorParallelLayer");
+  const std::vector<quant::IntermediateSlice> slices =
+      node_slices(shape.intermediate, nodes.size(), node_slice_align(type, int4_group));
+  for (std::size_t n = 0; n < slices.size(); ++n) {
+    auto shard = std::make_unique<Shard>();
+    shard->slice = slices[n];
+    shard->os_node = nodes.os_node(static_cast<int>(n));
+    shard->pool = &nodes.pool(static_cast<int>(n));
+    shards_.push_back(std::move(shard));
+  }
+  nodes_.run_on_nodes([&](int node) {
+    if (node >= node_count()) return;
+    Shard& s = *shards_[static_cast<std::size_t>(node)];
+    s.weights = pack(s.slice, *s.pool, s.os_node);
+    SftLayerOptions o = options;
+    o.memory_node = s.os_node;
+    s.layer = std::make_unique<MoeSftLayer>(s.weights, isa, *s.pool, o, slice_lora_view(lora, s.slice));
+  });
+  lora_ = lora;
+}
+
+TensorParallelLayer::~TensorParallelLayer() = default;
+
+void TensorParallelLayer::update_lora_weights(const LayerLoraView& lora) {
+  validate_lora_view(lora, shape_, max_rank_, "update_lora_weights");
+  std::vector<LayerLoraView> views;
+  for (const auto& s : shards_) {
+    views.push_back(slice_lora_view(lora, s->slice));
+    validate_lora_view(views.back(), s->weights.shape(), max_rank_, "update_lora_weights");
+  }
+  for (std::size_t n = 0; n < shards_.size(); ++n) shards_[n]->layer->update_lora_weights(views[n]);
+  lora_ = lora;
+}
+
+quant::IntermediateSlice TensorParallelLayer::slice(int node) const { return shards_.at(static_cast<std::size_t>(node))->slice; }
+const PackedExpertWeights& TensorParallelLayer::packed(int node) const { return shards_.at(static_cast<std::size_t>(node))->weights; }
+MoeSftLayer& TensorParallelLayer::node_layer(int node) { return *shards_.at(static_cast<std::size_t>(node))->layer; }
+int TensorParallelLayer::cached_forwards() const { return shards_[0]->layer->cached_forwards(); }
+int TensorParallelLayer::tokens_of_newest_saved() const { return shards_[0]->layer->tokens_of_newest_saved(); }
+
+std::size_t TensorParallelLayer::cache_bytes() const {
+  std::size_t b = 0;
+  for (const auto& s : shards_) b += s->layer->cache_bytes();
+  return b;
+}
+
+std::size_t TensorParallelLayer::weight_bytes() const {
+  std::size_t b = 0;
+  for (const auto& s : shards_) b += s->weights.bytes();
+  return b;
+}
+
+void TensorParallelLayer::merge_rows(float* dst, int tokens, const std::function<const float*(int node)>& partial) {
+  const std::size_t hidden = static_cast<std::size_t>(shape_.hidden);
+  const int n_nodes = node_count();
+  auto merge = [&](std::size_t r0, std::size_t r1) {
+    for (int n = 1; n < n_nodes; ++n) {
+      const float* src = partial(n);
+      for (std::size_t i = r0 * hidden; i < r1 * hidden; ++i) dst[i] += src[i];
+    }
+  };
+  const std::size_t rows = static_cast<std::size_t>(tokens);
+  if (rows * hidden <= kMergeInline) return merge(0, rows);
+  // Node n adds up rows [n * rows / N, (n + 1) * rows / N), in 8-row items on its own workers.
+  nodes_.run_on_nodes([&](int node) {
+    if (node >= n_nodes) return;
+    const std::size_t r0 = rows * static_cast<std::size_t>(node) / n_nodes, r1 = rows * static_cast<std::size_t>(node + 1) / n_nodes;
+    const std::size_t items = (r1 - r0 + 7) / 8;
+    shards_[static_cast<std::size_t>(node)]->pool->parallel_for(items, [&](std::size_t item, int) {
+      merge(r0 + item * 8, std::min(r1, r0 + item * 8 + 8));
+    });
+  });
+}
+
+void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,
+                                      float* out, bool save_for_backward) {
+  const int n_nodes = node_count();
+  if (n_nodes == 1) return shards_[0]->layer->forward_sft(tokens, top_k, x, expert_ids, weights, out, save_for_backward);
+  // The checks every node would make, made once, so that the nodes either all run or none does.
+  if (tokens > 0) group_tokens_by_expert(expert_ids, tokens, top_k, shape_.num_experts);
+  const int saved_before = cached_forwards();
+  const std::size_t elems = static_cast<std::size_t>(std::max(tokens, 0)) * shape_.hidden;
+  try {
+    nodes_.run_on_nodes([&](int node) {
+      if (node >= n_nodes) return;
+      Shard& s = *shards_[static_cast<std::size_t>(node)];
+      float* dst = out;
+      if (node > 0) {
+        ensure(s.out, elems, s.os_node);
+        dst = s.out.data();
+      }
+      s.layer->forward_sft(tokens, top_k, x, expert_ids, weights, dst, save_for_backward);
+    });
+  } catch (...) {
+    for (const auto& s : shards_)
+      if (s->layer->cached_forwards() > saved_before) s->layer->discard_newest_saved();
+    throw;
+  }
+  merge_rows(out, tokens, [&](int node) { return shards_[static_cast<std::size_t>(node)]->out.data(); });
+}
+
+void TensorParallelLayer::backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate) {
+  const int n_nodes = node_count();
+  if (n_nodes == 1) return shards_[0]->layer->backward(grad_output, grad_input, grads, accumulate);
+  const ForwardCacheEntry& entry = shards_[0]->layer->newest_saved();  // Error(state) on an empty stack
+  const int tokens = entry.tokens;
+  const LayerLoraView lora = entry.lora;  // node 0's view: full widths for the summed gradients
+  const TokenGroups groups = group_tokens_by_expert(entry.ids.data(), tokens, entry.top_k, shape_.num_experts);
+  std::vector<int> experts;
+  for (int e = 0; e < shape_.num_experts; ++e)
+    if (groups.count(e) > 0) experts.push_back(e);
+  const std::size_t elems = static_cast<std::size_t>(tokens) * shape_.hidden;
+  // Gate's and up's A and down's B are sums over the nodes: nodes other than 0 write theirs to
+  // their own dense buffers, whose routed experts' blocks start at zero and are added in
+  // afterwards. The other gradients are the nodes' own windows of the caller's arrays.
+  std::vector<char> routed(static_cast<std::size_t>(shape_.num_experts), 0);
+  for (int e : experts) routed[static_cast<std::size_t>(e)] = 1;
+  const int saved_before = cached_forwards();
+  try {
+    nodes_.run_on_nodes([&](int node) {
+      if (node >= n_nodes) return;
+      Shard& s = *shards_[static_cast<std::size_t>(node)];
+      LayerLoraGrad g = slice_lora_grad(grads, lora, shape_, s.slice);
+      if (node == 0) return s.layer->backward(grad_output, grad_input, g, accumulate);
+      ensure(s.grad_in, elems, s.os_node);
+      const LayerLoraView& nl = s.layer->newest_saved().lora;  // this node's widths
+      for (int p = 0; p < 3; ++p) {
+        const LoraProjectionView& l = nl.proj[p];
+        if (l.rank == 0) continue;
+        if (p != 2 && g[p].a) {
+          ensure(s.grad[p], static_cast<std::size_t>(shape_.num_experts) * l.rank * l.in, s.os_node);
+          g[p].a = s.grad[p].data();
+          g[p].strides.a_row = g[p].strides.a_expert = 0;
+        } else if (p == 2 && g[p].b) {
+          ensure(s.grad[p], static_cast<std::size_t>(shape_.num_experts) * l.out * l.rank, s.os_node);
+          g[p].b = s.grad[p].data();
+          g[p].strides.b_expert = 0;
+        }
+      }
+      // Zeroing done here, so the node's backward only adds: routed blocks of the buffers, and
+      // (unless accumulating) every expert's window of the caller's arrays.
+      s.pool->parallel_for(static_cast<std::size_t>(shape_.num_experts), [&](std::size_t ei, int) {
+        const int e = static_cast<int>(ei);
+        for (int p = 0; p < 3; ++p) {
+          const LoraProjectionView& l = nl.proj[p];
+          if (l.rank == 0) continue;
+          const bool a_own = p != 2;  // the A of gate/up is a buffer here, down's A a window
+          if (g[p].a && (a_own ? routed[ei] != 0 : !accumulate))
+            for (int i = 0; i < l.rank; ++i) std::fill_n(g[p].a_of(e, l.rank, l.in) + i * g[p].lda(l.in), l.in, 0.0f);
+          if (g[p].b && (a_own ? !accumulate : routed[ei] != 0))
+            std::fill_n(g[p].b_of(e, l.rank, l.out), static_cast<std::size_t>(l.out) * l.rank, 0.0f);
+        }
+      });
+      s.layer->backward(grad_output, s.grad_in.data(), g, /*accumulate=*/true);
+    });
+  } catch (...) {
+    // Keep the nodes' stacks in step: a forward that some node has popped is dropped everywhere.
+    for (const auto& s : shards_)
+      if (s->layer->cached_forwards() == saved_before) s->layer->discard_newest_saved();
+    throw;
+  }
+  merge_rows(grad_input, tokens, [&](int node) { return shards_[static_cast<std::size_t>(node)]->grad_in.data(); });
+  merge_lora_grads(grads, experts, lora);
+}
+
+void TensorParallelLayer::merge_lora_grads(const LayerLoraGrad& grads, const std::vector<int>& experts, const LayerLoraView& lora) {
+  struct Item {
+    int p, e;
+  };
+  std::vector<Item> items;
+  for (int p = 0; p < 3; ++p) {
+    const bool a_summed = p != 2;
+    if (lora.proj[p].rank == 0 || (a_summed ? grads[p].a : grads[p].b) == nullptr) continue;
+    for (int e : experts) items.push_back({p, e});
+  }
+  if (items.empty()) return;
+  const int n_nodes = node_count();
+  auto merge_item = [&](const Item& it) {
+    const LoraProjectionView& l = lora.proj[it.p];
+    const LoraProjectionGrad& g = grads[it.p];
+    const std::size_t r = static_cast<std::size_t>(l.rank);
+    if (it.p != 2) {  // A [rank][in], caller's rows lda apart; partials dense
+      float* dst = g.a_of(it.e, l.rank, l.in);
+      const std::size_t lda = g.lda(l.in), in = static_cast<std::size_t>(l.in);
+      for (int n = 1; n < n_nodes; ++n) {
+        const float* src = shards_[static_cast<std::size_t>(n)]->grad[it.p].data() + static_cast<std::size_t>(it.e) * r * in;
+        for (std::size_t i = 0; i < r; ++i)
+          for (std::size_t j = 0; j < in; ++j) dst[i * lda + j] += src[i * in + j];
+      }
+    } else {  // B [out][rank], contiguous per expert
+      float* dst = g.b_of(it.e, l.rank, l.out);
+      const std::size_t n_elems = static_cast<std::size_t>(l.out) * r;
+      for (int n = 1; n < n_nodes; ++n) {
+        const float* src = shards_[static_cast<std::size_t>(n)]->grad[it.p].data() + static_cast<std::size_t>(it.e) * n_elems;
+        for (std::size_t i = 0; i < n_elems; ++i) dst[i] += src[i];
+      }
+    }
+  };
+  nodes_.run_on_nodes([&](int node) {
+    if (node >= n_nodes) return;
+    const std::size_t i0 = items.size() * static_cast<std::size_t>(node) / n_nodes;
+    const std::size_t i1 = items.size() * static_cast<std::size_t>(node + 1) / n_nodes;
+    shards_[static_cast<std::size_t>(node)]->pool->parallel_for(i1 - i0, [&](std::size_t i, int) { merge_item(items[i0 + i]); });
+  });
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,86 @@
+#pragma once
+// One MoE layer split over NUMA nodes (tensor parallel, the role of kt-kernel's TP_MOE_SFT):
+// every expert's intermediate dimension is cut into one slice per node (gate and up rows, down
+// columns, and the matching LoRA B rows of gate/up and A columns of down). Each node packs its
+// slice into its own memory and computes, with its own workers, a partial output for all
+// tokens; merge_results adds the partials in node order.
+//
+// Everything the layer computes is linear in the slices, so no node needs another's data while
+// it runs: out, grad_input, and the gradients of gate's and up's A and of down's B are sums of
+// the nodes' partials (down's LoRA product B (A h) = sum over nodes of B (A_n h_n)); the B
+// gradients of gate and up and the A gradient of down are per slice, written in place.
+//
+// Node 0 writes the caller's arrays directly, the others their own buffers, which are then
+// added in order 1, 2, ...: the result is bit-identical for a given node count whatever the
+// thread count. With one node there is no merge and no copy.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "numa/node_group.hpp"
+#include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/packed_experts.hpp"
+#include "src/quant/numa_slices.hpp"
+
+namespace tilemoe {
+
+// Slices of [0, intermediate) for up to `nodes` nodes, boundaries on multiples of `align`, as
+// even as that allows; fewer slices than nodes when there are fewer aligned blocks (a node with
+// nothing to do is left out). Throws invalid_argument for nodes < 1 or align < 1.
+std::vector<quant::IntermediateSlice> node_slices(int intermediate, int nodes, int align);
+
+// The boundary alignment for a weight type: whole 32-wide k-blocks of bf16, whole 64-wide int8
+// blocks, whole int4 groups.
+int node_slice_align(WeightType type, int int4_group);
+
+// The LoRA view of one slice: gate/up keep A and see B's rows [begin, end); down keeps B and
+// sees A's columns [begin, end). Strided windows of the caller's arrays: nothing is copied.
+LayerLoraView slice_lora_view(const LayerLoraView& full, quant::IntermediateSlice slice);
+
+class TensorParallelLayer {
+ public:
+  // Builds node n's packed weights from its slice, with its pool, in memory of its os node.
+  using PackSlice = std::function<PackedExpertWeights(quant::IntermediateSlice slice, numa::ThreadPool& pool, int os_node)>;
+
+  // `nodes` must outlive the layer. Packs every node's slice at once (each with its own pool).
+  // Throws invalid_argument for a LoRA set that does not fit.
+  TensorParallelLayer(const MoeShape& shape, WeightType type, int int4_group, numa::NodeGroup& nodes, kernels::Isa isa,
+                      const SftLayerOptions& options, const PackSlice& pack, const LayerLoraView& lora = {});
+  ~TensorParallelLayer();
+
+  // As MoeSftLayer: validated first, a bad set keeps the old one.
+  void update_lora_weights(const LayerLoraView& lora);
+  const LayerLoraView& lora() const { return lora_; }
+
+  // As MoeSftLayer::forward_sft and backward, over all nodes; a failure leaves every node's
+  // cache stack as it was.
+  void forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,
+                   bool save_for_backward);
+  void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false);
+
+  int node_count() const { return static_cast<int>(shards_.size()); }
+  quant::IntermediateSlice slice(int node) const;
+  const PackedExpertWeights& packed(int node) const;
+  MoeSftLayer& node_layer(int node);
+  int cached_forwards() const;
+  int tokens_of_newest_saved() const;
+  std::size_t cache_bytes() const;
+  std::size_t weight_bytes() const;
+  const MoeShape& shape() const { return shape_; }
+  WeightType weight_type() const { return type_; }
+
+ private:
+  struct Shard;
+  void merge_rows(float* dst, int tokens, const std::function<const float*(int node)>& partial);
+  void merge_lora_grads(const LayerLoraGrad& grads, const std::vector<int>& experts, const LayerLoraView& lora);
+
+  MoeShape shape_;
+  WeightType type_;
+  numa::NodeGroup& nodes_;
+  int max_rank_;
+  LayerLoraView lora_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+};
+
+}  // namespace tilemoe

@@ -1,0 +1,11 @@
+#include "tensor_parallel_grid.hpp"
+
+using namespace tilemoe;
+
+TEST_CASE("avx512 tensor-parallel layer equals the reference for 1 to 4 nodes", "[tp][avx512]") {
+  test::run_tp_grid(kernels::Isa::avx512_bf16);
+}
+TEST_CASE("avx512 tensor-parallel layer matches the fixtures", "[tp][avx512][fixtures]") { test::run_tp_fixtures(kernels::Isa::avx512_bf16); }
+TEST_CASE("avx512 tensor-parallel layer is bit-identical for any thread count", "[tp][avx512]") {
+  test::run_tp_thread_identity(kernels::Isa::avx512_bf16, {1, 2, 5});
+}

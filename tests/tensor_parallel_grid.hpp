@@ -1,0 +1,177 @@
+#pragma once
+// The tensor-parallel layer (the NUMA split) of one ISA against the reference path, for 1 to 4
+// virtual nodes: forward and backward on the awkward-shape grid and the fixtures, accumulated
+// gradients, LoRA given as strided windows, bit-identical results for any thread count at a
+// given node count, and failures that leave every node's cache stack as it was.
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "catch.hpp"
+#include "fixture_cases.hpp"
+#include "numa/node_group.hpp"
+#include "shape_grid.hpp"
+#include "src/io/safetensors.hpp"
+#include "src/layer/moe_compute.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "src/layer/tensor_parallel_layer.hpp"
+#include "src/lora/peft_adapter.hpp"
+#include "src/model/checkpoint.hpp"
+#include "test_util.hpp"
+
+namespace tilemoe::test {
+
+struct TpResult {
+  std::vector<float> out, grad_input;
+  LayerLora grads;
+};
+
+inline std::unique_ptr<TensorParallelLayer> make_tp_layer(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w,
+                                                          const LayerLoraView& lora, int max_tokens, int depth = 1) {
+  SftLayerOptions opt;
+  opt.max_tokens = std::max(max_tokens, 1);
+  opt.max_cache_depth = depth;
+  opt.max_lora_rank = std::max(lora.max_rank(), 1);
+  const ExpertWeightsView view = w.view();
+  return std::make_unique<TensorParallelLayer>(
+      w.shape, WeightType::bf16, 0, nodes, isa, opt,
+      [view](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) { return PackedExpertWeights::pack_slice(view, s, pool, node); },
+      lora);
+}
+
+// forward_sft (saved) then backward; gradients overwritten into buffers full of junk, or added to
+// a copy of `start` with accumulate.
+inline TpResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
+                       const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
+                       const std::vector<float>& grad_out, const LayerLora* start = nullptr) {
+  auto layer = make_tp_layer(isa, nodes, w, lora_view(lora), tokens);
+  TpResult r;
+  r.out.assign(x.size(), 5.0f);
+  r.grad_input.assign(x.size(), 7.0f);
+  r.grads = start ? *start : lora.zeros_like();
+  if (!start)
+    for (auto& p : r.grads.proj) {
+      std::fill(p.a.begin(), p.a.end(), 7.0f);  // overwrite mode must replace all of it
+      std::fill(p.b.begin(), p.b.end(), 7.0f);
+    }
+  auto xb = to_bf16(x.data(), x.size());
+  layer->forward_sft(tokens, top_k, xb.data(), ids.data(), wts.data(), r.out.data(), true);
+  CHECK(layer->cached_forwards() == 1);
+  layer->backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads), start != nullptr);
+  CHECK(layer->cached_forwards() == 0);
+  return r;
+}
+
+inline void check_tp_lora_grads(const LayerLora& got, const LayerLora& want, double tol) {
+  for (Projection p : kProjections) {
+    INFO(projection_name(p));
+    CHECK(rel_error(got[p].a, want[p].a) <= tol);
+    CHECK(rel_error(got[p].b, want[p].b) <= tol);
+  }
+}
+
+// One node group per count, shared by the cases: threads in all = this machine's cores.
+inline numa::NodeGroup& test_node_group(int nodes, int threads = 0) {
+  static std::map<std::pair<int, int>, std::unique_ptr<numa::NodeGroup>> groups;
+  auto& g = groups[{nodes, threads}];
+  if (!g) g = std::make_unique<numa::NodeGroup>(numa::system_topology(), nodes, threads);
+  return *g;
+}
+
+inline void check_tp_case(kernels::Isa isa, int nodes, const MoeShape& s, int tokens, int rank, int lora_every, std::uint64_t seed) {
+  auto w = random_expert_weights(s, seed);
+  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  auto routing = random_routing(tokens, s, seed + 2);
+  for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;  // run elsewhere
+  auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
+  auto go = random_activations(x.size(), seed + 4);
+  MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
+  std::vector<float> want_out(x.size()), want_dx(x.size());
+  LayerLora want_grads = lora.zeros_like();
+  reference_forward(w.view(), lora, batch, want_out.data());
+  reference_backward(w.view(), lora, batch, go.data(), want_dx.data(), &want_grads);
+  numa::NodeGroup& group = test_node_group(nodes);
+  TpResult got = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go);
+  CHECK(rel_error(got.out, want_out) <= 1e-2);
+  CHECK(rel_error(got.grad_input, want_dx) <= 1e-2);
+  check_tp_lora_grads(got.grads, want_grads, 2e-2);
+
+  // Accumulating onto earlier gradients adds exactly what an overwrite computes (up to f32
+  // rounding of the sum).
+  if (rank > 0) {
+    LayerLora start = lora.zeros_like();
+    for (auto& p : start.proj) {
+      for (std::size_t i = 0; i < p.a.size(); ++i) p.a[i] = 0.25f * static_cast<float>(i % 7);
+      for (std::size_t i = 0; i < p.b.size(); ++i) p.b[i] = -0.5f * static_cast<float>(i % 5);
+    }
+    TpResult acc = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, &start);
+    for (int p = 0; p < 3; ++p) {
+      INFO("accumulate, " << projection_name(kProjections[static_cast<std::size_t>(p)]));
+      std::vector<float> a = start.proj[p].a, b = start.proj[p].b;
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] += want_grads.proj[p].a[i];
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] += want_grads.proj[p].b[i];
+      CHECK(rel_error(acc.grads.proj[p].a, a) <= 2e-2);
+      CHECK(rel_error(acc.grads.proj[p].b, b) <= 2e-2);
+    }
+  }
+}
+
+inline void run_tp_grid(kernels::Isa isa, std::vector<int> node_counts = {1, 2, 3, 4}) {
+  for (int nodes : node_counts)
+    for (const auto& c : awkward_shape_grid()) {
+      if (c.tokens > 256) continue;  // the 1024-token case adds time, not coverage, four times over
+      INFO(nodes << " nodes, hidden " << c.shape.hidden << " inter " << c.shape.intermediate << " experts " << c.shape.num_experts
+                 << " top-" << c.shape.top_k << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.lora_every);
+      check_tp_case(isa, nodes, c.shape, c.tokens, c.rank, c.lora_every, 131 + c.tokens);
+    }
+}
+
+// Every fixture case: PyTorch autograd through PEFT is the oracle, split over 2 and 3 nodes.
+inline void run_tp_fixtures(kernels::Isa isa) {
+  for (int nodes : {2, 3})
+    for (const auto& c : fixture_cases()) {
+      auto ck = Checkpoint::open(c.dir + "/model");
+      auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
+      for (int layer : c.layers) {
+        auto experts = ck.load_layer_experts(layer);
+        LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
+        FixtureLayerInputs in = read_fixture_layer(ref, layer);
+        TpResult got = run_tp(isa, test_node_group(nodes), experts, lora.lora, in.tokens, in.top_k, in.input, in.expert_ids, in.weights,
+                              in.grad_output);
+        INFO(c.name << " layer " << layer << ", " << nodes << " nodes");
+        CHECK(rel_error(got.out, in.expected(ref, "output")) <= 1e-2);
+        CHECK(rel_error(got.grad_input, in.expected(ref, "grad_input")) <= 1e-2);
+        check_fixture_lora_grads(got.grads, lora, ref, ck.config().shape.num_experts);
+      }
+    }
+}
+
+// The partials are added in node order: for a given node count the output and every gradient
+// are the same bits whatever the threads per node.
+inline void run_tp_thread_identity(kernels::Isa isa, std::vector<int> thread_totals) {
+  MoeShape s{96, 200, 8, 3};
+  auto w = random_expert_weights(s, 15);
+  LayerLora lora = random_lora(s, 8, 16.0f, 16, 2);
+  for (int nodes : {1, 3}) {
+    for (int tokens : {1, 5, 100}) {
+      auto routing = random_routing(tokens, s, 17);
+      auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 18);
+      auto go = random_activations(x.size(), 19);
+      std::vector<TpResult> results;
+      for (int threads : thread_totals)
+        results.push_back(run_tp(isa, test_node_group(nodes, std::max(threads, nodes)), w, lora, tokens, s.top_k, x, routing.expert_ids,
+                                 routing.weights, go));
+      for (std::size_t i = 1; i < results.size(); ++i) {
+        INFO(nodes << " nodes, " << tokens << " tokens, " << thread_totals[i] << " threads against " << thread_totals[0]);
+        CHECK(results[i].out == results[0].out);
+        CHECK(results[i].grad_input == results[0].grad_input);
+        for (int p = 0; p < 3; ++p) {
+          CHECK(results[i].grads.proj[p].a == results[0].grads.proj[p].a);
+          CHECK(results[i].grads.proj[p].b == results[0].grads.proj[p].b);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tilemoe::test

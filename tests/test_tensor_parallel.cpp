@@ -1,0 +1,141 @@
+// The NUMA split: slicing, the node group's dispatch, and the tensor-parallel layer on the
+// portable kernels (tests/isa/ runs the same grid on AVX-512 and AMX).
+#include <atomic>
+#include <stdexcept>
+
+#include "tensor_parallel_grid.hpp"
+#include "tilemoe/error.hpp"
+
+using namespace tilemoe;
+
+TEST_CASE("node_slices cover the intermediate size in aligned, balanced slices", "[tp]") {
+  for (int inter : {1, 15, 24, 31, 47, 100, 176, 200, 1408, 2048, 18432})
+    for (int align : {32, 64, 128})
+      for (int nodes = 1; nodes <= 9; ++nodes) {
+        INFO("intermediate " << inter << " align " << align << " nodes " << nodes);
+        auto s = node_slices(inter, nodes, align);
+        const int blocks = (inter + align - 1) / align;
+        REQUIRE(static_cast<int>(s.size()) == std::min(nodes, blocks));
+        int at = 0, min_w = inter, max_w = 0;
+        for (auto sl : s) {
+          CHECK(sl.begin == at);
+          CHECK(sl.begin % align == 0);
+          CHECK(sl.width() > 0);
+          at = sl.end;
+          min_w = std::min(min_w, sl.width());
+          max_w = std::max(max_w, sl.width());
+        }
+        CHECK(at == inter);
+        CHECK(max_w - min_w <= align);  // one block apart at most (the last may be short)
+      }
+  CHECK(node_slices(1408, 2, 32) == std::vector<quant::IntermediateSlice>{{0, 704}, {704, 1408}});
+  CHECK_THROWS_AS(node_slices(100, 0, 32), Error);
+  CHECK_THROWS_AS(node_slices(100, 2, 0), Error);
+}
+
+TEST_CASE("slice_lora_view gives windows of the caller's arrays", "[tp]") {
+  MoeShape s{40, 200, 3, 2};
+  LayerLora lora = random_lora(s, 4, 8.0f, 3, 1);
+  const LayerLoraView full = lora_view(lora);
+  const quant::IntermediateSlice sl{64, 128};
+  const LayerLoraView v = slice_lora_view(full, sl);
+  for (int e = 0; e < 3; ++e) {
+    for (Projection p : {Projection::gate, Projection::up}) {
+      CHECK(v[p].out == 64);
+      CHECK(v[p].in == 40);
+      CHECK(v[p].a_of(e) == full[p].a_of(e));
+      CHECK(v[p].b_of(e) == full[p].b_of(e) + 64 * 4);  // rows [64, 128) of B
+      CHECK(v[p].b_of(e)[3 * 4 + 1] == lora[p].b_of(e)[(64 + 3) * 4 + 1]);
+    }
+    const auto& d = v[Projection::down];
+    CHECK(d.in == 64);
+    CHECK(d.out == 40);
+    CHECK(d.lda() == 200);
+    CHECK(d.a_of(e)[2 * d.lda() + 5] == lora[Projection::down].a_of(e)[2 * 200 + 64 + 5]);  // A column 64 + 5
+    CHECK(d.b_of(e) == full[Projection::down].b_of(e));
+  }
+  // A window of a window keeps the outer strides.
+  const LayerLoraView vv = slice_lora_view(v, {32, 64});
+  CHECK(vv[Projection::down].a_of(1)[3 * 200 + 7] == lora[Projection::down].a_of(1)[3 * 200 + 64 + 32 + 7]);
+  CHECK(vv[Projection::gate].b_of(2)[5 * 4] == lora[Projection::gate].b_of(2)[(96 + 5) * 4]);
+}
+
+TEST_CASE("NodeGroup runs every node once, concurrently, and reports the lowest node's failure", "[tp]") {
+  for (int nodes : {1, 2, 3, 4, 7}) {
+    numa::NodeGroup& g = test::test_node_group(nodes);
+    REQUIRE(g.size() == nodes);
+    std::vector<std::atomic<int>> runs(static_cast<std::size_t>(nodes));
+    g.run_on_nodes([&](int n) {
+      runs[static_cast<std::size_t>(n)]++;
+      std::atomic<int> items{0};
+      g.pool(n).parallel_for(50, [&](std::size_t, int) { items++; });
+      CHECK(items == 50);
+    });
+    for (auto& r : runs) CHECK(r == 1);
+    try {
+      g.run_on_nodes([&](int n) {
+        if (n >= nodes / 2) throw std::runtime_error("node " + std::to_string(n));
+      });
+      FAIL("no exception");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "node " + std::to_string(nodes / 2));
+    }
+    g.run_on_nodes([&](int n) { runs[static_cast<std::size_t>(n)]++; });  // still usable
+    for (auto& r : runs) CHECK(r == 2);
+  }
+  CHECK_THROWS_AS(numa::NodeGroup(numa::system_topology(), 0, 0), Error);
+}
+
+TEST_CASE("portable tensor-parallel layer equals the reference for 2 and 4 nodes", "[tp][portable]") {
+  test::run_tp_grid(kernels::Isa::portable, {2, 4});
+}
+
+TEST_CASE("portable tensor-parallel layer matches the fixtures", "[tp][portable][fixtures]") { test::run_tp_fixtures(kernels::Isa::portable); }
+
+TEST_CASE("portable tensor-parallel layer is bit-identical for any thread count", "[tp][portable]") {
+  test::run_tp_thread_identity(kernels::Isa::portable, {1, 3, 5});
+}
+
+TEST_CASE("tensor-parallel layer: failures leave every node's stack as it was", "[tp]") {
+  MoeShape s{48, 200, 6, 2};
+  auto w = random_expert_weights(s, 3);
+  LayerLora lora = random_lora(s, 4, 8.0f, 4, 1);
+  auto layer = test::make_tp_layer(kernels::Isa::portable, test::test_node_group(3), w, lora_view(lora), 8, 2);
+  REQUIRE(layer->node_count() == 3);
+  const int tokens = 4;
+  auto routing = random_routing(tokens, s, 5);
+  auto x = to_bf16(random_activations(static_cast<std::size_t>(tokens) * s.hidden, 6).data(), static_cast<std::size_t>(tokens) * s.hidden);
+  std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), gi(out.size()), go(out.size(), 1.0f);
+  auto stacks = [&] {
+    std::vector<int> d;
+    for (int n = 0; n < layer->node_count(); ++n) d.push_back(layer->node_layer(n).cached_forwards());
+    return d;
+  };
+  // Backward on an empty stack.
+  CHECK_THROWS_AS(layer->backward(go.data(), gi.data(), {}), Error);
+  CHECK(stacks() == std::vector<int>{0, 0, 0});
+  // An id out of range: named, nothing saved anywhere.
+  auto bad = routing.expert_ids;
+  bad[5] = 6;
+  try {
+    layer->forward_sft(tokens, s.top_k, x.data(), bad.data(), routing.weights.data(), out.data(), true);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::invalid_argument);
+    CHECK(std::string(e.what()).find("6") != std::string::npos);
+  }
+  CHECK(stacks() == std::vector<int>{0, 0, 0});
+  // A full stack.
+  layer->forward_sft(tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data(), out.data(), true);
+  layer->forward_sft(tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data(), out.data(), true);
+  CHECK_THROWS_AS(layer->forward_sft(tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data(), out.data(), true), Error);
+  CHECK(stacks() == std::vector<int>{2, 2, 2});
+  // A LoRA set that does not fit keeps the old one on every node.
+  LayerLora wrong = random_lora({48, 100, 6, 2}, 4, 8.0f, 4, 1);
+  CHECK_THROWS_AS(layer->update_lora_weights(lora_view(wrong)), Error);
+  CHECK(layer->lora()[Projection::gate].b == lora[Projection::gate].b.data());
+  CHECK(layer->node_layer(2).lora()[Projection::gate].b == lora[Projection::gate].b.data() + layer->slice(2).begin * 4);
+  layer->backward(go.data(), gi.data(), {});
+  layer->backward(go.data(), gi.data(), {});
+  CHECK(stacks() == std::vector<int>{0, 0, 0});
+}
