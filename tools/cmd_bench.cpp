@@ -12,6 +12,9 @@
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_forward.hpp"
 #include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/tensor_parallel_layer.hpp"
+#include "numa/node_group.hpp"
+#include "src/quant/numa_slices.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "src/quant/quantize.hpp"
 #include "tilemoe/error.hpp"
@@ -50,7 +53,7 @@ int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 :
 void add_bench_command(CLI::App& app, int& status) {
   struct Args {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16";
-    int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group;
+    int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group, numa_nodes = 1;
     double iter_scale = 1.0;
     bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false;
     std::string workdir = "/tmp";
@@ -65,6 +68,9 @@ void add_bench_command(CLI::App& app, int& status) {
       ->capture_default_str();
   cmd->add_option("--group-size", a->group_size, "int4: inputs per scale (32, 64 or 128)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
+  cmd->add_option("--numa-nodes", a->numa_nodes,
+                  "Split each layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's nodes")
+      ->capture_default_str();
   cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per case");
@@ -91,7 +97,9 @@ void add_bench_command(CLI::App& app, int& status) {
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
     if (weight_type != WeightType::bf16 && a->backward)
       fail(ErrorKind::unsupported, "bench --backward: training through " + a->weights + " base weights is not built yet; use --weights bf16");
+    if (a->numa_nodes < 0) fail(ErrorKind::invalid_argument, "--numa-nodes " + std::to_string(a->numa_nodes) + ": give 0 (the machine's) or more");
     numa::ThreadPool& pool = pool_for_threads(a->threads);
+    numa::NodeGroup& nodes = node_group_for(pool, a->numa_nodes);
     const auto& topo = numa::system_topology();
     pin_caller_to_first_core();
 
@@ -107,16 +115,25 @@ void add_bench_command(CLI::App& app, int& status) {
       quantized = quant::quantize_experts(source.view(), weight_type, a->group_size, &pool);
       quantize_s = seconds_since(t0);
     }
-    auto pack_layer = [&] {
-      return weight_type == WeightType::bf16 ? PackedExpertWeights::pack(source.view(), pool) : PackedExpertWeights::pack_quantized(quantized, pool);
+    // Every layer is a tensor-parallel layer: with one node it is the plain layer, no split.
+    const int max_tokens = std::max(1, *std::max_element(token_list.begin(), token_list.end()));
+    const TensorParallelLayer::PackSlice pack_slice = [&](quant::IntermediateSlice sl, numa::ThreadPool& node_pool, int node) {
+      return weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
+                                             : PackedExpertWeights::pack_quantized(quant::slice_experts(quantized, sl), node_pool, node);
     };
-    std::vector<PackedExpertWeights> packed;
+    const SftLayerOptions layer_options{max_tokens, a->backward ? 1 : 0, *std::max_element(rank_list.begin(), rank_list.end()), s.top_k};
+    std::vector<std::unique_ptr<TensorParallelLayer>> tp;
+    auto add_layer = [&] {
+      tp.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, nodes, isa, layer_options, pack_slice));
+    };
     t0 = Clock::now();
-    packed.push_back(pack_layer());
-    const std::size_t layer_bytes = std::max<std::size_t>(packed[0].bytes(), 1);
+    add_layer();
+    const std::size_t layer_bytes = std::max<std::size_t>(tp[0]->weight_bytes(), 1);
+    const std::size_t bytes_per_expert = layer_bytes / static_cast<std::size_t>(s.num_experts);
+    const int split = tp[0]->node_count();
     int layers = a->layers > 0 ? a->layers
                                : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
-    while (static_cast<int>(packed.size()) < layers) packed.push_back(pack_layer());
+    while (static_cast<int>(tp.size()) < layers) add_layer();
     double pack_s = seconds_since(t0);
     source = ExpertWeights{};
     quantized = quant::QuantizedExperts{};
@@ -130,31 +147,28 @@ void add_bench_command(CLI::App& app, int& status) {
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
       std::printf("weights: %s%s, %d layers x %.2f GB packed (made in %.1f s, quantized in %.1f s, packed in %.1f s: %.2f s per layer)\n",
                   a->weights.c_str(), weight_type == WeightType::int4 ? (" group " + std::to_string(a->group_size)).c_str() : "", layers,
-                  packed[0].bytes() / 1e9, gen_s, quantize_s, pack_s, pack_s / layers);
+                  layer_bytes / 1e9, gen_s, quantize_s, pack_s, pack_s / layers);
+      std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", nodes.size(),
+                  static_cast<std::size_t>(nodes.size()) == topo.nodes.size() ? "the machine's" : "virtual", split);
+      for (int n = 0; n < split; ++n)
+        std::printf(" [%d, %d) on %d threads", tp[0]->slice(n).begin, tp[0]->slice(n).end, nodes.pool(n).size());
+      std::printf("\n");
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
-      std::printf("%6s %5s %6s %9s %9s %9s %8s %9s %10s%s\n", "tokens", "rank", "iters", "median_ms", "min_ms", "GB/s", "TFLOP/s",
-                  "floor_ms", "time/floor", a->backward ? "    fwd_ms    bwd_ms" : "");
+      std::printf("%6s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "iters", "median_ms", "min_ms", "GB/s", "TFLOP/s",
+                  "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
     }
-    const int max_tokens = std::max(1, *std::max_element(token_list.begin(), token_list.end()));
     for (int rank : rank_list) {
       LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), 3);
       LayerLora grads = lora.zeros_like();
       std::size_t lora_bytes_per_expert = 0;
       for (Projection p : kProjections)
         lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
-      std::vector<std::unique_ptr<MoeForward>> fwd;
-      std::vector<std::unique_ptr<MoeSftLayer>> sft;
-      for (auto& p : packed) {
-        if (a->backward)
-          sft.push_back(std::make_unique<MoeSftLayer>(p, isa, pool, SftLayerOptions{max_tokens, 1, rank}, lora_view(lora)));
-        else
-          fwd.push_back(std::make_unique<MoeForward>(p, isa, pool));
-      }
+      for (auto& l : tp) l->update_lora_weights(lora_view(lora));
+      // Phases are node 0's: the nodes run theirs at the same time.
       auto reset_phases = [&] {
-        for (auto& f : fwd) f->reset_phase_seconds();
-        for (auto& l : sft) l->forward_pass().reset_phase_seconds(), l->backward_pass().reset_phase_seconds();
+        for (auto& l : tp) l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds();
       };
       for (int tokens : token_list) {
         if (tokens == 0) continue;
@@ -178,12 +192,10 @@ void add_bench_command(CLI::App& app, int& status) {
           const auto& r = routings[set];
           auto t = Clock::now();
           double f_ms = 0;
+          tp[layer]->forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), a->backward);
           if (a->backward) {
-            sft[layer]->forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), true);
             f_ms = seconds_since(t) * 1e3;
-            sft[layer]->backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(grads), !a->grad_overwrite);
-          } else {
-            fwd[layer]->forward(lora, tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data());
+            tp[layer]->backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(grads), !a->grad_overwrite);
           }
           double dt = seconds_since(t) * 1e3;
           if (i < 0) continue;
@@ -193,7 +205,7 @@ void add_bench_command(CLI::App& app, int& status) {
           std::vector<char> touched(s.num_experts, 0);
           for (auto e : r.expert_ids) touched[e] = 1;
           int n = static_cast<int>(std::count(touched.begin(), touched.end(), 1));
-          bytes_sum += (a->backward ? 2.0 : 1.0) * n * (packed[0].bytes_per_expert() + lora_bytes_per_expert);
+          bytes_sum += (a->backward ? 2.0 : 1.0) * n * (bytes_per_expert + lora_bytes_per_expert);
         }
         auto median_of = [](std::vector<double> v) {
           std::sort(v.begin(), v.end());
@@ -208,40 +220,35 @@ void add_bench_command(CLI::App& app, int& status) {
         if (a->json)
           std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                       "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
-                      "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d}\n",
+                      "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
+                      "\"node_gbps\":%.2f}\n",
                       a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false", median, min_ms,
                       a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms, bytes / median / 1e6,
-                      flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters);
+                      flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6);
         else if (a->backward)
-          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %9.3f %9.3f\n", tokens, rank, iters, median, min_ms,
-                      bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, fwd_median, bwd_median);
+          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f\n", tokens, rank, iters, median, min_ms,
+                      bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
+                      bwd_median);
         else
-          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f\n", tokens, rank, iters, median, min_ms, bytes / median / 1e6,
-                      flops / median / 1e9, floor_ms, median / floor_ms);
+          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f\n", tokens, rank, iters, median, min_ms, bytes / median / 1e6,
+                      flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
         if (a->phases) {
           auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
             std::printf("        %s phases, mean ms per call:", what);
             for (int i = 0; i < count; ++i) std::printf(" %s %.3f", name(i), seconds(i) * 1e3 / (iters + 2));
             std::printf("\n");
           };
-          if (a->backward) {
-            print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
-              double t = 0;
-              for (auto& l : sft) t += l->forward_pass().phase_seconds()[i];
-              return t;
-            });
+          print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
+            double t = 0;
+            for (auto& l : tp) t += l->node_layer(0).forward_pass().phase_seconds()[i];
+            return t;
+          });
+          if (a->backward)
             print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
               double t = 0;
-              for (auto& l : sft) t += l->backward_pass().phase_seconds()[i];
+              for (auto& l : tp) t += l->node_layer(0).backward_pass().phase_seconds()[i];
               return t;
             });
-          } else {
-            print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
-              double t = 0;
-              for (auto& f : fwd) t += f->phase_seconds()[i];
-              return t;
-            });
-          }
           reset_phases();
         }
         std::fflush(stdout);
