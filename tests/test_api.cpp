@@ -100,10 +100,14 @@ void expect_error(Fn&& fn, ErrorKind kind, const std::string& must_mention) {
 TEST_CASE("a layer from the caller's memory matches the reference path, bf16 and f32 at the boundary", "[api]") {
   ExpertWeights w = random_expert_weights(kShape, 11);
   TrainerLora lora(12);
-  for (const char* isa : {"portable", "auto"}) {
-    SECTION(isa) {
+  // One node, and split over 3 (virtual) NUMA nodes: the same results within rounding.
+  for (const auto& [isa, nodes] : {std::pair<const char*, int>{"portable", 1}, {"auto", 1}, {"portable", 3}, {"auto", 3}}) {
+    SECTION(std::string(isa) + ", " + std::to_string(nodes) + " node(s)") {
       Runtime rt({isa, 0});
-      MoeLayer layer(rt, config(), ref_of(w));
+      MoeLayerConfig cfg = config();
+      cfg.numa_nodes = nodes;
+      MoeLayer layer(rt, cfg, ref_of(w));
+      CHECK(layer.config().numa_nodes == nodes);
       layer.update_lora_weights(lora.weights());
       CHECK(layer.lora_scale() == Approx(kAlpha / kRank));
       for (int tokens : {1, 13, 40}) {
@@ -230,7 +234,7 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
   expect_error([&] { MoeLayer(rt, with([](auto& c) { c.hidden = -3; }), ref_of(w)); }, ErrorKind::invalid_argument, "hidden -3");
   expect_error([&] { MoeLayer(rt, with([](auto& c) { c.weight_type = WeightType::int4; }), ref_of(w)); }, ErrorKind::unsupported,
                "int8/int4");
-  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.numa_nodes = 2; }), ref_of(w)); }, ErrorKind::unsupported, "numa_nodes 2");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.numa_nodes = -1; }), ref_of(w)); }, ErrorKind::invalid_argument, "numa_nodes -1");
   expect_error([&] { MoeLayer(rt, config(), {w.gate.data(), nullptr, w.down.data()}); }, ErrorKind::invalid_argument, "null");
   expect_error([&] { Runtime({"sse2", 0}); }, ErrorKind::invalid_argument, "sse2");
   expect_error([&] { Runtime({"reference", 0}); }, ErrorKind::invalid_argument, "reference");

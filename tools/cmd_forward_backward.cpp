@@ -18,6 +18,7 @@ struct LayerArgs {
   std::string model, adapter, input, output, isa = "auto";
   int layer = -1;
   int threads = 0;
+  int numa_nodes = 1;
   int tokens = 0;
   std::uint64_t seed = 0;
   CLI::Option *input_given = nullptr, *tokens_given = nullptr, *seed_given = nullptr;
@@ -36,6 +37,9 @@ void add_layer_options(CLI::App* cmd, LayerArgs& a) {
   cmd->add_option("--output", a.output, "safetensors to write (replaced only when the command succeeds)")->required();
   cmd->add_option("--isa", a.isa, "reference, portable, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--threads", a.threads, "Worker threads (0: every core)")->capture_default_str();
+  cmd->add_option("--numa-nodes", a.numa_nodes,
+                  "Split the layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's")
+      ->capture_default_str();
 }
 
 void check_input_choice(const LayerArgs& a) {
@@ -97,7 +101,8 @@ void add_random_inputs(io::SafetensorsWriter& out, const RandomInputs& r, int hi
 void run(const LayerArgs& a, bool backward) {
   check_input_choice(a);
   if (a.threads < 0) fail(ErrorKind::invalid_argument, "--threads must be >= 0");
-  ComputeOptions opt{a.isa, a.threads};
+  if (a.numa_nodes < 0) fail(ErrorKind::invalid_argument, "--numa-nodes must be >= 0 (0: the machine's nodes)");
+  ComputeOptions opt{a.isa, a.threads, a.numa_nodes};
   resolve_backend(a.isa);  // fail fast, before loading anything
   LoadedLayer l = load_layer(a.model, a.layer, a.adapter);
   const bool random_inputs = a.tokens_given->count() > 0;

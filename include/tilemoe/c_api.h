@@ -69,7 +69,7 @@ typedef struct tilemoe_layer_config {
   int use_rslora;
   int max_cache_depth; /* 0: inference only */
   int weight_type;     /* 0: bf16 (int8, int4: not built yet) */
-  int numa_nodes;      /* 1 (0 is read as 1) */
+  int numa_nodes;      /* split over NUMA nodes: 0 or 1 none, N > 1 real or virtual nodes, -1 the machine's */
 } tilemoe_layer_config;
 
 /* gate, up: bf16 [E][I][H]; down: bf16 [E][H][I]. Packed here; the caller may free them after. */

@@ -38,7 +38,11 @@ struct MoeLayerConfig {
   int intermediate = 0;
   int max_tokens = 0;    // the largest batch of one call
   WeightType weight_type = WeightType::bf16;  // int8 and int4 are not built yet: Error(unsupported)
-  int numa_nodes = 1;    // tensor parallel over NUMA nodes is not built yet: only 1
+  // Tensor parallel over NUMA nodes: each node holds and computes a slice of every expert's
+  // intermediate dimension from its own memory, and the partial results are added. 1: no split;
+  // 0: the machine's NUMA nodes; more than the machine has: virtual nodes (its cores divided).
+  // config() reports the count used.
+  int numa_nodes = 1;
   // LoRA: the largest rank the layer accepts, and the scale s of sets given as LoraWeights
   // (alpha / rank, or alpha / sqrt(rank) with rsLoRA).
   int lora_rank = 0;
@@ -83,12 +87,13 @@ struct CheckpointLayerOptions {
   double lora_alpha = 0;    // the scale of sets given as LoraWeights, as in MoeLayerConfig
   bool use_rslora = false;
   std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file; empty: none
+  int numa_nodes = 1;       // as in MoeLayerConfig
 };
 
 class TILEMOE_CXX_API MoeLayer {
  public:
   // Throws invalid_argument for a bad config or null weights, bad_file for non-finite weights
-  // (naming the expert and projection), unsupported for int8/int4 or numa_nodes != 1.
+  // (naming the expert and projection), unsupported for int8/int4.
   MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertWeightsRef& weights);
   // The layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors).
   static MoeLayer from_checkpoint(Runtime& runtime, const std::string& model_dir, int layer,

@@ -30,9 +30,7 @@ std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer,
   o.lora_rank = int_arg(lora_rank, "lora_rank");
   o.lora_alpha = lora_alpha.is_none() ? o.lora_rank : float_arg(lora_alpha, "lora_alpha");
   o.use_rslora = bool_arg(use_rslora, "use_rslora");
-  const int nodes = optional_int_arg(numa_nodes, "numa_nodes").value_or(1);
-  if (nodes != 1)
-    unsupported_error("numa_nodes " + std::to_string(nodes) + ": tensor parallel over NUMA nodes is not built yet; use 1");
+  o.numa_nodes = optional_int_arg(numa_nodes, "numa_nodes").value_or(1);
   auto rt = runtime_arg(runtime, isa, optional_int_arg(threads, "threads").value_or(0));
   return std::make_unique<PyLayer>(std::move(rt), dir, index, o);
 }

@@ -14,8 +14,8 @@ class MoEConfig:
     layer accepts (0: no LoRA); lora_alpha and use_rslora give the scale of sets passed to
     update_lora_weights, alpha / r (or alpha / sqrt(r)); lora_alpha None means lora_rank (scale 1).
     max_cache_depth: forwards saved for backward at once (0: inference only). weight_type: "bf16"
-    ("int8", "int4" are not built yet). numa_nodes: 1 (tensor parallel over nodes is not built
-    yet). threads: the runtime's worker threads, None or 0 for one per core.
+    ("int8", "int4" are not built yet). numa_nodes: NUMA nodes to split the layer over (1: none, 0: the
+    machine's, more than it has: virtual nodes). threads: the runtime's worker threads, None or 0 for one per core.
     """
 
     num_experts: int

@@ -134,7 +134,7 @@ tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_laye
       default: tilemoe::fail(tilemoe::ErrorKind::invalid_argument, "tilemoe_layer_create: weight_type " +
                                                                        std::to_string(config->weight_type) + " is not 0 (bf16), 1 (int8) or 2 (int4)");
     }
-    c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes;
+    c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes == -1 ? 0 : config->numa_nodes;  // -1: the machine's
     *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down})};
   });
 }

@@ -9,7 +9,10 @@
 
 #include "amx/kernel_table.hpp"
 #include "src/api/runtime_impl.hpp"
+#include "numa/node_group.hpp"
+#include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_sft_layer.hpp"
+#include "src/layer/tensor_parallel_layer.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/lora/lora_view.hpp"
 #include "src/lora/peft_adapter.hpp"
@@ -40,9 +43,8 @@ void check_config(const MoeLayerConfig& c) {
     bad("max_cache_depth " + std::to_string(c.max_cache_depth) + " must be in [0, 1024]");
   if (c.weight_type != WeightType::bf16)
     fail(ErrorKind::unsupported, "MoeLayerConfig: weight_type int8/int4 is not built yet; use bf16");
-  if (c.numa_nodes != 1)
-    fail(ErrorKind::unsupported, "MoeLayerConfig: numa_nodes " + std::to_string(c.numa_nodes) +
-                                     ": tensor parallel over NUMA nodes is not built yet; use 1");
+  if (c.numa_nodes < 0 || c.numa_nodes > 1024)
+    bad("numa_nodes " + std::to_string(c.numa_nodes) + " must be in [0, 1024] (0: the machine's NUMA nodes)");
 }
 
 // Non-finite weights would poison every token routed to that expert: refuse them, naming the
@@ -73,8 +75,7 @@ struct MoeLayer::Impl {
   ModelConfig model;      // shape and MoE layers, for adapters
   int model_layer = -1;   // index in the model when known
   float scale = 0;
-  PackedExpertWeights packed;
-  std::unique_ptr<MoeSftLayer> sft;
+  std::unique_ptr<TensorParallelLayer> sft;  // one slice per NUMA node; one node: the plain layer
   std::unique_ptr<LoadedLora> adapter;
   std::vector<float> out_f32, grad_out_f32, grad_in_f32;  // bf16 callers' f32 side, grown on demand
 
@@ -204,10 +205,18 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   m->model = std::move(model);
   m->model_layer = model_layer;
   m->scale = static_cast<float>(lora_scaling(cfg.lora_alpha, cfg.lora_rank, cfg.use_rslora));
-  m->packed = PackedExpertWeights::pack(w, *rt.pool);
-  SftLayerOptions opt{cfg.max_tokens, cfg.max_cache_depth, cfg.lora_rank, cfg.top_k};
+  SftLayerOptions opt;
+  opt.max_tokens = cfg.max_tokens;
+  opt.max_cache_depth = cfg.max_cache_depth;
+  opt.max_lora_rank = cfg.lora_rank;
+  opt.max_top_k = cfg.top_k;
   LayerLoraView view = adapter ? lora_view(adapter->lora) : LayerLoraView{};
-  m->sft = std::make_unique<MoeSftLayer>(m->packed, rt.isa, *rt.pool, opt, view);
+  numa::NodeGroup& nodes = node_group_for(*rt.pool, cfg.numa_nodes);
+  m->cfg.numa_nodes = nodes.size();
+  m->sft = std::make_unique<TensorParallelLayer>(
+      w.shape, WeightType::bf16, 0, nodes, rt.isa, opt,
+      [&w](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) { return PackedExpertWeights::pack_slice(w, s, pool, node); },
+      view);
   m->adapter = std::move(adapter);
   return m;
 }
@@ -239,6 +248,7 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.lora_rank = std::max(options.lora_rank, adapter ? lora_view(adapter->lora).max_rank() : 0);
   cfg.lora_alpha = options.lora_alpha;  // for sets given as LoraWeights; adapters carry their own scales
   cfg.use_rslora = options.use_rslora;
+  cfg.numa_nodes = options.numa_nodes;
   check_config(cfg);
   ExpertWeights experts = ckpt.load_layer_experts(layer);
   return MoeLayer(build(runtime, cfg, experts.view(), model, layer, std::move(adapter), /*weights_checked=*/true));
@@ -261,7 +271,7 @@ double MoeLayer::lora_scale() const { return impl_->scale; }
 const LayerLoraView& MoeLayer::lora() const { return impl_->sft->lora(); }
 int MoeLayer::cached_forwards() const { return impl_->sft->cached_forwards(); }
 std::size_t MoeLayer::cache_bytes() const { return impl_->sft->cache_bytes(); }
-std::size_t MoeLayer::weight_bytes() const { return impl_->packed.bytes(); }
+std::size_t MoeLayer::weight_bytes() const { return impl_->sft->weight_bytes(); }
 
 void MoeLayer::forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, bf16* out) {
   Impl* m = impl_.get();
