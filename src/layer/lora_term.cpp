@@ -3,10 +3,12 @@
 #include <algorithm>
 
 #include "amx/pack_bf16.hpp"
+#include "amx/pack_strided.hpp"
 
 namespace tilemoe {
 
-void LoraTerm::prepare(kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale, int rows) {
+void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out,
+                       float scale, int rows) {
   active_ = rank > 0;
   if (!active_) return;
   a_ = a;
@@ -23,8 +25,11 @@ void LoraTerm::prepare(kernels::StridedF32 a, kernels::StridedF32 b, int rank, i
   const int out_rows = (out + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns);
   a_packed_.resize(kernels::packed_bf16_elements(rank, in));
   b_packed_.resize(kernels::packed_bf16_elements(out_rows, rank));
-  kernels::pack_weights_with(rank, in, a_packed_.data(), [&](int j, int k) { return float_to_bf16(a.at(j, k)); });
-  kernels::pack_weights_with(out_rows, rank, b_packed_.data(), [&](int o, int q) { return o < out ? float_to_bf16(b.at(o, q)) : bf16{0}; });
+  kernels::pack_strided_f32(a, rank, in, a_packed_.data(), kt.convert_to_bf16, pack_scratch_);
+  // Rows of B' from out on are the zero padding pack_strided_f32 writes for n_padded > out.
+  kernels::pack_strided_f32(b, out, rank, b_packed_.data(), kt.convert_to_bf16, pack_scratch_);
+  const std::size_t b_written = kernels::packed_bf16_elements(out, rank);
+  std::fill(b_packed_.begin() + static_cast<std::ptrdiff_t>(b_written), b_packed_.end(), bf16{0});
 }
 
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,

@@ -23,7 +23,8 @@ inline constexpr int kLoraPackRows = 16;
 class LoraTerm {
  public:
   void deactivate() { active_ = false; }
-  void prepare(kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale, int rows);
+  void prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale,
+               int rows);
 
   bool active() const { return active_; }
   bool packed() const { return packed_; }
@@ -49,7 +50,7 @@ class LoraTerm {
   std::vector<float> xa_f32_;  // [rows][rank], when not packed
   int rank_panels_ = 0;        // A' packed as n = rank
   int rank_k_padded_ = 0;      // B' packed as k = rank
-  std::vector<bf16> a_packed_, b_packed_;
+  std::vector<bf16> a_packed_, b_packed_, pack_scratch_;
   std::vector<bf16> xa_;       // bf16(s V A'ᵀ), [rows][rank_k_padded_], when packed
 };
 

@@ -12,11 +12,11 @@ namespace {
 
 // The backward products run the forward's LoRA term transposed: for dIn = dOut W + s (dOut B) A
 // the term's first factor is Bᵀ ([rank][out]) and its second Aᵀ ([in][rank]), both read in place.
-void prepare_backward_term(const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
+void prepare_backward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
   const kernels::StridedF32 b{lp.b_of(e), static_cast<std::size_t>(lp.rank), 1};
   const kernels::StridedF32 a{lp.a_of(e), lp.lda(), 1};
-  term.prepare(b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows);
+  term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows);
 }
 
 template <typename T>
@@ -167,7 +167,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       const Projection p = static_cast<Projection>(item % 3);
       LoraTerm& term = terms_[e][static_cast<int>(p)];
       const int m = groups.count(e);
-      prepare_backward_term(lora[p], e, m, term);
+      prepare_backward_term(kt_, lora[p], e, m, term);
       if (p != Projection::down || !term.active()) return;
       const std::size_t r = rank_of(p);
       term.project(kt_, dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);

@@ -10,9 +10,9 @@ namespace tilemoe {
 namespace {
 
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank].
-void prepare_forward_term(const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
+void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
-  term.prepare({lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
+  term.prepare(kt, {lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
                lp.out, lp.scale_of(e), rows);
 }
 
@@ -111,7 +111,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       int e = active_[item / 3];
       Projection p = static_cast<Projection>(item % 3);
       LoraTerm& term = lora_[e][static_cast<int>(p)];
-      prepare_forward_term(lora[p], e, groups.count(e), term);
+      prepare_forward_term(kt_, lora[p], e, groups.count(e), term);
       if (p != Projection::down)
         term.project(kt_, xs_.data() + groups.offsets[e] * hk, hk, groups.count(e), static_cast<int>(hk), scratch_[worker],
                      saved_xa(p, e), static_cast<std::size_t>(lora[p].rank));
@@ -121,7 +121,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
 
   // gate_up
   const int up_panels = w_.up_shape().panels;
-  std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels);
+  std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden);
   pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
     auto [e, p0, p1] = items[item];
     int m = groups.count(e);
@@ -162,7 +162,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   lap(3);
 
   // down: one f32 row per routing slot
-  items = split_expert_columns(active_, groups, w_.down_shape().panels);
+  items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate);
   pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
     auto [e, p0, p1] = items[item];
     int m = groups.count(e);
