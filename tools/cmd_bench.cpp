@@ -168,7 +168,8 @@ void add_bench_command(CLI::App& app, int& status) {
       for (auto& l : tp) l->update_lora_weights(lora_view(lora));
       // Phases are node 0's: the nodes run theirs at the same time.
       auto reset_phases = [&] {
-        for (auto& l : tp) l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds();
+        for (auto& l : tp)
+          l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(), l->reset_merge_seconds();
       };
       for (int tokens : token_list) {
         if (tokens == 0) continue;
@@ -243,6 +244,11 @@ void add_bench_command(CLI::App& app, int& status) {
             for (auto& l : tp) t += l->node_layer(0).forward_pass().phase_seconds()[i];
             return t;
           });
+          if (split > 1) {
+            double merge = 0;
+            for (auto& l : tp) merge += l->merge_seconds();
+            std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / (iters + 2));
+          }
           if (a->backward)
             print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
               double t = 0;

@@ -1,6 +1,7 @@
 #include "src/layer/tensor_parallel_layer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "src/lora/lora_view.hpp"
@@ -151,6 +152,12 @@ std::size_t TensorParallelLayer::weight_bytes() const {
 }
 
 void TensorParallelLayer::merge_rows(float* dst, int tokens, const std::function<const float*(int node)>& partial) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Lap {
+    double& total;
+    std::chrono::steady_clock::time_point t0;
+    ~Lap() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } lap{merge_seconds_, t0};
   const std::size_t hidden = static_cast<std::size_t>(shape_.hidden);
   const int n_nodes = node_count();
   auto merge = [&](std::size_t r0, std::size_t r1) {

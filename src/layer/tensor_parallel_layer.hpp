@@ -69,6 +69,9 @@ class TensorParallelLayer {
   std::size_t weight_bytes() const;
   const MoeShape& shape() const { return shape_; }
   WeightType weight_type() const { return type_; }
+  // Seconds spent adding the nodes' partials (the bench's --phases).
+  double merge_seconds() const { return merge_seconds_; }
+  void reset_merge_seconds() { merge_seconds_ = 0; }
 
  private:
   struct Shard;
@@ -81,6 +84,7 @@ class TensorParallelLayer {
   int max_rank_;
   LayerLoraView lora_;
   std::vector<std::unique_ptr<Shard>> shards_;
+  double merge_seconds_ = 0;
 };
 
 }  // namespace tilemoe

@@ -6,12 +6,15 @@ namespace tilemoe {
 
 namespace {
 int panels_per_item(int rows) { return rows >= 64 ? 8 : rows >= 16 ? 2 : 1; }
+// The reduction length the chunk sizes above were tuned at (DeepSeek-V2-Lite's 1408 to 2048).
+constexpr int kItemReduction = 1024;
 }  // namespace
 
-std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit) {
+std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k) {
   std::vector<ExpertItem> items;
+  const int widen = k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1;
   for (int e : active) {
-    const int step = std::max(unit, panels_per_item(groups.count(e)) / unit * unit);
+    const int step = std::max(unit, panels_per_item(groups.count(e)) * widen / unit * unit);
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
   }
   return items;

@@ -21,8 +21,11 @@ struct ExpertItem {
 // Items (expert, column chunk) over `panels` output panels of every active expert, chunks being
 // whole multiples of `unit` panels. With many rows an item covers more columns so that its block
 // of rows (re-read for every column chunk) is reused across several tiles; with few rows, small
-// chunks keep decode spread over every core.
-std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1);
+// chunks keep decode spread over every core. Given the reduction length k, a short one (a NUMA
+// node's slice of the intermediate size) widens the chunks so that an item's work stays about
+// the same as at k = 1024.
+std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
+                                             int k = 0);
 
 // out[t] = sum_j w[t,j] * rows[t*k + j] over slots with ids >= 0, in slot order (the same sum
 // whatever the thread count); weights == nullptr sums the rows unweighted.
