@@ -39,3 +39,17 @@ void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks
                                    std::size_t dst_panel_stride);
 
 }  // namespace tilemoe::kernels
+
+#include "amx/pack_int.hpp"
+
+namespace tilemoe::kernels {
+
+// The same two Wᵀ panels for W held as int8/int4 codes (pack_int.hpp), dequantized on the way
+// (code × its group's scale, rounded to bf16): training through a frozen quantized base reads
+// the quantized weights themselves, one k-block at a time, never a bf16 copy of the matrix.
+// Only W's panels [nb0, nb1) are taken (they play the role of `panels` above, starting at W's
+// row nb0 * 16); kb counts 32-wide k-blocks of W's columns (kb * 32 < s.k_padded).
+void pack_transposed_kblock_int(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+                                std::size_t dst_panel_stride);
+
+}  // namespace tilemoe::kernels

@@ -95,8 +95,6 @@ void add_bench_command(CLI::App& app, int& status) {
     if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
-    if (weight_type != WeightType::bf16 && a->backward)
-      fail(ErrorKind::unsupported, "bench --backward: training through " + a->weights + " base weights is not built yet; use --weights bf16");
     if (a->numa_nodes < 0) fail(ErrorKind::invalid_argument, "--numa-nodes " + std::to_string(a->numa_nodes) + ": give 0 (the machine's) or more");
     numa::ThreadPool& pool = pool_for_threads(a->threads);
     numa::NodeGroup& nodes = node_group_for(pool, a->numa_nodes);

@@ -36,14 +36,14 @@ static_assert(kSplitKMaxRows < kLoraPackRows);  // forward panels per split-K it
 
 // One split-K item: the partial product over W's panels [nb0, nb1) (W's outputs, the reduction
 // here) for every k-column of W: c[m][k_padded] = a[:, nb0*16 ..] · W[nb0*16 .. nb1*16, :].
-void split_k_partial(const kernels::KernelTable& kt, const bf16* packed_w, const kernels::PackedShape& w, int nb0, int nb1,
+template <typename Transpose>
+void split_k_partial(const kernels::KernelTable& kt, const Transpose& transpose, const kernels::PackedShape& w, int nb0, int nb1,
                      const bf16* a, std::size_t lda, int m, std::vector<bf16>& buffer, float* c) {
   const int panels = nb1 - nb0;
   const std::size_t panel_stride = static_cast<std::size_t>(kernels::transposed_kblocks(panels)) * kernels::kBlockElements;
   grow(buffer, 2 * static_cast<std::size_t>(w.kblocks) * panel_stride);
-  const bf16* src = packed_w + static_cast<std::size_t>(nb0) * w.kblocks * kernels::kBlockElements;
   for (int kb = 0; kb < w.kblocks; ++kb)
-    kt.pack_transposed_kblock(src, panels, w.kblocks, kb, buffer.data() + 2 * static_cast<std::size_t>(kb) * panel_stride, panel_stride);
+    transpose(nb0, nb1, kb, buffer.data() + 2 * static_cast<std::size_t>(kb) * panel_stride, panel_stride);
   kt.gemm_bf16(kernels::gemm_args(a + static_cast<std::size_t>(nb0) * kernels::kPanelColumns, lda, m,
                                   kernels::transposed_kblocks(panels) * kernels::kBlockK, buffer.data(), 0, 2 * w.kblocks, c,
                                   static_cast<std::size_t>(w.k_padded)));
@@ -62,6 +62,25 @@ void sum_partials(const float* partials, int count, std::size_t stride, int m, i
 }
 
 }  // namespace
+
+// W's panels [nb0, nb1) at k-block kb as two Wᵀ panels, from bf16 packed weights or, training
+// through a frozen quantized base, dequantized from the int8/int4 codes.
+std::function<void(int, int, int, bf16*, std::size_t)> MoeBackward::transposer(Projection p, int e) const {
+  if (w_.weight_type() != WeightType::bf16) {
+    const kernels::PackedIntShape* s = &w_.int_shape(p);
+    const kernels::PackedIntView v = w_.packed_int(p, e);
+    return [s, v](int nb0, int nb1, int kb, bf16* dst, std::size_t stride) {
+      kernels::pack_transposed_kblock_int(*s, v, nb0, nb1, kb, dst, stride);
+    };
+  }
+  const kernels::PackedShape& ps = p == Projection::down ? w_.down_shape() : w_.up_shape();
+  const bf16* packed = w_.packed(p, e);
+  const int kblocks = ps.kblocks;
+  const kernels::PackTransposedFn fn = kt_.pack_transposed_kblock;
+  return [packed, kblocks, fn](int nb0, int nb1, int kb, bf16* dst, std::size_t stride) {
+    fn(packed + static_cast<std::size_t>(nb0) * kblocks * kernels::kBlockElements, nb1 - nb0, kblocks, kb, dst, stride);
+  };
+}
 
 const char* MoeBackward::phase_name(int i) {
   static const char* names[kPhases] = {"gather", "lora_prep", "dh", "lora_grads", "dx", "combine"};
@@ -190,7 +209,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     WorkerScratch& ws = scratch_[worker];
     if (item >= items.size()) {
       const SplitKItem& it = dh_split[item - items.size()];
-      split_k_partial(kt_, w_.packed(Projection::down, it.e), down, it.nb0, it.nb1, dy_.data() + off(it.e) * hk, hk,
+      split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_.data() + off(it.e) * hk, hk,
                       groups.count(it.e), ws.transposed, partials_.data() + it.partial);
       return;
     }
@@ -200,9 +219,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const std::size_t panel_stride = static_cast<std::size_t>(tk_down) * kernels::kBlockElements;
     grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
     grow(ws.c, static_cast<std::size_t>(m) * cols);
+    const auto transpose_down = transposer(Projection::down, e);
     for (int kb = p0 / 2; kb < p1 / 2; ++kb)
-      kt_.pack_transposed_kblock(w_.packed(Projection::down, e), down.panels, down.kblocks, kb,
-                                 ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride, panel_stride);
+      transpose_down(0, down.panels, kb, ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride, panel_stride);
     const kernels::GemmBf16Args g = kernels::gemm_args(dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), ws.transposed.data(), 0,
                                                        p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
@@ -262,7 +281,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     if (item >= items.size()) {
       const SplitKItem& it = dx_split[item - items.size()];
       const Projection p = it.proj == 0 ? Projection::gate : Projection::up;
-      split_k_partial(kt_, w_.packed(p, it.e), gate_up, it.nb0, it.nb1, dgu_.data() + off(it.e) * gu_ld + (it.proj == 1 ? ik : 0),
+      split_k_partial(kt_, transposer(p, it.e), gate_up, it.nb0, it.nb1, dgu_.data() + off(it.e) * gu_ld + (it.proj == 1 ? ik : 0),
                       gu_ld, groups.count(it.e), ws.transposed, partials_.data() + it.partial);
       return;
     }
@@ -272,10 +291,11 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const std::size_t half = static_cast<std::size_t>(tk_gate) * kernels::kBlockElements, panel_stride = 2 * half;
     grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
     grow(ws.c, static_cast<std::size_t>(m) * cols);
+    const auto transpose_gate = transposer(Projection::gate, e), transpose_up = transposer(Projection::up, e);
     for (int kb = p0 / 2; kb < p1 / 2; ++kb) {
       bf16* dst = ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride;
-      kt_.pack_transposed_kblock(w_.packed(Projection::gate, e), gate_up.panels, gate_up.kblocks, kb, dst, panel_stride);
-      kt_.pack_transposed_kblock(w_.packed(Projection::up, e), gate_up.panels, gate_up.kblocks, kb, dst + half, panel_stride);
+      transpose_gate(0, gate_up.panels, kb, dst, panel_stride);
+      transpose_up(0, gate_up.panels, kb, dst + half, panel_stride);
     }
     const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld),
                                                        ws.transposed.data(), 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));

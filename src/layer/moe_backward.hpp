@@ -15,6 +15,7 @@
 // Phases (each a parallel_for): gather, lora_prep, dh (with the SwiGLU backward), lora_grads,
 // dx, combine.
 #include <array>
+#include <functional>
 #include <vector>
 
 #include "amx/kernel_table.hpp"
@@ -42,6 +43,8 @@ class MoeBackward {
   void reset_phase_seconds() { phase_seconds_ = {}; }
 
  private:
+  std::function<void(int nb0, int nb1, int kb, bf16* dst, std::size_t stride)> transposer(Projection p, int e) const;
+
   struct WorkerScratch {
     std::vector<float> c, proj;
     std::vector<bf16> transposed;

@@ -31,9 +31,6 @@ void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::i
                                           std::to_string(top_k) + ") positive");
   if (!save_for_backward) return forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out);
 
-  if (forward_.weight_type() != WeightType::bf16)
-    fail(ErrorKind::unsupported, std::string("forward_sft: saving for backward through ") + weight_type_name(forward_.weight_type()) +
-                                     " base weights is not built yet; use bf16 weights for training");
   ForwardCacheEntry& slot = cache_.slot_for_push("forward_sft");
   const CacheLimits& lim = cache_.limits();
   if (tokens > lim.max_tokens || top_k > lim.max_top_k)
