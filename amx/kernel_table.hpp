@@ -26,6 +26,7 @@ struct KernelTable {
   SiluMulBf16Fn silu_mul_bf16;
   SiluMulBackwardFn silu_mul_backward;
   PackTransposedFn pack_transposed_kblock;  // backward: Wᵀ panels from the forward layout
+  PackTransposedIntFn pack_transposed_kblock_int;  // backward through int8/int4 weights
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
   ConvertToBf16Fn convert_to_bf16;
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)

@@ -49,7 +49,12 @@ namespace tilemoe::kernels {
 // the quantized weights themselves, one k-block at a time, never a bf16 copy of the matrix.
 // Only W's panels [nb0, nb1) are taken (they play the role of `panels` above, starting at W's
 // row nb0 * 16); kb counts 32-wide k-blocks of W's columns (kb * 32 < s.k_padded).
-void pack_transposed_kblock_int(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
-                                std::size_t dst_panel_stride);
+using PackTransposedIntFn = void (*)(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+                                     std::size_t dst_panel_stride);
+void pack_transposed_kblock_int_portable(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+                                         std::size_t dst_panel_stride);
+// Only where isa_available(Isa::avx512_bf16). The same bits as the portable version.
+void pack_transposed_kblock_int_avx512(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+                                       std::size_t dst_panel_stride);
 
 }  // namespace tilemoe::kernels

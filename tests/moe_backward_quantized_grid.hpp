@@ -75,9 +75,9 @@ inline void run_quantized_backward_grid(kernels::Isa isa) {
 
 // The transposed repack of int weights equals the bf16 one applied to the dequantized weights
 // packed as bf16, for every panel range the backward uses.
-inline void check_transposed_int_matches_bf16() {
+inline void check_transposed_int_matches_bf16(kernels::PackTransposedIntFn transpose = kernels::pack_transposed_kblock_int_portable) {
   for (const QuantCase& qc : kQuantCases)
-    for (auto [n, k] : {std::pair{17, 40}, {48, 64}, {100, 257}, {33, 128}}) {
+    for (auto [n, k] : {std::pair{17, 40}, {48, 64}, {100, 257}, {33, 128}, {16, 1}, {200, 384}}) {
       INFO(weight_type_name(qc.type) << " group " << qc.group << " n " << n << " k " << k);
       MoeShape s{k, n, 1, 1};  // gate: [intermediate n][hidden k]
       auto w = random_expert_weights(s, 5);
@@ -91,8 +91,7 @@ inline void check_transposed_int_matches_bf16() {
         const std::size_t stride = static_cast<std::size_t>(kernels::transposed_kblocks(nb1 - nb0)) * kernels::kBlockElements;
         std::vector<bf16> got(2 * stride, bf16{0x7777}), want(2 * stride, bf16{0x7777});
         for (int kb = 0; kb < ps.kblocks; ++kb) {
-          kernels::pack_transposed_kblock_int(packed.int_shape(Projection::gate), packed.packed_int(Projection::gate, 0), nb0, nb1, kb,
-                                              got.data(), stride);
+          transpose(packed.int_shape(Projection::gate), packed.packed_int(Projection::gate, 0), nb0, nb1, kb, got.data(), stride);
           kernels::pack_transposed_kblock_portable(ref.packed(Projection::gate, 0) + static_cast<std::size_t>(nb0) * ps.kblocks *
                                                                                          kernels::kBlockElements,
                                                    nb1 - nb0, ps.kblocks, kb, want.data(), stride);

@@ -69,9 +69,8 @@ std::function<void(int, int, int, bf16*, std::size_t)> MoeBackward::transposer(P
   if (w_.weight_type() != WeightType::bf16) {
     const kernels::PackedIntShape* s = &w_.int_shape(p);
     const kernels::PackedIntView v = w_.packed_int(p, e);
-    return [s, v](int nb0, int nb1, int kb, bf16* dst, std::size_t stride) {
-      kernels::pack_transposed_kblock_int(*s, v, nb0, nb1, kb, dst, stride);
-    };
+    const kernels::PackTransposedIntFn fn = kt_.pack_transposed_kblock_int;
+    return [s, v, fn](int nb0, int nb1, int kb, bf16* dst, std::size_t stride) { fn(*s, v, nb0, nb1, kb, dst, stride); };
   }
   const kernels::PackedShape& ps = p == Projection::down ? w_.down_shape() : w_.up_shape();
   const bf16* packed = w_.packed(p, e);

@@ -5,3 +5,6 @@ using namespace tilemoe;
 TEST_CASE("avx512 fine-tuning through int8/int4 base weights equals the reference on the dequantized weights", "[backward][quantized][avx512]") {
   test::run_quantized_backward_grid(kernels::Isa::avx512_bf16);
 }
+TEST_CASE("avx512 transposed repack of int weights equals the bf16 repack of their dequantized values", "[backward][quantized][avx512]") {
+  test::check_transposed_int_matches_bf16(kernels::pack_transposed_kblock_int_avx512);
+}

@@ -1,10 +1,10 @@
-// Dequantizing transposed repack of int8/int4 weights. Element by element from the layout
-// formulas (packed_int_code); scales are looked up once per (column, group) run.
+// Dequantizing transposed repack of int8/int4 weights, element by element from the layout
+// formulas (packed_int_code): the reference the vector version is tested against.
 #include "amx/pack_transposed.hpp"
 
 namespace tilemoe::kernels {
 
-void pack_transposed_kblock_int(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+void pack_transposed_kblock_int_portable(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                 std::size_t dst_panel_stride) {
   const int panels = nb1 - nb0;
   const int tkblocks = transposed_kblocks(panels);
