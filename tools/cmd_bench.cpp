@@ -53,7 +53,8 @@ int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 :
 void add_bench_command(CLI::App& app, int& status) {
   struct Args {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16";
-    int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group, numa_nodes = 1;
+    int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group;
+    std::string numa_nodes = "1";
     double iter_scale = 1.0;
     bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false;
     std::string workdir = "/tmp";
@@ -69,7 +70,8 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--group-size", a->group_size, "int4: inputs per scale (32, 64 or 128)")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
   cmd->add_option("--numa-nodes", a->numa_nodes,
-                  "Split each layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's nodes")
+                  "Split each layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's "
+                  "nodes. Several (1,2): each gets its own layers and they take turns call by call")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
@@ -95,9 +97,8 @@ void add_bench_command(CLI::App& app, int& status) {
     if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
-    if (a->numa_nodes < 0) fail(ErrorKind::invalid_argument, "--numa-nodes " + std::to_string(a->numa_nodes) + ": give 0 (the machine's) or more");
+    const std::vector<int> node_counts = parse_int_list(a->numa_nodes, "--numa-nodes");
     numa::ThreadPool& pool = pool_for_threads(a->threads);
-    numa::NodeGroup& nodes = node_group_for(pool, a->numa_nodes);
     const auto& topo = numa::system_topology();
     pin_caller_to_first_core();
 
@@ -113,25 +114,35 @@ void add_bench_command(CLI::App& app, int& status) {
       quantized = quant::quantize_experts(source.view(), weight_type, a->group_size, &pool);
       quantize_s = seconds_since(t0);
     }
-    // Every layer is a tensor-parallel layer: with one node it is the plain layer, no split.
+    // Every layer is a tensor-parallel layer: with one node it is the plain layer, no split. With
+    // several node counts each gets its own layers, and the counts take turns call by call, so
+    // that they are compared under the same conditions (drift within a run, not between runs).
     const int max_tokens = std::max(1, *std::max_element(token_list.begin(), token_list.end()));
     const TensorParallelLayer::PackSlice pack_slice = [&](quant::IntermediateSlice sl, numa::ThreadPool& node_pool, int node) {
       return weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
                                              : PackedExpertWeights::pack_quantized(quant::slice_experts(quantized, sl), node_pool, node);
     };
     const SftLayerOptions layer_options{max_tokens, a->backward ? 1 : 0, *std::max_element(rank_list.begin(), rank_list.end()), s.top_k};
-    std::vector<std::unique_ptr<TensorParallelLayer>> tp;
-    auto add_layer = [&] {
-      tp.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, nodes, isa, layer_options, pack_slice));
+    struct Split {
+      numa::NodeGroup* nodes;
+      std::vector<std::unique_ptr<TensorParallelLayer>> layers;
+      int slices = 1;
     };
+    std::vector<Split> splits;
     t0 = Clock::now();
-    add_layer();
-    const std::size_t layer_bytes = std::max<std::size_t>(tp[0]->weight_bytes(), 1);
+    for (int n : node_counts) {
+      Split sp{&node_group_for(pool, n), {}, 1};
+      sp.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *sp.nodes, isa, layer_options, pack_slice));
+      sp.slices = sp.layers[0]->node_count();
+      splits.push_back(std::move(sp));
+    }
+    const std::size_t layer_bytes = std::max<std::size_t>(splits[0].layers[0]->weight_bytes(), 1);
     const std::size_t bytes_per_expert = layer_bytes / static_cast<std::size_t>(s.num_experts);
-    const int split = tp[0]->node_count();
     int layers = a->layers > 0 ? a->layers
                                : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
-    while (static_cast<int>(tp.size()) < layers) add_layer();
+    for (Split& sp : splits)
+      while (static_cast<int>(sp.layers.size()) < layers)
+        sp.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *sp.nodes, isa, layer_options, pack_slice));
     double pack_s = seconds_since(t0);
     source = ExpertWeights{};
     quantized = quant::QuantizedExperts{};
@@ -143,19 +154,22 @@ void add_bench_command(CLI::App& app, int& status) {
                   s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_name(isa), pool.size());
       std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n",
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
-      std::printf("weights: %s%s, %d layers x %.2f GB packed (made in %.1f s, quantized in %.1f s, packed in %.1f s: %.2f s per layer)\n",
+      std::printf("weights: %s%s, %d layers x %.2f GB packed per node count (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n",
                   a->weights.c_str(), weight_type == WeightType::int4 ? (" group " + std::to_string(a->group_size)).c_str() : "", layers,
-                  layer_bytes / 1e9, gen_s, quantize_s, pack_s, pack_s / layers);
-      std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", nodes.size(),
-                  static_cast<std::size_t>(nodes.size()) == topo.nodes.size() ? "the machine's" : "virtual", split);
-      for (int n = 0; n < split; ++n)
-        std::printf(" [%d, %d) on %d threads", tp[0]->slice(n).begin, tp[0]->slice(n).end, nodes.pool(n).size());
-      std::printf("\n");
+                  layer_bytes / 1e9, gen_s, quantize_s, pack_s);
+      for (const Split& sp : splits) {
+        std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", sp.nodes->size(),
+                    static_cast<std::size_t>(sp.nodes->size()) == topo.nodes.size() ? "the machine's" : "virtual", sp.slices);
+        for (int n = 0; n < sp.slices; ++n)
+          std::printf(" [%d, %d) on %d threads", sp.layers[0]->slice(n).begin, sp.layers[0]->slice(n).end, sp.nodes->pool(n).size());
+        std::printf("\n");
+      }
+      if (splits.size() > 1) std::printf("the node counts take turns call by call\n");
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
-      std::printf("%6s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "iters", "median_ms", "min_ms", "GB/s", "TFLOP/s",
-                  "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
+      std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
+                  "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
     }
     for (int rank : rank_list) {
       LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), 3);
@@ -163,11 +177,14 @@ void add_bench_command(CLI::App& app, int& status) {
       std::size_t lora_bytes_per_expert = 0;
       for (Projection p : kProjections)
         lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
-      for (auto& l : tp) l->update_lora_weights(lora_view(lora));
+      for (Split& sp : splits)
+        for (auto& l : sp.layers) l->update_lora_weights(lora_view(lora));
       // Phases are node 0's: the nodes run theirs at the same time.
       auto reset_phases = [&] {
-        for (auto& l : tp)
-          l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(), l->reset_merge_seconds();
+        for (Split& sp : splits)
+          for (auto& l : sp.layers)
+            l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(),
+                l->reset_merge_seconds();
       };
       for (int tokens : token_list) {
         if (tokens == 0) continue;
@@ -184,23 +201,30 @@ void add_bench_command(CLI::App& app, int& status) {
         std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), grad_in(out.size());
         reset_phases();
         int iters = std::max(3, static_cast<int>(iterations_for(tokens) * a->iter_scale));
-        std::vector<double> ms, fwd_ms, bwd_ms;
+        struct Times {
+          std::vector<double> ms, fwd_ms, bwd_ms;
+        };
+        std::vector<Times> times(splits.size());
         double bytes_sum = 0;
         for (int i = -2; i < iters; ++i) {  // two warm-up calls
           int set = (i + 2) % sets, layer = (i + 2) % layers;
           const auto& r = routings[set];
-          auto t = Clock::now();
-          double f_ms = 0;
-          tp[layer]->forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), a->backward);
-          if (a->backward) {
-            f_ms = seconds_since(t) * 1e3;
-            tp[layer]->backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(grads), !a->grad_overwrite);
+          for (std::size_t c = 0; c < splits.size(); ++c) {
+            TensorParallelLayer& l = *splits[c].layers[static_cast<std::size_t>(layer)];
+            auto t = Clock::now();
+            double f_ms = 0;
+            l.forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), a->backward);
+            if (a->backward) {
+              f_ms = seconds_since(t) * 1e3;
+              l.backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(grads), !a->grad_overwrite);
+            }
+            double dt = seconds_since(t) * 1e3;
+            if (i < 0) continue;
+            times[c].ms.push_back(dt);
+            times[c].fwd_ms.push_back(f_ms);
+            times[c].bwd_ms.push_back(dt - f_ms);
           }
-          double dt = seconds_since(t) * 1e3;
           if (i < 0) continue;
-          ms.push_back(dt);
-          fwd_ms.push_back(f_ms);
-          bwd_ms.push_back(dt - f_ms);
           std::vector<char> touched(s.num_experts, 0);
           for (auto e : r.expert_ids) touched[e] = 1;
           int n = static_cast<int>(std::count(touched.begin(), touched.end(), 1));
@@ -210,51 +234,56 @@ void add_bench_command(CLI::App& app, int& status) {
           std::sort(v.begin(), v.end());
           return v[v.size() / 2];
         };
-        double median = median_of(ms), fwd_median = median_of(fwd_ms), bwd_median = median_of(bwd_ms), bytes = bytes_sum / iters;
-        double min_ms = *std::min_element(ms.begin(), ms.end());
+        const double bytes = bytes_sum / iters;
         // Backward does twice the forward's products (dH through down, dX through gate and up).
         double flops = (a->backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *
                        (3.0 * s.hidden * s.intermediate + rank * (2.0 * s.hidden + 2.0 * s.intermediate + s.intermediate + s.hidden));
         double floor_ms = std::max(bytes / bw, product_peak > 0 ? flops / product_peak : 0.0) * 1e3;
-        if (a->json)
-          std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
-                      "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
-                      "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                      "\"node_gbps\":%.2f}\n",
-                      a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false", median, min_ms,
-                      a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms, bytes / median / 1e6,
-                      flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6);
-        else if (a->backward)
-          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f\n", tokens, rank, iters, median, min_ms,
-                      bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
-                      bwd_median);
-        else
-          std::printf("%6d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f\n", tokens, rank, iters, median, min_ms, bytes / median / 1e6,
-                      flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
-        if (a->phases) {
-          auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
-            std::printf("        %s phases, mean ms per call:", what);
-            for (int i = 0; i < count; ++i) std::printf(" %s %.3f", name(i), seconds(i) * 1e3 / (iters + 2));
-            std::printf("\n");
-          };
-          print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
-            double t = 0;
-            for (auto& l : tp) t += l->node_layer(0).forward_pass().phase_seconds()[i];
-            return t;
-          });
-          if (split > 1) {
-            double merge = 0;
-            for (auto& l : tp) merge += l->merge_seconds();
-            std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / (iters + 2));
-          }
-          if (a->backward)
-            print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
+        for (std::size_t c = 0; c < splits.size(); ++c) {
+          const Split& sp = splits[c];
+          const int split = sp.slices;
+          double median = median_of(times[c].ms), fwd_median = median_of(times[c].fwd_ms), bwd_median = median_of(times[c].bwd_ms);
+          double min_ms = *std::min_element(times[c].ms.begin(), times[c].ms.end());
+          if (a->json)
+            std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
+                        "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
+                        "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
+                        "\"node_gbps\":%.2f}\n",
+                        a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
+                        median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
+                        bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6);
+          else if (a->backward)
+            std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f\n", tokens, rank, split, iters, median, min_ms,
+                        bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
+                        bwd_median);
+          else
+            std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f\n", tokens, rank, split, iters, median, min_ms,
+                        bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
+          if (a->phases) {
+            auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
+              std::printf("        %s phases, mean ms per call:", what);
+              for (int i = 0; i < count; ++i) std::printf(" %s %.3f", name(i), seconds(i) * 1e3 / (iters + 2));
+              std::printf("\n");
+            };
+            print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
               double t = 0;
-              for (auto& l : tp) t += l->node_layer(0).backward_pass().phase_seconds()[i];
+              for (auto& l : sp.layers) t += l->node_layer(0).forward_pass().phase_seconds()[i];
               return t;
             });
-          reset_phases();
+            if (split > 1) {
+              double merge = 0;
+              for (auto& l : sp.layers) merge += l->merge_seconds();
+              std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / (iters + 2));
+            }
+            if (a->backward)
+              print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
+                double t = 0;
+                for (auto& l : sp.layers) t += l->node_layer(0).backward_pass().phase_seconds()[i];
+                return t;
+              });
+          }
         }
+        if (a->phases) reset_phases();
         std::fflush(stdout);
       }
     }
