@@ -3,8 +3,8 @@
 // k-quad; the matching quad of an activation row is broadcast as one 32-bit value, so one
 // VPDPBUSD does 16 columns × 4 k. VPDPBUSD multiplies unsigned by signed bytes: activations go in
 // as a + 128 (an XOR of the sign bit) and 128 × the column sums of the codes come back off at
-// each group's end. int4: one 64-byte load holds two quad rows as nibbles (code + 8); a mask, a
-// shift and a subtraction give both as signed bytes.
+// each group's end. int4: one 64-byte load holds two quad rows as nibbles (code + 8); a mask and
+// a shift give both as unsigned bytes, which take the unsigned side (see block4).
 //
 // Register blocking: int8 up to 4 rows × 4 panels of int32 accumulators, scaled once at the end.
 // int4 keeps f32 sums across groups as well, so it blocks at most 2 rows × 4 panels.
@@ -92,6 +92,17 @@ void block8(const GemmIntArgs& g, int row0, int panel) {
   store_rows<R, P>(g, row0, panel, sum);
 }
 
+inline __m512i broadcast_quad(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// int4: the nibbles are code + 8, unsigned, so they go into VPDPBUSD's unsigned operand as they
+// are and the activations into its signed one: each column's sum is then sum(code * a) +
+// 8 * sum(a) over the group, the same correction for every column. VPDPBUSD of the broadcast
+// quad with 8s gathers that correction in one more accumulator per row (every lane equal), so
+// the loop has no subtraction and the flush reads no column sums.
 template <int R, int P>
 void block4(const GemmIntArgs& g, int row0, int panel) {
   const PackedIntShape& s = g.shape;
@@ -106,33 +117,42 @@ void block4(const GemmIntArgs& g, int row0, int panel) {
     for (int p = 0; p < P; ++p) sum[i][p] = _mm512_setzero_ps();
   const int quads = s.k_padded / 4, group_quads = s.group / 4;
   for (int grp = 0; grp < s.groups; ++grp) {
-    __m512i acc[R][P];
+    __m512i acc[R][P], bias[R];
 #pragma GCC unroll 4
-    for (int i = 0; i < R; ++i)
+    for (int i = 0; i < R; ++i) {
+      bias[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_si512();
+    }
     const int q_end = std::min(quads, (grp + 1) * group_quads);
     for (int q = grp * group_quads; q < q_end; q += 2) {
       const std::size_t off = static_cast<std::size_t>(q / 16) * 512 + static_cast<std::size_t>((q % 16) / 2) * 64;
       __m512i x0[R], x1[R];
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
-        x0[i] = broadcast_quad_biased(a0 + i * g.lda + 4 * q);
-        x1[i] = broadcast_quad_biased(a0 + i * g.lda + 4 * (q + 1));
+        x0[i] = broadcast_quad(a0 + i * g.lda + 4 * q);
+        x1[i] = broadcast_quad(a0 + i * g.lda + 4 * (q + 1));
+        bias[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias[i], eight, x0[i]), eight, x1[i]);
       }
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
         const __m512i raw = _mm512_loadu_si512(b0 + p * stride + off);
-        const __m512i w0 = _mm512_sub_epi8(_mm512_and_si512(raw, low), eight);
-        const __m512i w1 = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), eight);
+        const __m512i w0 = _mm512_and_si512(raw, low);
+        const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
-          acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], x0[i], w0);
-          acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], x1[i], w1);
+          acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], w0, x0[i]);
+          acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], w1, x1[i]);
         }
       }
     }
-    flush_group<R, P>(g, panel, grp, acc, sum);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const __m512 scale = _mm512_loadu_ps(g.b.scales + (static_cast<std::size_t>(panel + p) * s.groups + grp) * 16);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i)
+        sum[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][p], bias[i])), scale, sum[i][p]);
+    }
   }
   store_rows<R, P>(g, row0, panel, sum);
 }
