@@ -121,7 +121,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
 
   // gate_up
   const int up_panels = w_.up_shape().panels;
-  std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden);
+  // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
+  const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
+  std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser);
   pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
     auto [e, p0, p1] = items[item];
     int m = groups.count(e);
@@ -162,7 +164,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   lap(3);
 
   // down: one f32 row per routing slot
-  items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate);
+  items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser);
   pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
     auto [e, p0, p1] = items[item];
     int m = groups.count(e);

@@ -10,9 +10,10 @@ int panels_per_item(int rows) { return rows >= 64 ? 8 : rows >= 16 ? 2 : 1; }
 constexpr int kItemReduction = 1024;
 }  // namespace
 
-std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k) {
+std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k,
+                                             int denser) {
   std::vector<ExpertItem> items;
-  const int widen = k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1;
+  const int widen = (k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1) * std::clamp(denser, 1, 4);
   for (int e : active) {
     const int step = std::max(unit, panels_per_item(groups.count(e)) * widen / unit * unit);
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});

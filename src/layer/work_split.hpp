@@ -23,9 +23,11 @@ struct ExpertItem {
 // of rows (re-read for every column chunk) is reused across several tiles; with few rows, small
 // chunks keep decode spread over every core. Given the reduction length k, a short one (a NUMA
 // node's slice of the intermediate size) widens the chunks so that an item's work stays about
-// the same as at k = 1024.
+// the same as at k = 1024. `denser` widens them again for weights of fewer bytes than bf16 (2 for
+// int8, 4 for int4), so that an item streams as many bytes as a bf16 one: at decode an item is
+// mostly the fixed cost of one call and a stream that the prefetchers must pick up.
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
-                                             int k = 0);
+                                             int k = 0, int denser = 1);
 
 // out[t] = sum_j w[t,j] * rows[t*k + j] over slots with ids >= 0, in slot order (the same sum
 // whatever the thread count); weights == nullptr sums the rows unweighted.
