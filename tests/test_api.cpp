@@ -7,6 +7,10 @@
 #include "catch.hpp"
 #include "fixture_cases.hpp"
 #include "src/layer/moe_compute.hpp"
+#include "src/model/checkpoint.hpp"
+#include "src/quant/checkpoint_fingerprint.hpp"
+#include "src/quant/quantize.hpp"
+#include "src/quant/quantized_file.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "src/reference/moe_reference.hpp"
 #include "test_util.hpp"
@@ -81,6 +85,14 @@ std::vector<float> as_f32(const std::vector<bf16>& v) {
   std::vector<float> out(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_float(v[i]);
   return out;
+}
+
+CheckpointLayerOptions checkpoint_options(int max_tokens, const std::string& adapter) {
+  CheckpointLayerOptions o;
+  o.max_tokens = max_tokens;
+  o.max_cache_depth = 1;
+  o.adapter = adapter;
+  return o;
 }
 
 template <typename Fn>
@@ -193,7 +205,7 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
         const std::int64_t* ids = in.expert_ids.data();
         const float* wts = in.weights.data();
 
-        MoeLayer layer = MoeLayer::from_checkpoint(rt, c.dir + "/model", l, {tokens, 1, 0, 0, false, c.dir + "/adapter"});
+        MoeLayer layer = MoeLayer::from_checkpoint(rt, c.dir + "/model", l, checkpoint_options(tokens, c.dir + "/adapter"));
         std::vector<float> out(in.input.size()), dx(in.input.size());
         layer.forward_sft(tokens, top_k, xb, ids, wts, out.data(), true);
         CHECK(rel_error(out, in.expected(ref, "output")) <= 1e-2);
@@ -232,8 +244,8 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
   expect_error([&] { MoeLayer(rt, with([](auto& c) { c.top_k = 8; }), ref_of(w)); }, ErrorKind::invalid_argument, "top_k 8");
   expect_error([&] { MoeLayer(rt, with([](auto& c) { c.max_tokens = 0; }), ref_of(w)); }, ErrorKind::invalid_argument, "max_tokens 0");
   expect_error([&] { MoeLayer(rt, with([](auto& c) { c.hidden = -3; }), ref_of(w)); }, ErrorKind::invalid_argument, "hidden -3");
-  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.weight_type = WeightType::int4; }), ref_of(w)); }, ErrorKind::unsupported,
-               "int8/int4");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.weight_type = WeightType::int4, c.group_size = 100; }), ref_of(w)); },
+               ErrorKind::invalid_argument, "group_size 100");
   expect_error([&] { MoeLayer(rt, with([](auto& c) { c.numa_nodes = -1; }), ref_of(w)); }, ErrorKind::invalid_argument, "numa_nodes -1");
   expect_error([&] { MoeLayer(rt, config(), {w.gate.data(), nullptr, w.down.data()}); }, ErrorKind::invalid_argument, "null");
   expect_error([&] { Runtime({"sse2", 0}); }, ErrorKind::invalid_argument, "sse2");
@@ -243,7 +255,7 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
     bad.up[static_cast<std::size_t>(4) * kShape.hidden * kShape.intermediate + 17] = 0x7fc0;  // NaN in expert 4's up
     expect_error([&] { MoeLayer(rt, config(), ref_of(bad)); }, ErrorKind::bad_file, "expert 4 up weight");
   }
-  expect_error([&] { (void)MoeLayer::from_checkpoint(rt, test::data_dir() + "/nowhere", 1, {4, 1, 0, 0, false, ""}); }, ErrorKind::bad_file, "nowhere");
+  expect_error([&] { (void)MoeLayer::from_checkpoint(rt, test::data_dir() + "/nowhere", 1, checkpoint_options(4, "")); }, ErrorKind::bad_file, "nowhere");
 
   MoeLayer layer(rt, config(8, 1), ref_of(w));
   TrainerLora lora(32);
@@ -277,4 +289,82 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
   expect_error([&] { inference.forward_sft(8, 3, b.xb.data(), ids, wts, out.data(), true); }, ErrorKind::state, "max_cache_depth 0");
   inference.forward(8, 3, b.xb.data(), ids, wts, out.data());
   inference.forward(0, 3, nullptr, nullptr, nullptr, out.data());  // an empty batch is fine
+}
+
+TEST_CASE("int8 and int4 layers: quantized at construction, inference and training through them, split or not", "[api][quantized]") {
+  ExpertWeights w = random_expert_weights(kShape, 41);
+  TrainerLora lora(42);
+  Runtime rt;
+  for (auto [type, group] : {std::pair{WeightType::int8, 128}, {WeightType::int4, 32}, {WeightType::int4, 64}})
+    for (int nodes : {1, 2}) {
+      INFO(weight_type_name(type) << " group " << group << ", " << nodes << " node(s)");
+      MoeLayerConfig cfg = config();
+      cfg.weight_type = type;
+      cfg.group_size = group;
+      cfg.numa_nodes = nodes;
+      MoeLayer layer(rt, cfg, ref_of(w));
+      CHECK(layer.config().weight_type == type);
+      layer.update_lora_weights(lora.weights());
+      const auto q = quant::quantize_experts(w.view(), type, group, nullptr);
+      const ExpertWeights dq = quant::dequantize_experts(q);
+      Batch b = make_batch(13, 77);
+      MoeBatch<float> mb{b.tokens, kShape.top_k, b.x.data(), b.routing.expert_ids.data(), b.routing.weights.data()};
+      std::vector<float> want(b.x.size()), want_dx(b.x.size()), out(b.x.size()), dx(b.x.size());
+      // Inference: the reference on the dequantized weights with the same int8 activations (one
+      // node: each node quantizes its own slice of h, so the split is held to the looser bar below).
+      reference_forward(w.view(), lora.as_reference, mb, want.data(), ReferenceOptions{true, &q});
+      layer.forward(b.tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data());
+      CHECK(rel_error(out, want) <= (nodes == 1 ? 1e-2 : 3e-2));
+      // Training (QLoRA): gradients through the dequantized weights.
+      LayerLora want_grads = lora.as_reference.zeros_like();
+      reference_backward(dq.view(), lora.as_reference, mb, b.grad_out.data(), want_dx.data(), &want_grads);
+      GradBuffers g(lora);
+      layer.forward_sft(b.tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data(), true);
+      layer.backward(b.grad_out.data(), dx.data(), g.grads());
+      CHECK(rel_error(dx, want_dx) <= 2e-2);
+      CHECK(rel_error(g.ga, want_grads[Projection::gate].a) <= 4e-2);
+      CHECK(rel_error(g.db, want_grads[Projection::down].b) <= 4e-2);
+    }
+}
+
+TEST_CASE("a layer from a quantized directory equals the same checkpoint quantized at load", "[api][quantized]") {
+  const std::string model = test::data_dir() + "/deepseek_tiny/model";
+  Checkpoint ck = Checkpoint::open(model);
+  const int layer_index = 1;
+  Runtime rt;
+  for (auto [type, group] : {std::pair{WeightType::int8, 128}, {WeightType::int4, 64}}) {
+    INFO(weight_type_name(type) << " group " << group);
+    const std::string dir = test::temp_dir() + "/q_" + weight_type_name(type);
+    {
+      quant::QuantizedModelWriter writer(dir, quant::spec_for_checkpoint(ck, type, group, 1, {layer_index}));
+      writer.write_layer(layer_index, quant::quantize_experts(ck.load_layer_experts(layer_index).view(), type, group, nullptr));
+      writer.commit();
+    }
+    CheckpointLayerOptions o;
+    o.max_tokens = 16;
+    o.weight_type = type;
+    o.group_size = group;
+    MoeLayer at_load = MoeLayer::from_checkpoint(rt, model, layer_index, o);
+    o.quantized_dir = dir;
+    MoeLayer from_dir = MoeLayer::from_checkpoint(rt, model, layer_index, o);
+    o.weight_type = WeightType::bf16;  // not given: the directory's type
+    MoeLayer from_dir_any = MoeLayer::from_checkpoint(rt, model, layer_index, o);
+    CHECK(from_dir_any.config().weight_type == type);
+    CHECK(from_dir.weight_bytes() == at_load.weight_bytes());
+    const MoeShape s = ck.config().shape;
+    auto routing = random_routing(9, s, 5);
+    auto x = random_activations(static_cast<std::size_t>(9) * s.hidden, 6);
+    auto xb = to_bf16(x.data(), x.size());
+    std::vector<float> a(x.size()), b(x.size()), c(x.size());
+    at_load.forward(9, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), a.data());
+    from_dir.forward(9, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), b.data());
+    from_dir_any.forward(9, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), c.data());
+    CHECK(a == b);
+    CHECK(a == c);
+    // Asking for another type than the directory holds, or another layer than it has.
+    o.weight_type = type == WeightType::int8 ? WeightType::int4 : WeightType::int8;
+    expect_error([&] { MoeLayer::from_checkpoint(rt, model, layer_index, o); }, ErrorKind::invalid_argument, dir);
+    o.weight_type = type;
+    expect_error([&] { MoeLayer::from_checkpoint(rt, model, 2, o); }, ErrorKind::invalid_argument, "layer");
+  }
 }

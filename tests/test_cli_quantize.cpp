@@ -213,3 +213,54 @@ TEST_CASE("quantize --help names its options", "[cli][quant]") {
     CHECK(r.out.find(opt) != std::string::npos);
   }
 }
+
+TEST_CASE("forward and backward on int8/int4 weights: quantized at load or from a quantize directory", "[cli][quant][fixtures]") {
+  for (const auto& c : test::fixture_cases()) {
+    auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
+    const int layer = c.layers.front();
+    const std::string p = "layer_" + std::to_string(layer) + ".";
+    // The fixture's inputs as a --input file.
+    io::SafetensorsWriter in;
+    for (const char* key : {"input", "expert_ids", "weights", "grad_output"}) {
+      const auto& t = ref.get(p + key);
+      in.add(key, t.dtype, t.shape, ref.data(t));
+    }
+    const std::string input = test::temp_dir() + "/" + c.name + "_in.safetensors";
+    in.write(input);
+    const std::string base = "--model " + c.dir + "/model --layer " + std::to_string(layer) + " --adapter " + c.dir + "/adapter --input " +
+                             input + " --output ";
+    const std::string dir = test::temp_dir() + "/" + c.name + "_q4";
+    REQUIRE(run_cli("quantize --model " + c.dir + "/model --output " + dir + " --weights int4 --group-size 32").status == 0);
+    for (const auto& [weights, bar] : {std::pair<std::string, double>{"--weights int8", 2.5e-2}, {"--weights int4 --group-size 32", 0.15}}) {
+      INFO(c.name << " " << weights);
+      const std::string out = test::temp_dir() + "/" + c.name + "_out.safetensors";
+      auto r = run_cli("backward " + base + out + " " + weights);
+      INFO(r.err);
+      REQUIRE(r.status == 0);
+      auto got = io::SafetensorsFile::open(out);
+      CHECK(test::rel_error(io::read_as_f32(got, "output"), io::read_as_f32(ref, p + "output")) <= bar);
+      CHECK(test::rel_error(io::read_as_f32(got, "grad_input"), io::read_as_f32(ref, p + "grad_input")) <= bar);
+      if (weights.find("int4") == std::string::npos) continue;
+      // The quantize directory gives the same bits as quantizing at load, split over 2 nodes or not.
+      for (const std::string extra : {"", " --numa-nodes 2"}) {
+        const std::string out2 = test::temp_dir() + "/" + c.name + "_out2.safetensors";
+        auto r2 = run_cli("backward " + base + out2 + " --quantized " + dir + extra);
+        INFO(r2.err);
+        REQUIRE(r2.status == 0);
+        auto got2 = io::SafetensorsFile::open(out2);
+        if (extra.empty()) {
+          CHECK(io::read_as_f32(got2, "output") == io::read_as_f32(got, "output"));
+          CHECK(io::read_as_f32(got2, "grad_input") == io::read_as_f32(got, "grad_input"));
+        } else {
+          CHECK(test::rel_error(io::read_as_f32(got2, "output"), io::read_as_f32(got, "output")) <= 3e-2);
+          CHECK(test::rel_error(io::read_as_f32(got2, "grad_input"), io::read_as_f32(got, "grad_input")) <= 1e-3);
+        }
+      }
+    }
+    // The directory holds int4: asking for int8 from it is an error that names it.
+    const std::string never = test::temp_dir() + "/never.safetensors";
+    expect_failure("forward " + base + never + " --quantized " + dir + " --weights int8", dir, never);
+    expect_failure("forward " + base + never + " --weights int4 --group-size 48", "--group-size 48", never);
+    expect_failure("forward " + base + never + " --weights int5", "int5", never);
+  }
+}

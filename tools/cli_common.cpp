@@ -40,11 +40,11 @@ LayerInputs read_layer_inputs(const std::string& path, int hidden, bool need_gra
   return in;
 }
 
-LoadedLayer load_layer(const std::string& model_dir, int layer, const std::string& adapter) {
+LoadedLayer load_layer(const std::string& model_dir, int layer, const std::string& adapter, bool load_experts) {
   auto ck = Checkpoint::open(model_dir);
   LoadedLayer l;
   l.config = ck.config();
-  {
+  if (load_experts) {
     ProgressBar bar("loading layer " + std::to_string(layer));
     l.experts = ck.load_layer_experts(layer, bar.callback());
   }

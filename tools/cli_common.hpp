@@ -30,7 +30,8 @@ struct LoadedLayer {
   ExpertWeights experts;
   LoadedLora lora;
 };
-LoadedLayer load_layer(const std::string& model_dir, int layer, const std::string& adapter);
+// load_experts false: the config and adapter only (the experts come from elsewhere).
+LoadedLayer load_layer(const std::string& model_dir, int layer, const std::string& adapter, bool load_experts = true);
 
 // Subcommand registration: each returns the callback's exit status through `status`.
 void add_forward_backward_commands(CLI::App& app, int& status);

@@ -4,6 +4,9 @@
 
 #include "src/io/safetensors_writer.hpp"
 #include "src/layer/moe_compute.hpp"
+#include "src/model/checkpoint.hpp"
+#include "src/quant/checkpoint_fingerprint.hpp"
+#include "src/quant/quantized_file.hpp"
 #include "src/routing/router.hpp"
 #include "tilemoe/error.hpp"
 #include "tools/cli_common.hpp"
@@ -15,7 +18,8 @@ namespace {
 constexpr int kMaxRandomTokens = 1 << 20;
 
 struct LayerArgs {
-  std::string model, adapter, input, output, isa = "auto";
+  std::string model, adapter, input, output, isa = "auto", weights = "bf16", quantized;
+  int group_size = 128;
   int layer = -1;
   int threads = 0;
   int numa_nodes = 1;
@@ -40,6 +44,12 @@ void add_layer_options(CLI::App* cmd, LayerArgs& a) {
   cmd->add_option("--numa-nodes", a.numa_nodes,
                   "Split the layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's")
       ->capture_default_str();
+  cmd->add_option("--weights", a.weights,
+                  "Base weights: bf16, or int8 / int4 quantized at load (int8 activations per token; backward trains through them)")
+      ->capture_default_str();
+  cmd->add_option("--group-size", a.group_size, "int4: inputs per scale (32, 64 or 128)")->capture_default_str();
+  cmd->add_option("--quantized", a.quantized,
+                  "A directory written by `tilemoe quantize` from --model: its int8/int4 experts are used as they are");
 }
 
 void check_input_choice(const LayerArgs& a) {
@@ -103,8 +113,21 @@ void run(const LayerArgs& a, bool backward) {
   if (a.threads < 0) fail(ErrorKind::invalid_argument, "--threads must be >= 0");
   if (a.numa_nodes < 0) fail(ErrorKind::invalid_argument, "--numa-nodes must be >= 0 (0: the machine's nodes)");
   ComputeOptions opt{a.isa, a.threads, a.numa_nodes};
+  opt.weight_type = quant::parse_weight_type(a.weights, "--weights");
+  opt.group_size = a.group_size;
+  if (opt.weight_type == WeightType::int4 && a.group_size != 32 && a.group_size != 64 && a.group_size != 128)
+    fail(ErrorKind::invalid_argument, "--group-size " + std::to_string(a.group_size) + ": give 32, 64 or 128");
   resolve_backend(a.isa);  // fail fast, before loading anything
-  LoadedLayer l = load_layer(a.model, a.layer, a.adapter);
+  // With --quantized the bf16 experts are not read at all.
+  LoadedLayer l = load_layer(a.model, a.layer, a.adapter, /*load_experts=*/a.quantized.empty());
+  quant::QuantizedExperts loaded;
+  if (!a.quantized.empty()) {
+    loaded = quant::load_quantized_layer(a.quantized, a.layer, l.config.shape, quant::checkpoint_fingerprint(Checkpoint::open(a.model)));
+    if (opt.weight_type != WeightType::bf16 && opt.weight_type != loaded.type)
+      fail(ErrorKind::invalid_argument, "--quantized " + a.quantized + " holds " + weight_type_name(loaded.type) + " weights, not " + a.weights);
+    opt.quantized = &loaded;
+    l.experts.shape = l.config.shape;
+  }
   const bool random_inputs = a.tokens_given->count() > 0;
   RandomInputs made;
   LayerInputs in;

@@ -68,8 +68,9 @@ typedef struct tilemoe_layer_config {
   double lora_alpha;
   int use_rslora;
   int max_cache_depth; /* 0: inference only */
-  int weight_type;     /* 0: bf16 (int8, int4: not built yet) */
+  int weight_type;     /* 0: bf16, 1: int8 (a scale per output channel), 2: int4 (a scale per group_size inputs) */
   int numa_nodes;      /* split over NUMA nodes: 0 or 1 none, N > 1 real or virtual nodes, -1 the machine's */
+  int group_size;      /* int4: 32, 64 or 128 (0: 128) */
 } tilemoe_layer_config;
 
 /* gate, up: bf16 [E][I][H]; down: bf16 [E][H][I]. Packed here; the caller may free them after. */
@@ -83,6 +84,10 @@ typedef struct tilemoe_checkpoint_options {
   double lora_alpha;
   int use_rslora;
   const char* adapter; /* PEFT directory or `tilemoe convert-lora` file, or NULL */
+  int numa_nodes;      /* as in tilemoe_layer_config */
+  int weight_type;     /* 0: bf16, 1: int8, 2: int4, quantized at load (or the type of quantized_dir) */
+  int group_size;      /* int4: 32, 64 or 128 (0: 128) */
+  const char* quantized_dir; /* a `tilemoe quantize` directory of this checkpoint, or NULL */
 } tilemoe_checkpoint_options;
 
 /* Layer `layer` of a Hugging Face checkpoint directory (config.json + safetensors, sharded or not). */

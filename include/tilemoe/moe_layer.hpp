@@ -37,7 +37,11 @@ struct MoeLayerConfig {
   int hidden = 0;
   int intermediate = 0;
   int max_tokens = 0;    // the largest batch of one call
-  WeightType weight_type = WeightType::bf16;  // int8 and int4 are not built yet: Error(unsupported)
+  // Base weights: bf16, or quantized at construction to int8 (one scale per output channel) or
+  // int4 (one scale per group_size inputs: 32, 64 or 128), with int8 activations per token. LoRA
+  // stays f32/bf16 on every type; training through int weights reads them dequantized (QLoRA).
+  WeightType weight_type = WeightType::bf16;
+  int group_size = 128;  // int4 only
   // Tensor parallel over NUMA nodes: each node holds and computes a slice of every expert's
   // intermediate dimension from its own memory, and the partial results are added. 1: no split;
   // 0: the machine's NUMA nodes; more than the machine has: virtual nodes (its cores divided).
@@ -88,12 +92,18 @@ struct CheckpointLayerOptions {
   bool use_rslora = false;
   std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file; empty: none
   int numa_nodes = 1;       // as in MoeLayerConfig
+  // int8/int4: quantize the checkpoint's experts at load, or read them from `quantized_dir` (written
+  // by `tilemoe quantize` from this checkpoint: checked against it, never re-quantized; its type
+  // and group are used, and a weight_type given here that differs is an error).
+  WeightType weight_type = WeightType::bf16;
+  int group_size = 128;
+  std::string quantized_dir;
 };
 
 class TILEMOE_CXX_API MoeLayer {
  public:
   // Throws invalid_argument for a bad config or null weights, bad_file for non-finite weights
-  // (naming the expert and projection), unsupported for int8/int4.
+  // (naming the expert and projection).
   MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertWeightsRef& weights);
   // The layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors).
   static MoeLayer from_checkpoint(Runtime& runtime, const std::string& model_dir, int layer,

@@ -20,7 +20,8 @@ LoraFactors factors_of(py::object ga, py::object gb, py::object ua, py::object u
 std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer, py::object adapter, py::object isa,
                                          py::object threads, py::object numa_nodes, py::object max_tokens,
                                          py::object max_cache_depth, py::object lora_rank, py::object lora_alpha,
-                                         py::object use_rslora, py::object runtime) {
+                                         py::object use_rslora, py::object runtime, py::object weights, py::object group_size,
+                                         py::object quantized) {
   CheckpointLayerOptions o;
   const std::string dir = str_arg(model_dir, "model_dir");
   const int index = int_arg(layer, "layer");
@@ -31,6 +32,15 @@ std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer,
   o.lora_alpha = lora_alpha.is_none() ? o.lora_rank : float_arg(lora_alpha, "lora_alpha");
   o.use_rslora = bool_arg(use_rslora, "use_rslora");
   o.numa_nodes = optional_int_arg(numa_nodes, "numa_nodes").value_or(1);
+  if (!weights.is_none()) {
+    const std::string w = str_arg(weights, "weights");
+    if (w == "bf16") o.weight_type = WeightType::bf16;
+    else if (w == "int8") o.weight_type = WeightType::int8;
+    else if (w == "int4") o.weight_type = WeightType::int4;
+    else value_error("weights: '" + w + "'; expected 'bf16', 'int8' or 'int4'");
+  }
+  o.group_size = int_arg(group_size, "group_size");
+  o.quantized_dir = optional_str_arg(quantized, "quantized").value_or("");
   auto rt = runtime_arg(runtime, isa, optional_int_arg(threads, "threads").value_or(0));
   return std::make_unique<PyLayer>(std::move(rt), dir, index, o);
 }
@@ -68,11 +78,14 @@ them is seen by the next call). The GIL is released while the runtime works.)doc
                   py::arg("isa") = "auto", py::arg("threads") = py::none(), py::arg("numa_nodes") = py::none(), py::kw_only(),
                   py::arg("max_tokens") = 2048, py::arg("max_cache_depth") = 1, py::arg("lora_rank") = 0,
                   py::arg("lora_alpha") = py::none(), py::arg("use_rslora") = false, py::arg("runtime") = py::none(),
+                  py::arg("weights") = py::none(), py::arg("group_size") = 128, py::arg("quantized") = py::none(),
                   R"doc(
 Layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors), with a PEFT
 adapter directory or `tilemoe convert-lora` file if given. max_tokens: the largest batch;
 max_cache_depth: forwards saved for backward at once (0: inference only); lora_rank, lora_alpha
-(default: lora_rank), use_rslora: for LoRA sets given later with update_lora_weights.)doc")
+(default: lora_rank), use_rslora: for LoRA sets given later with update_lora_weights. weights:
+"int8" or "int4" quantizes the experts at load (group_size: int4 inputs per scale); quantized: a
+directory written by `tilemoe quantize` from this checkpoint, loaded as it is (its type is used).)doc")
 
       .def("forward", [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out) { return l.forward(x, ids, w, out); },
            py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(),

@@ -13,8 +13,9 @@ class MoEConfig:
     call may pass). max_tokens: the largest batch of one call. lora_rank: the largest LoRA rank the
     layer accepts (0: no LoRA); lora_alpha and use_rslora give the scale of sets passed to
     update_lora_weights, alpha / r (or alpha / sqrt(r)); lora_alpha None means lora_rank (scale 1).
-    max_cache_depth: forwards saved for backward at once (0: inference only). weight_type: "bf16"
-    ("int8", "int4" are not built yet). numa_nodes: NUMA nodes to split the layer over (1: none, 0: the
+    max_cache_depth: forwards saved for backward at once (0: inference only). weight_type: "bf16", or "int8" / "int4"
+    (quantized at construction: int8 one scale per output channel, int4 one per group_size
+    inputs, 32, 64 or 128; LoRA stays float; training through them is QLoRA). numa_nodes: NUMA nodes to split the layer over (1: none, 0: the
     machine's, more than it has: virtual nodes). threads: the runtime's worker threads, None or 0 for one per core.
     """
 
@@ -28,13 +29,14 @@ class MoEConfig:
     use_rslora: bool = False
     max_cache_depth: int = 1
     weight_type: str = "bf16"
+    group_size: int = 128
     numa_nodes: int = 1
     threads: Optional[int] = None
 
     def __post_init__(self):
         # Types here, ranges in the runtime: both name the field.
         for name in ("num_experts", "top_k", "hidden", "intermediate", "max_tokens", "lora_rank", "max_cache_depth",
-                     "numa_nodes"):
+                     "numa_nodes", "group_size"):
             _require_int(name, getattr(self, name))
         if self.threads is not None:
             _require_int("threads", self.threads)

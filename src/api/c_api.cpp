@@ -112,6 +112,18 @@ tilemoe_status tilemoe_runtime_wait(tilemoe_runtime* runtime, tilemoe_ticket tic
   });
 }
 
+namespace {
+tilemoe::WeightType weight_type_of(int v, const char* who) {
+  switch (v) {
+    case 0: return tilemoe::WeightType::bf16;
+    case 1: return tilemoe::WeightType::int8;
+    case 2: return tilemoe::WeightType::int4;
+  }
+  tilemoe::fail(tilemoe::ErrorKind::invalid_argument,
+                std::string(who) + ": weight_type " + std::to_string(v) + " is not 0 (bf16), 1 (int8) or 2 (int4)");
+}
+}  // namespace
+
 tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_layer_config* config, const uint16_t* gate,
                                     const uint16_t* up, const uint16_t* down, tilemoe_layer** out) {
   return guard([&] {
@@ -127,13 +139,8 @@ tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_laye
     c.lora_alpha = config->lora_alpha;
     c.use_rslora = config->use_rslora != 0;
     c.max_cache_depth = config->max_cache_depth;
-    switch (config->weight_type) {
-      case 0: c.weight_type = tilemoe::WeightType::bf16; break;
-      case 1: c.weight_type = tilemoe::WeightType::int8; break;
-      case 2: c.weight_type = tilemoe::WeightType::int4; break;
-      default: tilemoe::fail(tilemoe::ErrorKind::invalid_argument, "tilemoe_layer_create: weight_type " +
-                                                                       std::to_string(config->weight_type) + " is not 0 (bf16), 1 (int8) or 2 (int4)");
-    }
+    c.weight_type = weight_type_of(config->weight_type, "tilemoe_layer_create");
+    c.group_size = config->group_size == 0 ? 128 : config->group_size;
     c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes == -1 ? 0 : config->numa_nodes;  // -1: the machine's
     *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down})};
   });
@@ -152,6 +159,10 @@ tilemoe_status tilemoe_layer_from_checkpoint(tilemoe_runtime* runtime, const cha
     o.lora_alpha = options->lora_alpha;
     o.use_rslora = options->use_rslora != 0;
     if (options->adapter) o.adapter = options->adapter;
+    o.numa_nodes = options->numa_nodes == 0 ? 1 : options->numa_nodes == -1 ? 0 : options->numa_nodes;
+    o.weight_type = weight_type_of(options->weight_type, "tilemoe_layer_from_checkpoint");
+    o.group_size = options->group_size == 0 ? 128 : options->group_size;
+    if (options->quantized_dir) o.quantized_dir = options->quantized_dir;
     *out = new tilemoe_layer{tilemoe::MoeLayer::from_checkpoint(runtime->rt, model_dir, layer, o)};
   });
 }
@@ -163,7 +174,7 @@ tilemoe_status tilemoe_layer_get_config(const tilemoe_layer* layer, tilemoe_laye
     require(layer && config, "tilemoe_layer_get_config: layer and config must not be NULL");
     const tilemoe::MoeLayerConfig& c = layer->layer.config();
     *config = {c.num_experts, c.top_k, c.hidden, c.intermediate, c.max_tokens, c.lora_rank, c.lora_alpha,
-               c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes};
+               c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes, c.group_size};
   });
 }
 

@@ -18,6 +18,10 @@
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
 #include "src/model/finite_check.hpp"
+#include "src/quant/checkpoint_fingerprint.hpp"
+#include "src/quant/numa_slices.hpp"
+#include "src/quant/quantize.hpp"
+#include "src/quant/quantized_file.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe {
@@ -41,8 +45,10 @@ void check_config(const MoeLayerConfig& c) {
   if (c.lora_rank > 0 && !std::isfinite(c.lora_alpha)) bad("lora_alpha must be finite");
   if (c.max_cache_depth < 0 || c.max_cache_depth > 1024)
     bad("max_cache_depth " + std::to_string(c.max_cache_depth) + " must be in [0, 1024]");
-  if (c.weight_type != WeightType::bf16)
-    fail(ErrorKind::unsupported, "MoeLayerConfig: weight_type int8/int4 is not built yet; use bf16");
+  if (c.weight_type != WeightType::bf16 && c.weight_type != WeightType::int8 && c.weight_type != WeightType::int4)
+    bad("weight_type " + std::to_string(static_cast<int>(c.weight_type)) + " is not bf16, int8 or int4");
+  if (c.weight_type == WeightType::int4 && c.group_size != 32 && c.group_size != 64 && c.group_size != 128)
+    bad("group_size " + std::to_string(c.group_size) + " must be 32, 64 or 128 for int4 weights");
   if (c.numa_nodes < 0 || c.numa_nodes > 1024)
     bad("numa_nodes " + std::to_string(c.numa_nodes) + " must be in [0, 1024] (0: the machine's NUMA nodes)");
 }
@@ -196,11 +202,19 @@ ModelConfig model_of(const MoeLayerConfig& c) {
 }
 
 // `cfg` is checked by the callers, before anything is loaded; checkpoint loads check finiteness
-// tensor by tensor as they read, so only the caller's memory is scanned here.
+// tensor by tensor as they read, so only the caller's memory is scanned here. `quantized`, when
+// given, holds the experts already quantized (w is then not read); otherwise int8/int4 layers
+// quantize w here.
 std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, const ExpertWeightsView& w, ModelConfig model,
-                                      int model_layer, std::unique_ptr<LoadedLora> adapter, bool weights_checked) {
+                                      int model_layer, std::unique_ptr<LoadedLora> adapter, bool weights_checked,
+                                      const quant::QuantizedExperts* quantized = nullptr) {
   Runtime::Impl& rt = runtime.impl();
-  if (!weights_checked) check_finite_weights(w, *rt.pool);
+  if (!weights_checked && !quantized) check_finite_weights(w, *rt.pool);
+  quant::QuantizedExperts made;
+  if (!quantized && cfg.weight_type != WeightType::bf16) {
+    made = quant::quantize_experts(w, cfg.weight_type, cfg.group_size, rt.pool);
+    quantized = &made;
+  }
   auto m = std::make_unique<MoeLayer::Impl>(rt, cfg);
   m->model = std::move(model);
   m->model_layer = model_layer;
@@ -213,9 +227,18 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   LayerLoraView view = adapter ? lora_view(adapter->lora) : LayerLoraView{};
   numa::NodeGroup& nodes = node_group_for(*rt.pool, cfg.numa_nodes);
   m->cfg.numa_nodes = nodes.size();
+  const MoeShape shape = quantized ? quantized->shape : w.shape;
+  const WeightType type = quantized ? quantized->type : WeightType::bf16;
+  const int group = quantized && quantized->type == WeightType::int4 ? quantized->group : cfg.group_size;
+  m->cfg.weight_type = type;
+  m->cfg.group_size = group;
   m->sft = std::make_unique<TensorParallelLayer>(
-      w.shape, WeightType::bf16, 0, nodes, rt.isa, opt,
-      [&w](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) { return PackedExpertWeights::pack_slice(w, s, pool, node); },
+      shape, type, group, nodes, rt.isa, opt,
+      [&](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) {
+        if (!quantized) return PackedExpertWeights::pack_slice(w, s, pool, node);
+        if (s.begin == 0 && s.end == shape.intermediate) return PackedExpertWeights::pack_quantized(*quantized, pool, node);
+        return PackedExpertWeights::pack_quantized(quant::slice_experts(*quantized, s), pool, node);
+      },
       view);
   m->adapter = std::move(adapter);
   return m;
@@ -249,7 +272,24 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.lora_alpha = options.lora_alpha;  // for sets given as LoraWeights; adapters carry their own scales
   cfg.use_rslora = options.use_rslora;
   cfg.numa_nodes = options.numa_nodes;
+  cfg.weight_type = options.weight_type;
+  cfg.group_size = options.group_size;
   check_config(cfg);
+  if (!options.quantized_dir.empty()) {
+    // Checked against this checkpoint (shape and fingerprint), never re-quantized; the bf16
+    // experts are not read at all.
+    quant::QuantizedExperts q =
+        quant::load_quantized_layer(options.quantized_dir, layer, model.shape, quant::checkpoint_fingerprint(ckpt));
+    if (options.weight_type != WeightType::bf16 && options.weight_type != q.type)
+      fail(ErrorKind::invalid_argument, "MoeLayer::from_checkpoint: " + options.quantized_dir + " holds " + weight_type_name(q.type) +
+                                            " weights but weight_type " + weight_type_name(options.weight_type) + " was asked for");
+    if (options.weight_type == WeightType::int4 && q.type == WeightType::int4 && options.group_size != q.group)
+      fail(ErrorKind::invalid_argument, "MoeLayer::from_checkpoint: " + options.quantized_dir + " has int4 group size " +
+                                            std::to_string(q.group) + " but group_size " + std::to_string(options.group_size) +
+                                            " was asked for");
+    return MoeLayer(build(runtime, cfg, ExpertWeightsView{model.shape, nullptr, nullptr, nullptr}, model, layer, std::move(adapter),
+                          /*weights_checked=*/true, &q));
+  }
   ExpertWeights experts = ckpt.load_layer_experts(layer);
   return MoeLayer(build(runtime, cfg, experts.view(), model, layer, std::move(adapter), /*weights_checked=*/true));
 }

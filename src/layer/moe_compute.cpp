@@ -56,12 +56,23 @@ std::vector<bf16> to_bf16(const float* x, std::size_t n) {
 
 namespace {
 
-TensorParallelLayer split_layer(const ExpertWeightsView& w, const ComputeOptions& opt, kernels::Isa isa, const SftLayerOptions& options,
-                                const LayerLoraView& view) {
+// The experts as the options want them: nullptr for bf16, else quantized (made into `holder`).
+const quant::QuantizedExperts* quantized_for(const ExpertWeightsView& w, const ComputeOptions& opt, quant::QuantizedExperts& holder) {
+  if (opt.quantized) return opt.quantized;
+  if (opt.weight_type == WeightType::bf16) return nullptr;
+  holder = quant::quantize_experts(w, opt.weight_type, opt.group_size, &pool_for_threads(opt.threads));
+  return &holder;
+}
+
+TensorParallelLayer split_layer(const ExpertWeightsView& w, const quant::QuantizedExperts* q, const ComputeOptions& opt, kernels::Isa isa,
+                                const SftLayerOptions& options, const LayerLoraView& view) {
   numa::NodeGroup& nodes = node_group_for(pool_for_threads(opt.threads), opt.numa_nodes);
-  return TensorParallelLayer(w.shape, WeightType::bf16, 0, nodes, isa, options,
+  const MoeShape shape = q ? q->shape : w.shape;
+  return TensorParallelLayer(shape, q ? q->type : WeightType::bf16, q ? q->group : 0, nodes, isa, options,
                              [&](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) {
-                               return PackedExpertWeights::pack_slice(w, s, pool, node);
+                               if (!q) return PackedExpertWeights::pack_slice(w, s, pool, node);
+                               if (s.begin == 0 && s.end == shape.intermediate) return PackedExpertWeights::pack_quantized(*q, pool, node);
+                               return PackedExpertWeights::pack_quantized(quant::slice_experts(*q, s), pool, node);
                              },
                              view);
 }
@@ -71,25 +82,39 @@ TensorParallelLayer split_layer(const ExpertWeightsView& w, const ComputeOptions
 void moe_forward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const ComputeOptions& opt,
                  float* output) {
   std::string backend = resolve_backend(opt.isa);
-  if (backend == "reference") return reference_forward(w, lora, batch, output);
+  quant::QuantizedExperts holder;
+  const quant::QuantizedExperts* q = quantized_for(w, opt, holder);
+  if (backend == "reference") {
+    if (!q) return reference_forward(w, lora, batch, output);
+    // The quantized model: dequantized weights, int8 activations per token, as the kernels run it.
+    const ExpertWeights dq = quant::dequantize_experts(*q);
+    return reference_forward(dq.view(), lora, batch, output, ReferenceOptions{true, q});
+  }
   auto isa = *kernels::parse_isa(backend);
   const LayerLoraView view = lora_view(lora);
-  TensorParallelLayer layer = split_layer(w, opt, isa, {std::max(batch.tokens, 1), 0, view.max_rank(), std::max(batch.top_k, 1)}, view);
-  auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * w.shape.hidden);
+  TensorParallelLayer layer = split_layer(w, q, opt, isa, {std::max(batch.tokens, 1), 0, view.max_rank(), std::max(batch.top_k, 1)}, view);
+  auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * layer.shape().hidden);
   layer.forward_sft(batch.tokens, batch.top_k, x.data(), batch.expert_ids, batch.weights, output, false);
 }
 
 void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBatch<float>& batch, const float* grad_output,
                   const ComputeOptions& opt, float* output, float* grad_input, LayerLora* lora_grad) {
   std::string backend = resolve_backend(opt.isa);
+  quant::QuantizedExperts holder;
+  const quant::QuantizedExperts* q = quantized_for(w, opt, holder);
   if (backend == "reference") {
-    if (output) reference_forward(w, lora, batch, output);
-    return reference_backward(w, lora, batch, grad_output, grad_input, lora_grad);
+    // Through a quantized base: the gradients of the dequantized model (activation rounding is the
+    // identity for them, as in the kernels).
+    ExpertWeights dq;
+    if (q) dq = quant::dequantize_experts(*q);
+    const ExpertWeightsView rw = q ? dq.view() : w;
+    if (output) reference_forward(rw, lora, batch, output, q ? ReferenceOptions{true, q} : ReferenceOptions{});
+    return reference_backward(rw, lora, batch, grad_output, grad_input, lora_grad);
   }
   auto isa = *kernels::parse_isa(backend);
   const LayerLoraView view = lora_view(lora);
-  TensorParallelLayer layer = split_layer(w, opt, isa, {std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)}, view);
-  auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * w.shape.hidden);
+  TensorParallelLayer layer = split_layer(w, q, opt, isa, {std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)}, view);
+  auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * layer.shape().hidden);
   std::vector<float> scratch_out;
   if (!output) scratch_out.resize(x.size()), output = scratch_out.data();
   layer.forward_sft(batch.tokens, batch.top_k, x.data(), batch.expert_ids, batch.weights, output, true);

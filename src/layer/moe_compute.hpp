@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "src/quant/quantize.hpp"
 #include "src/reference/moe_reference.hpp"
 
 namespace tilemoe {
@@ -12,6 +13,11 @@ struct ComputeOptions {
   std::string isa = "auto";
   int threads = 0;     // 0: every core
   int numa_nodes = 1;  // tensor parallel over this many (real or virtual) nodes; 0: the machine's nodes
+  // int8/int4: the experts quantized here (int4 in groups of group_size), or already quantized
+  // (`quantized`, which then replaces the bf16 weights: their view gives the shape only).
+  WeightType weight_type = WeightType::bf16;
+  int group_size = 128;
+  const quant::QuantizedExperts* quantized = nullptr;
 };
 
 // The implementation `isa` resolves to on this CPU; throws unsupported when it cannot run here.

@@ -89,7 +89,7 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   }
   const double alpha = 6.0, s = alpha / R;
 
-  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1};
+  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1, 0};
   tilemoe_layer* layer = NULL;
   REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &layer));
   tilemoe_lora_weights lw = {ga, gb, ua, ub, da, db};
@@ -159,7 +159,24 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   CHECK(tilemoe_layer_create(rt, &bad, gate, up, down, &none) == TILEMOE_INVALID_ARGUMENT && none == NULL);
   bad = cfg;
   bad.weight_type = 2;
-  CHECK(tilemoe_layer_create(rt, &bad, gate, up, down, &none) == TILEMOE_UNSUPPORTED);
+  bad.group_size = 48;
+  CHECK(tilemoe_layer_create(rt, &bad, gate, up, down, &none) == TILEMOE_INVALID_ARGUMENT && none == NULL);
+  CHECK(strstr(tilemoe_last_error(), "group_size 48") != NULL);
+  bad.weight_type = 7;
+  CHECK(tilemoe_layer_create(rt, &bad, gate, up, down, &none) == TILEMOE_INVALID_ARGUMENT && none == NULL);
+  /* int8 and int4 layers from the same weights: quantized here, reported by get_config. */
+  for (int type = 1; type <= 2; ++type) {
+    tilemoe_layer_config qc = cfg;
+    qc.weight_type = type;
+    qc.group_size = type == 2 ? 32 : 0;
+    tilemoe_layer* ql = NULL;
+    REQUIRE_OK(tilemoe_layer_create(rt, &qc, gate, up, down, &ql));
+    tilemoe_layer_config got;
+    REQUIRE_OK(tilemoe_layer_get_config(ql, &got));
+    CHECK(got.weight_type == type && (type == 1 || got.group_size == 32));
+    REQUIRE_OK(tilemoe_layer_forward(ql, T, K, x, ids, w, out, TILEMOE_F32));
+    tilemoe_layer_destroy(ql);
+  }
   gate[3 * I * H + 5] = 0x7f80; /* +Inf in expert 3's gate */
   CHECK(tilemoe_layer_create(rt, &cfg, gate, up, down, &none) == TILEMOE_BAD_FILE);
   CHECK(strstr(tilemoe_last_error(), "expert 3 gate") != NULL);
@@ -170,7 +187,7 @@ static void test_checkpoint_layer(tilemoe_runtime* rt, const char* data) {
   char model[1024], adapter[1024];
   snprintf(model, sizeof model, "%s/deepseek_tiny/model", data);
   snprintf(adapter, sizeof adapter, "%s/deepseek_tiny/adapter", data);
-  tilemoe_checkpoint_options opt = {16, 1, 0, 0.0, 0, adapter};
+  tilemoe_checkpoint_options opt = {16, 1, 0, 0.0, 0, adapter, 1, 0, 0, NULL};
   tilemoe_layer* layer = NULL;
   REQUIRE_OK(tilemoe_layer_from_checkpoint(rt, model, 1, &opt, &layer));
   tilemoe_layer_config cfg;
