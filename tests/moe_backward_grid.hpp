@@ -80,9 +80,10 @@ inline void run_backward_grid(kernels::Isa isa) {
   }
 }
 
-// Every fixture case through forward_sft + backward: PyTorch autograd through PEFT is the oracle.
-inline void run_fixture_backward(kernels::Isa isa) {
-  numa::ThreadPool& pool = pool_for_threads(0);
+// Every fixture case through a fine-tuning step that `run(experts, lora, inputs)` performs and
+// returns as an SftResult: PyTorch autograd through PEFT is the oracle. `label` tells runs apart.
+template <typename Run>
+void check_fixture_sft(Run&& run, const std::string& label = "") {
   for (const auto& c : fixture_cases()) {
     auto ck = Checkpoint::open(c.dir + "/model");
     auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
@@ -90,11 +91,33 @@ inline void run_fixture_backward(kernels::Isa isa) {
       auto experts = ck.load_layer_experts(layer);
       LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
       FixtureLayerInputs in = read_fixture_layer(ref, layer);
-      SftResult got = run_sft(isa, pool, experts, lora.lora, in.tokens, in.top_k, in.input, in.expert_ids, in.weights, in.grad_output);
-      INFO(c.name << " layer " << layer);
+      SftResult got = run(experts, lora.lora, in);
+      INFO(c.name << " layer " << layer << label);
       CHECK(rel_error(got.out, in.expected(ref, "output")) <= 1e-2);
       CHECK(rel_error(got.grad_input, in.expected(ref, "grad_input")) <= 1e-2);
       check_fixture_lora_grads(got.grads, lora, ref, ck.config().shape.num_experts);
+    }
+  }
+}
+
+inline void run_fixture_backward(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  check_fixture_sft([&](const ExpertWeights& experts, const LayerLora& lora, const FixtureLayerInputs& in) {
+    return run_sft(isa, pool, experts, lora, in.tokens, in.top_k, in.input, in.expert_ids, in.weights, in.grad_output);
+  });
+}
+
+// results[i] against results[0], bit for bit: grad_input and every LoRA gradient (and the output
+// when `with_output`). labels[i] names run i.
+inline void check_same_sft_bits(const std::vector<SftResult>& results, const std::vector<int>& labels, const std::string& what,
+                                bool with_output) {
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    INFO(what << " " << labels[i] << " against " << labels[0]);
+    if (with_output) CHECK(results[i].out == results[0].out);
+    CHECK(results[i].grad_input == results[0].grad_input);
+    for (int p = 0; p < 3; ++p) {
+      CHECK(results[i].grads.proj[p].a == results[0].grads.proj[p].a);
+      CHECK(results[i].grads.proj[p].b == results[0].grads.proj[p].b);
     }
   }
 }
@@ -112,14 +135,7 @@ inline void run_backward_thread_identity(kernels::Isa isa, std::vector<int> thre
     std::vector<SftResult> results;
     for (int threads : thread_counts)
       results.push_back(run_sft(isa, pool_for_threads(threads), w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go));
-    for (std::size_t i = 1; i < results.size(); ++i) {
-      INFO(tokens << " tokens, " << thread_counts[i] << " threads against " << thread_counts[0]);
-      CHECK(results[i].grad_input == results[0].grad_input);
-      for (int p = 0; p < 3; ++p) {
-        CHECK(results[i].grads.proj[p].a == results[0].grads.proj[p].a);
-        CHECK(results[i].grads.proj[p].b == results[0].grads.proj[p].b);
-      }
-    }
+    check_same_sft_bits(results, thread_counts, std::to_string(tokens) + " tokens, threads", false);
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "catch.hpp"
 #include "fixture_cases.hpp"
+#include "moe_backward_grid.hpp"
 #include "numa/node_group.hpp"
 #include "shape_grid.hpp"
 #include "src/io/safetensors.hpp"
@@ -20,11 +21,6 @@
 #include "test_util.hpp"
 
 namespace tilemoe::test {
-
-struct TpResult {
-  std::vector<float> out, grad_input;
-  LayerLora grads;
-};
 
 inline std::unique_ptr<TensorParallelLayer> make_tp_layer(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w,
                                                           const LayerLoraView& lora, int max_tokens, int depth = 1) {
@@ -41,11 +37,11 @@ inline std::unique_ptr<TensorParallelLayer> make_tp_layer(kernels::Isa isa, numa
 
 // forward_sft (saved) then backward; gradients overwritten into buffers full of junk, or added to
 // a copy of `start` with accumulate.
-inline TpResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
+inline SftResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
                        const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
                        const std::vector<float>& grad_out, const LayerLora* start = nullptr) {
   auto layer = make_tp_layer(isa, nodes, w, lora_view(lora), tokens);
-  TpResult r;
+  SftResult r;
   r.out.assign(x.size(), 5.0f);
   r.grad_input.assign(x.size(), 7.0f);
   r.grads = start ? *start : lora.zeros_like();
@@ -62,13 +58,6 @@ inline TpResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWei
   return r;
 }
 
-inline void check_tp_lora_grads(const LayerLora& got, const LayerLora& want, double tol) {
-  for (Projection p : kProjections) {
-    INFO(projection_name(p));
-    CHECK(rel_error(got[p].a, want[p].a) <= tol);
-    CHECK(rel_error(got[p].b, want[p].b) <= tol);
-  }
-}
 
 // One node group per count, shared by the cases: threads in all = this machine's cores.
 inline numa::NodeGroup& test_node_group(int nodes, int threads = 0) {
@@ -91,10 +80,10 @@ inline void check_tp_case(kernels::Isa isa, int nodes, const MoeShape& s, int to
   reference_forward(w.view(), lora, batch, want_out.data());
   reference_backward(w.view(), lora, batch, go.data(), want_dx.data(), &want_grads);
   numa::NodeGroup& group = test_node_group(nodes);
-  TpResult got = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go);
+  SftResult got = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go);
   CHECK(rel_error(got.out, want_out) <= 1e-2);
   CHECK(rel_error(got.grad_input, want_dx) <= 1e-2);
-  check_tp_lora_grads(got.grads, want_grads, 2e-2);
+  check_lora_grads(got.grads, want_grads, 2e-2);
 
   // Accumulating onto earlier gradients adds exactly what an overwrite computes (up to f32
   // rounding of the sum).
@@ -104,7 +93,7 @@ inline void check_tp_case(kernels::Isa isa, int nodes, const MoeShape& s, int to
       for (std::size_t i = 0; i < p.a.size(); ++i) p.a[i] = 0.25f * static_cast<float>(i % 7);
       for (std::size_t i = 0; i < p.b.size(); ++i) p.b[i] = -0.5f * static_cast<float>(i % 5);
     }
-    TpResult acc = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, &start);
+    SftResult acc = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, &start);
     for (int p = 0; p < 3; ++p) {
       INFO("accumulate, " << projection_name(kProjections[static_cast<std::size_t>(p)]));
       std::vector<float> a = start.proj[p].a, b = start.proj[p].b;
@@ -129,21 +118,12 @@ inline void run_tp_grid(kernels::Isa isa, std::vector<int> node_counts = {1, 2, 
 // Every fixture case: PyTorch autograd through PEFT is the oracle, split over 2 and 3 nodes.
 inline void run_tp_fixtures(kernels::Isa isa) {
   for (int nodes : {2, 3})
-    for (const auto& c : fixture_cases()) {
-      auto ck = Checkpoint::open(c.dir + "/model");
-      auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
-      for (int layer : c.layers) {
-        auto experts = ck.load_layer_experts(layer);
-        LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
-        FixtureLayerInputs in = read_fixture_layer(ref, layer);
-        TpResult got = run_tp(isa, test_node_group(nodes), experts, lora.lora, in.tokens, in.top_k, in.input, in.expert_ids, in.weights,
-                              in.grad_output);
-        INFO(c.name << " layer " << layer << ", " << nodes << " nodes");
-        CHECK(rel_error(got.out, in.expected(ref, "output")) <= 1e-2);
-        CHECK(rel_error(got.grad_input, in.expected(ref, "grad_input")) <= 1e-2);
-        check_fixture_lora_grads(got.grads, lora, ref, ck.config().shape.num_experts);
-      }
-    }
+    check_fixture_sft(
+        [&](const ExpertWeights& experts, const LayerLora& lora, const FixtureLayerInputs& in) {
+          return run_tp(isa, test_node_group(nodes), experts, lora, in.tokens, in.top_k, in.input, in.expert_ids, in.weights,
+                        in.grad_output);
+        },
+        ", " + std::to_string(nodes) + " nodes");
 }
 
 // The partials are added in node order: for a given node count the output and every gradient
@@ -157,19 +137,11 @@ inline void run_tp_thread_identity(kernels::Isa isa, std::vector<int> thread_tot
       auto routing = random_routing(tokens, s, 17);
       auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 18);
       auto go = random_activations(x.size(), 19);
-      std::vector<TpResult> results;
+      std::vector<SftResult> results;
       for (int threads : thread_totals)
         results.push_back(run_tp(isa, test_node_group(nodes, std::max(threads, nodes)), w, lora, tokens, s.top_k, x, routing.expert_ids,
                                  routing.weights, go));
-      for (std::size_t i = 1; i < results.size(); ++i) {
-        INFO(nodes << " nodes, " << tokens << " tokens, " << thread_totals[i] << " threads against " << thread_totals[0]);
-        CHECK(results[i].out == results[0].out);
-        CHECK(results[i].grad_input == results[0].grad_input);
-        for (int p = 0; p < 3; ++p) {
-          CHECK(results[i].grads.proj[p].a == results[0].grads.proj[p].a);
-          CHECK(results[i].grads.proj[p].b == results[0].grads.proj[p].b);
-        }
-      }
+      check_same_sft_bits(results, thread_totals, std::to_string(nodes) + " nodes, " + std::to_string(tokens) + " tokens, threads", true);
     }
   }
 }
