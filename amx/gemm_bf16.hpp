@@ -10,7 +10,9 @@
 //
 // Contract (not checked in the kernels, which are the hot path):
 //  - A has m rows at stride lda >= k_padded; each row has k_padded readable elements and zeros
-//    in [k, k_padded). Rows >= m are never read. No alignment is required.
+//    in [k, k_padded). Rows >= m are never read. No alignment is required. With a_tiles, A is
+//    in tile order instead (pack_rows_as_tiles, pack_bf16.hpp) and lda is ignored; the second
+//    product's A2 is always by rows.
 //  - packed_b is the whole packed matrix with k_padded == PackedShape::k_padded; only panels
 //    [panel_begin, panel_end) are read; panel_end > panel_begin (any count, odd too).
 //  - When packed_b2 != nullptr and k2_padded > 0: the same rules hold for a2/lda2/k2_padded/
@@ -19,6 +21,7 @@
 //    ldc >= that. Only rows < m and those columns are written.
 #include <cstddef>
 
+#include "amx/pack_bf16.hpp"
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe::kernels {
@@ -37,7 +40,22 @@ struct GemmBf16Args {
   float* c;
   std::size_t ldc;
   bool accumulate = false;  // false: C = ...; true: C += ...
+  bool a_tiles = false;     // A in tile order: see the contract above
 };
+
+// Where rows [row0, row0 + r) of the first product's A start, with the element strides from one
+// row to the next and from one k-block to the next. In tile order the r rows must lie in one row
+// tile (row0 % 16 + r <= 16).
+struct ARows {
+  const bf16* p;
+  std::size_t row_stride, kblock_stride;
+};
+inline ARows a_rows(const GemmBf16Args& g, int row0) {
+  if (!g.a_tiles) return {g.a + static_cast<std::size_t>(row0) * g.lda, g.lda, kBlockK};
+  const std::size_t tile_elements = static_cast<std::size_t>(g.k_padded) * kATileRows;
+  return {g.a + static_cast<std::size_t>(row0 / kATileRows) * tile_elements + static_cast<std::size_t>(row0 % kATileRows) * kBlockK,
+          kBlockK, kBlockElements};
+}
 
 using GemmBf16Fn = void (*)(const GemmBf16Args&);
 

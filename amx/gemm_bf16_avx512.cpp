@@ -16,6 +16,7 @@ namespace tilemoe::kernels {
 namespace {
 
 constexpr int kMaxRows = 4;
+static_assert(kATileRows % kMaxRows == 0, "a row group must not cross a row tile of A in tile order");
 constexpr int kMaxPanels = 4;
 // Software prefetch distance along each panel stream, 0 for none. The hardware prefetchers
 // already follow the (at most 4) sequential panel streams: on a 16-core AMX Xeon, prefetching
@@ -33,16 +34,15 @@ inline __m512i broadcast_pair(const bf16* p) {
 }
 
 template <int R, int P>
-inline void accumulate(__m512 (&acc)[R][P], const bf16* a, std::size_t lda, const bf16* panel0,
-                       std::size_t panel_stride, int kblocks) {
+inline void accumulate(__m512 (&acc)[R][P], ARows a, const bf16* panel0, std::size_t panel_stride, int kblocks) {
   for (int kb = 0; kb < kblocks; ++kb) {
     const bf16* block = panel0 + static_cast<std::size_t>(kb) * kBlockElements;
-    const bf16* ak = a + static_cast<std::size_t>(kb) * kBlockK;
+    const bf16* ak = a.p + static_cast<std::size_t>(kb) * a.kblock_stride;
 #pragma GCC unroll 16
     for (int r = 0; r < kBlockK / 2; ++r) {
       __m512i x[R];
 #pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) x[i] = broadcast_pair(ak + i * lda + 2 * r);
+      for (int i = 0; i < R; ++i) x[i] = broadcast_pair(ak + i * a.row_stride + 2 * r);
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
         const bf16* row = block + p * panel_stride + r * 32;
@@ -68,11 +68,11 @@ void block(const GemmBf16Args& g, int row0, int panel) {
     for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_ps();
 
   const std::size_t stride = static_cast<std::size_t>(kblocks) * kBlockElements;
-  accumulate<R, P>(acc, g.a + row0 * g.lda, g.lda, g.packed_b + panel * stride, stride, kblocks);
+  accumulate<R, P>(acc, a_rows(g, row0), g.packed_b + panel * stride, stride, kblocks);
   if (g.packed_b2 != nullptr && g.k2_padded > 0) {
     const int kblocks2 = g.k2_padded / kBlockK;
     const std::size_t stride2 = static_cast<std::size_t>(kblocks2) * kBlockElements;
-    accumulate<R, P>(acc, g.a2 + row0 * g.lda2, g.lda2, g.packed_b2 + panel * stride2, stride2, kblocks2);
+    accumulate<R, P>(acc, ARows{g.a2 + row0 * g.lda2, g.lda2, kBlockK}, g.packed_b2 + panel * stride2, stride2, kblocks2);
   }
 
 #pragma GCC unroll 4

@@ -10,17 +10,17 @@ namespace tilemoe::kernels {
 namespace {
 
 constexpr int kRows = 4;
+static_assert(kATileRows % kRows == 0, "a row group must not cross a row tile of A in tile order");
 
 template <int R>
-void accumulate_panel(float (&acc)[kRows][kPanelColumns], const bf16* a, std::size_t lda, const bf16* panel,
-                      int kblocks) {
+void accumulate_panel(float (&acc)[kRows][kPanelColumns], ARows a, const bf16* panel, int kblocks) {
   for (int kb = 0; kb < kblocks; ++kb) {
     const bf16* block = panel + static_cast<std::size_t>(kb) * kBlockElements;
     // A is converted a k-block at a time in contiguous runs: GCC 12's -O3 vectoriser turned
     // per-k-pair reads of R < 4 rows into loads of a fourth row, past the end of A.
     float x[kRows][kBlockK];
     for (int i = 0; i < R; ++i) {
-      for (int q = 0; q < kBlockK; ++q) x[i][q] = bf16_to_float(a[i * lda + kb * kBlockK + q]);
+      for (int q = 0; q < kBlockK; ++q) x[i][q] = bf16_to_float(a.p[i * a.row_stride + kb * a.kblock_stride + q]);
     }
     for (int r = 0; r < kBlockK / 2; ++r) {
       float w0[kPanelColumns], w1[kPanelColumns];
@@ -43,10 +43,9 @@ void row_group(const GemmBf16Args& g, int row0) {
   const int kblocks2 = second ? g.k2_padded / kBlockK : 0;
   for (int p = g.panel_begin; p < g.panel_end; ++p) {
     float acc[kRows][kPanelColumns] = {};
-    accumulate_panel<R>(acc, g.a + row0 * g.lda, g.lda,
-                        g.packed_b + static_cast<std::size_t>(p) * kblocks * kBlockElements, kblocks);
+    accumulate_panel<R>(acc, a_rows(g, row0), g.packed_b + static_cast<std::size_t>(p) * kblocks * kBlockElements, kblocks);
     if (second) {
-      accumulate_panel<R>(acc, g.a2 + row0 * g.lda2, g.lda2,
+      accumulate_panel<R>(acc, ARows{g.a2 + row0 * g.lda2, g.lda2, kBlockK},
                           g.packed_b2 + static_cast<std::size_t>(p) * kblocks2 * kBlockElements, kblocks2);
     }
     for (int i = 0; i < R; ++i) {

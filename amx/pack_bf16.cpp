@@ -1,5 +1,7 @@
 #include "amx/pack_bf16.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "tilemoe/error.hpp"
@@ -45,6 +47,34 @@ void pack_f32_weights_to_bf16(const float* w, int n, int k, std::size_t ldw, bf1
   check_ld(n, k, ldw, "pack_f32_weights_to_bf16");
   pack_weights_with(n, k, packed,
             [&](int col, int kk) { return float_to_bf16(w[static_cast<std::size_t>(col) * ldw + kk]); });
+}
+
+std::size_t tiled_rows_elements(int m, int k_padded) {
+  const std::size_t tiles = static_cast<std::size_t>((std::max(m, 0) + kATileRows - 1) / kATileRows);
+  return tiles * kATileRows * static_cast<std::size_t>(std::max(k_padded, 0));
+}
+
+void pack_rows_as_tiles(const bf16* a, std::size_t lda, int m, int k_padded, bf16* tiles) {
+  const int kblocks = k_padded / kBlockK;
+  for (int i = 0; i < m; ++i) {
+    const bf16* row = a + static_cast<std::size_t>(i) * lda;
+    bf16* dst = tile_row(tiles, k_padded, i, 0);
+    for (int kb = 0; kb < kblocks; ++kb) {
+      std::memcpy(dst + static_cast<std::size_t>(kb) * kBlockElements, row + static_cast<std::size_t>(kb) * kBlockK,
+                  kBlockK * sizeof(bf16));
+    }
+  }
+}
+
+void store_row_tile(const bf16* const* src, int count, int n, int k_padded, bf16* tile) {
+  for (int k0 = 0; k0 < k_padded; k0 += kBlockK, tile += kBlockElements) {
+    const int take = std::clamp(n - k0, 0, kBlockK);
+    for (int r = 0; r < count; ++r) {
+      bf16* dst = tile + r * kBlockK;
+      std::memcpy(dst, src[r] + k0, static_cast<std::size_t>(take) * sizeof(bf16));
+      std::fill(dst + take, dst + kBlockK, bf16{0});
+    }
+  }
 }
 
 void unpack_bf16_weights(const bf16* packed, int n, int k, bf16* w, std::size_t ldw) {

@@ -10,6 +10,14 @@
 //
 // so a block is exactly one AMX B tile (16 rows of 64 bytes) and one of its rows is one zmm for
 // _mm512_dpbf16_ps. A panel's k-blocks are contiguous so a panel streams in order along K.
+//
+// Activations (the A operand, m rows × k_padded) may also be given in tile order: rows in groups
+// of 16 (a row tile), each (row tile t, k-block kb) a contiguous 1 KiB block of 16 rows × 32 bf16:
+//
+//   tiles[((t*kblocks + kb)*16 + i)*32 + q] = A[t*16 + i][kb*32 + q]
+//
+// An AMX A tile is then one contiguous 1 KiB read instead of 16 lines at the row stride (which,
+// at a stride of 4 KiB, all fall in one L1 set).
 #include <cstddef>
 
 #include "tilemoe/bf16.hpp"
@@ -33,6 +41,25 @@ void pack_bf16_weights(const bf16* w, int n, int k, std::size_t ldw, bf16* packe
 void pack_f32_weights_to_bf16(const float* w, int n, int k, std::size_t ldw, bf16* packed);
 // The inverse of pack_bf16_weights (padding dropped), for tests and debugging.
 void unpack_bf16_weights(const bf16* packed, int n, int k, bf16* w, std::size_t ldw);
+
+inline constexpr int kATileRows = 16;
+
+// Elements of an m-row A in tile order: m rounded up to whole row tiles, times k_padded.
+std::size_t tiled_rows_elements(int m, int k_padded);
+// Copies rows [0, m) of A (stride lda >= k_padded, k_padded a multiple of 32) into tile order.
+// The rows past m in the last row tile are left unwritten: no kernel reads them.
+void pack_rows_as_tiles(const bf16* a, std::size_t lda, int m, int k_padded, bf16* tiles);
+
+// Row i's 32 elements of k-block kb in an A held in tile order (row length k_padded).
+inline bf16* tile_row(bf16* tiles, int k_padded, int i, int kb) {
+  const std::size_t kblocks = static_cast<std::size_t>(k_padded / kBlockK);
+  return tiles + ((static_cast<std::size_t>(i / kATileRows) * kblocks + kb) * kATileRows + i % kATileRows) * kBlockK;
+}
+
+// Writes one row tile of an A in tile order: rows [0, count) (count <= 16) from src[r], n
+// contiguous elements each, zeros in [n, k_padded); `tile` is the row tile's first block. The
+// blocks are written in address order; rows [count, 16) are left unwritten.
+void store_row_tile(const bf16* const* src, int count, int n, int k_padded, bf16* tile);
 
 // Packs W[n][k] given element by element: `load(col, kk)` returns W[col][kk] as bf16 and is
 // called only inside the unpadded matrix. For factors read in another orientation or pieced

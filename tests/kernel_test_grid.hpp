@@ -80,12 +80,13 @@ struct GemmCase {
   int panel_begin = 0, panel_end = -1;  // -1: all panels
   int lda_extra = 0, ldc_extra = 0;
   bool misaligned = false;  // A, A2 and C start off a 64-byte line (A by one bf16)
+  bool tiles = false;       // A given in tile order (pack_rows_as_tiles); lda then unused
 
   std::string describe() const {
     std::ostringstream s;
     s << "m=" << m << " n=" << n << " k=" << k << " k2=" << k2 << " accumulate=" << accumulate << " panels=["
       << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " misaligned=" << misaligned;
+      << " misaligned=" << misaligned << " tiles=" << tiles;
     return s.str();
   }
 };
@@ -148,6 +149,18 @@ inline void check_gemm_case(GemmBf16Fn gemm, const GemmCase& tc, std::mt19937& r
   GemmBf16Args args{};
   args.a = x.a.data();
   args.lda = x.lda;
+  // Tile order: the buffer ends where the last row's last k-block ends, so a read of a row >= m
+  // in the last row tile's last block faults; the other unused rows hold NaN, which would reach C.
+  const std::size_t tiled_count =
+      x.k_padded == 0 ? 0 : tiled_rows_elements(tc.m, x.k_padded) - static_cast<std::size_t>((kATileRows - tc.m % kATileRows) % kATileRows) * kBlockK;
+  Guarded<bf16> a_tiled(tc.tiles ? tiled_count : 0);
+  if (tc.tiles) {
+    std::fill(a_tiled.data(), a_tiled.data() + tiled_count, bf16{0x7fc0});
+    pack_rows_as_tiles(x.a.data(), x.lda, tc.m, x.k_padded, a_tiled.data());
+    args.a = a_tiled.data();
+    args.lda = 0;
+    args.a_tiles = true;
+  }
   args.m = tc.m;
   args.k_padded = x.k_padded;
   args.packed_b = x.packed.data();
@@ -219,6 +232,7 @@ inline void check_gemm_grid(GemmBf16Fn gemm) {
         tc.lda_extra = pick(lda_extras);
         tc.ldc_extra = pick(ldc_extras);
         tc.misaligned = rng() % 2 == 0;
+        tc.tiles = rng() % 2 == 0;
         check_gemm_case(gemm, tc, rng);
       }
     }
@@ -244,6 +258,8 @@ inline void check_gemm_features(GemmBf16Fn gemm) {
         tc.panel_begin = 1;
         tc.panel_end = 7;
         tc.misaligned = false;
+        check_gemm_case(gemm, tc, rng);
+        tc.tiles = true;
         check_gemm_case(gemm, tc, rng);
       }
     }
@@ -271,6 +287,8 @@ inline void check_gemm_large(GemmBf16Fn gemm) {
     tc.accumulate = m % 2 == 0;
     tc.panel_begin = 1;
     tc.ldc_extra = 2;
+    check_gemm_case(gemm, tc, rng);
+    tc.tiles = true;
     check_gemm_case(gemm, tc, rng);
   }
 }

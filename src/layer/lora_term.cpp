@@ -4,6 +4,7 @@
 
 #include "amx/pack_bf16.hpp"
 #include "amx/pack_strided.hpp"
+#include "tilemoe/error.hpp"
 
 namespace tilemoe {
 
@@ -33,8 +34,9 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
 }
 
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
-                       std::vector<float>& scratch, float* save, std::size_t ld_save) {
+                       std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
   if (!active_) return;
+  if (v_tiles && !packed_) fail(ErrorKind::state, "LoraTerm::project: rows in tile order need a packed term (>= kLoraPackRows rows)");
   if (!packed_) {
     xa_f32_.resize(static_cast<std::size_t>(rows) * rank_);
     kernels::lora_project_rows(v, ldv, rows, in_, a_, rank_, scale_, xa_f32_.data(), static_cast<std::size_t>(rank_));
@@ -46,7 +48,9 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
   // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
   const int cols = rank_panels_ * kernels::kPanelColumns;
   scratch.resize(static_cast<std::size_t>(rows) * cols);
-  kt.gemm_bf16(kernels::gemm_args(v, ldv, rows, k_padded, a_packed_.data(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols)));
+  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, rows, k_padded, a_packed_.data(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
+  g.a_tiles = v_tiles;
+  kt.gemm_bf16(g);
   xa_.assign(static_cast<std::size_t>(rows) * rank_k_padded_, bf16{0});
   for (int i = 0; i < rows; ++i) {
     const float* si = scratch.data() + static_cast<std::size_t>(i) * cols;

@@ -32,8 +32,9 @@ class LoraTerm {
 
   // xa = s V A'ᵀ for `rows` rows of V (bf16, row stride ldv, zeros in [in, k_padded)). When
   // `save` is given, the f32 values are also written there ([rows][ld_save]): backward needs them.
+  // With v_tiles, V is in tile order (pack_bf16.hpp), which only a packed term accepts.
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
-               std::vector<float>& scratch, float* save, std::size_t ld_save);
+               std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
 
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.

@@ -9,6 +9,26 @@
 namespace tilemoe {
 namespace {
 
+// Experts with at least this many rows get x and h in tile order on AMX: the tile kernels run
+// them, and so does their LoRA projection (packed from kLoraPackRows rows on).
+int tile_order_min_rows(const kernels::KernelTable& kt) { return std::max(kt.amx_min_rows, kLoraPackRows); }
+
+// h = silu(g) * u for m rows × columns [col0, col0 + n) of an expert's h held in tile order
+// (row length k_padded); g and u have their column col0 at index 0, row stride ldgu.
+void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const float* u, std::size_t ldgu, int m, int col0, int n,
+                         bf16* tiles, int k_padded) {
+  for (int c = col0; c < col0 + n;) {
+    const int kb = c / kernels::kBlockK;
+    const int end = std::min(col0 + n, (kb + 1) * kernels::kBlockK);
+    for (int r = 0; r < m; r += kernels::kATileRows) {
+      const std::size_t at = static_cast<std::size_t>(r) * ldgu + static_cast<std::size_t>(c - col0);
+      kt.silu_mul_bf16(g + at, ldgu, u + at, ldgu, std::min(kernels::kATileRows, m - r), end - c,
+                       kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK, kernels::kBlockK);
+    }
+    c = end;
+  }
+}
+
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank].
 void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
@@ -18,10 +38,11 @@ void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionVi
 
 }  // namespace
 
-void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, const bf16* a, std::size_t lda,
-                                 const LoraTerm* term, float* c, std::size_t ldc, int n) {
+void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
+                                 float* c, std::size_t ldc, int n) {
   if (w_.weight_type() == WeightType::bf16) {
-    const kernels::GemmBf16Args g = kernels::gemm_args(a + row0 * lda, lda, m, static_cast<int>(lda), w_.packed(p, e), p0, p1, c, ldc);
+    kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, static_cast<int>(a.ld), w_.packed(p, e), p0, p1, c, ldc);
+    g.a_tiles = a.tiles;
     gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
     return;
   }
@@ -42,7 +63,7 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   kt_.gemm_int(gi);
   if (term == nullptr || !term->active()) return;
   // LoRA stays bf16 on every weight type: its term alone (an empty main product) added to C.
-  kernels::GemmBf16Args g = kernels::gemm_args(a + row0 * lda, lda, m, 0, nullptr, p0, p1, c, ldc);
+  kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, 0, nullptr, p0, p1, c, ldc);
   g.accumulate = true;
   gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
 }
@@ -70,8 +91,6 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t hidden = static_cast<std::size_t>(s.hidden);
   const std::size_t inter = static_cast<std::size_t>(s.intermediate);
   const std::size_t slots = static_cast<std::size_t>(tokens) * top_k;
-  if (xs_.size() < rows * hk) xs_.resize(rows * hk);
-  if (h_.size() < rows * ik) h_.resize(rows * ik);
   if (y_.size() < slots * hidden) y_.resize(slots * hidden);
   const bool quantized = w_.weight_type() != WeightType::bf16;
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
@@ -85,6 +104,20 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   active_.clear();
   for (int e = 0; e < s.num_experts; ++e)
     if (groups.count(e) > 0) active_.push_back(e);
+  block_row_.assign(static_cast<std::size_t>(s.num_experts) + 1, 0);
+  tiled_.assign(static_cast<std::size_t>(s.num_experts), 0);
+  int tile_min_rows = kt_.amx_min_rows == 0 ? 0 : tile_order_min_rows(kt_);
+  if (tile_order_override_ >= 0) tile_min_rows = tile_order_override_ == 0 ? 0 : std::max(tile_order_override_, kLoraPackRows);
+  if (quantized) tile_min_rows = 0;
+  for (int e = 0; e < s.num_experts; ++e) {
+    const int m = groups.count(e);
+    tiled_[e] = tile_min_rows > 0 && m >= tile_min_rows;
+    const int block_rows = tiled_[e] ? (m + kernels::kATileRows - 1) / kernels::kATileRows * kernels::kATileRows : m;
+    block_row_[e + 1] = block_row_[e] + static_cast<std::size_t>(block_rows);
+  }
+  const std::size_t block_rows = block_row_[s.num_experts];
+  if (xs_.size() < block_rows * hk) xs_.resize(block_rows * hk);
+  if (h_.size() < block_rows * ik) h_.resize(block_rows * ik);
   if (lora_.size() < static_cast<std::size_t>(s.num_experts)) lora_.resize(s.num_experts);
   const bool any_lora = !lora.empty();
   auto saved_xa = [&](Projection p, int e) -> float* {
@@ -95,15 +128,37 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   PhaseClock clock(phase_seconds_);
   auto lap = [&](int phase) { clock.lap(phase); };
 
-  // gather: rows grouped by expert; zero K padding so the kernels may read whole k-blocks.
-  pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t pos, int) {
-    bf16* dst = xs_.data() + pos * hk;
-    std::memcpy(dst, x + static_cast<std::size_t>(groups.token[pos]) * hidden, hidden * sizeof(bf16));
-    std::fill(dst + hidden, dst + hk, bf16(0));
-    bf16* hrow = h_.data() + pos * ik;
-    std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
-    if (quantized) quantize_rows(dst, hk, 1, Projection::gate, xq_.data() + pos * xq_ld, xq_scale_.data() + pos);
-  }, 16);
+  // gather: rows grouped by expert, 16 at a time (one row tile for an expert in tile order);
+  // zero K padding so the kernels may read whole k-blocks.
+  gather_units_.clear();
+  for (int e : active_)
+    for (int r = 0; r < groups.count(e); r += kernels::kATileRows) gather_units_.push_back({e, r});
+  pool_.parallel_for(gather_units_.size(), [&](std::size_t unit, int) {
+    const auto [e, row] = gather_units_[unit];
+    const int count = std::min(kernels::kATileRows, groups.count(e) - row);
+    const int pos0 = groups.offsets[e] + row;
+    if (tiled_[e]) {
+      const bf16* src[kernels::kATileRows];
+      for (int r = 0; r < count; ++r) src[r] = x + static_cast<std::size_t>(groups.token[pos0 + r]) * hidden;
+      kernels::store_row_tile(src, count, s.hidden, static_cast<int>(hk), xs_.data() + (block_row_[e] + row) * hk);
+      if (inter % kernels::kBlockK != 0) {
+        for (int r = row; r < row + count; ++r) {
+          bf16* tail = kernels::tile_row(h_.data() + block_row_[e] * ik, static_cast<int>(ik), r, static_cast<int>(inter / kernels::kBlockK));
+          std::fill(tail + inter % kernels::kBlockK, tail + kernels::kBlockK, bf16(0));
+        }
+      }
+      return;
+    }
+    for (int r = 0; r < count; ++r) {
+      const std::size_t pos = static_cast<std::size_t>(pos0 + r);
+      bf16* dst = xs_.data() + (block_row_[e] + row + r) * hk;
+      std::memcpy(dst, x + static_cast<std::size_t>(groups.token[pos]) * hidden, hidden * sizeof(bf16));
+      std::fill(dst + hidden, dst + hk, bf16(0));
+      bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
+      std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
+      if (quantized) quantize_rows(dst, hk, 1, Projection::gate, xq_.data() + pos * xq_ld, xq_scale_.data() + pos);
+    }
+  });
   lap(0);
 
   if (any_lora) {
@@ -112,9 +167,11 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       Projection p = static_cast<Projection>(item % 3);
       LoraTerm& term = lora_[e][static_cast<int>(p)];
       prepare_forward_term(kt_, lora[p], e, groups.count(e), term);
-      if (p != Projection::down)
-        term.project(kt_, xs_.data() + groups.offsets[e] * hk, hk, groups.count(e), static_cast<int>(hk), scratch_[worker],
-                     saved_xa(p, e), static_cast<std::size_t>(lora[p].rank));
+      if (p != Projection::down) {
+        const ExpertRows xe = expert_rows(xs_, e, hk);
+        term.project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
+                     static_cast<std::size_t>(lora[p].rank), xe.tiles);
+      }
     });
   }
   lap(1);
@@ -137,7 +194,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     int n = std::min(cols, s.intermediate - col0);
     for (Projection p : {Projection::gate, Projection::up}) {
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
-      project_columns(p, e, m, row0, p0, p1, xs_.data(), hk, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n);
+      project_columns(p, e, m, row0, p0, p1, expert_rows(xs_, e, hk), term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n);
     }
     if (save) {
       for (int i = 0; i < m; ++i) {
@@ -145,20 +202,25 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
         kt_.convert_to_bf16(cu + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f, save->up + (row0 + i) * inter + col0);
       }
     }
-    kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, h_.data() + row0 * ik + col0, ik);
+    const ExpertRows he = expert_rows(h_, e, ik);
+    if (he.tiles) {
+      silu_mul_into_tiles(kt_, cg, cu, static_cast<std::size_t>(cols), m, col0, n, he.p, static_cast<int>(ik));
+    } else {
+      kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik);
+    }
   });
   lap(2);
 
   if (any_lora || quantized) {
     pool_.parallel_for(active_.size(), [&](std::size_t item, int worker) {
       int e = active_[item];
+      const ExpertRows he = expert_rows(h_, e, ik);
       if (quantized)
-        quantize_rows(h_.data() + groups.offsets[e] * ik, ik, groups.count(e), Projection::down, hq_.data() + groups.offsets[e] * hq_ld,
-                      hq_scale_.data() + groups.offsets[e]);
+        quantize_rows(he.p, ik, groups.count(e), Projection::down, hq_.data() + groups.offsets[e] * hq_ld, hq_scale_.data() + groups.offsets[e]);
       if (!any_lora) return;
-      lora_[e][static_cast<int>(Projection::down)].project(kt_, h_.data() + groups.offsets[e] * ik, ik, groups.count(e),
-                                                           static_cast<int>(ik), scratch_[worker], saved_xa(Projection::down, e),
-                                                           static_cast<std::size_t>(lora[Projection::down].rank));
+      lora_[e][static_cast<int>(Projection::down)].project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker],
+                                                           saved_xa(Projection::down, e), static_cast<std::size_t>(lora[Projection::down].rank),
+                                                           he.tiles);
     });
   }
   lap(3);
@@ -174,8 +236,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     int col0 = p0 * kernels::kPanelColumns;
     int n = std::min(cols, s.hidden - col0);
     const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
-    project_columns(Projection::down, e, m, static_cast<std::size_t>(groups.offsets[e]), p0, p1, h_.data(), ik, term, scratch.data(),
-                    static_cast<std::size_t>(cols), n);
+    project_columns(Projection::down, e, m, static_cast<std::size_t>(groups.offsets[e]), p0, p1, expert_rows(h_, e, ik), term,
+                    scratch.data(), static_cast<std::size_t>(cols), n);
     for (int i = 0; i < m; ++i)
       std::memcpy(y_.data() + static_cast<std::size_t>(groups.slot[groups.offsets[e] + i]) * hidden + col0,
                   scratch.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n) * sizeof(float));

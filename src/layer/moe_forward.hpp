@@ -5,7 +5,9 @@
 //
 // Phases (each a parallel_for):
 //   gather     x rows of every (token, slot) into one bf16 block, grouped by expert (and, for
-//              int8/int4 weights, quantized to int8 per row)
+//              int8/int4 weights, quantized to int8 per row). Experts that run on AMX tiles
+//              get their rows of x (and later of h) in tile order (pack_bf16.hpp), so that
+//              every A tile load is one contiguous 1 KiB.
 //   lora_prep  per expert: pack its LoRA A and B for the kernels; s * x A^T for gate and up
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
 //              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
@@ -52,6 +54,12 @@ class MoeForward {
   kernels::Isa isa() const { return isa_; }
   WeightType weight_type() const { return w_.weight_type(); }
 
+  // Rows from which an expert's x and h are held in tile order (bf16 weights only). By default
+  // the AMX table's threshold, and never on other ISAs, where it gains nothing; every kernel
+  // reads both layouts, so tests force it on any ISA. 0: never; values below kLoraPackRows are
+  // raised to it (the expert's LoRA projection must then run on the tile kernels); -1: default.
+  void set_tile_order_min_rows(int rows) { tile_order_override_ = rows; }
+
   // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,
   // down, combine): what the bench's --phases prints to show where time goes.
   static constexpr int kPhases = 6;
@@ -60,10 +68,19 @@ class MoeForward {
   void reset_phase_seconds() { phase_seconds_ = {}; }
 
  private:
-  // C = A Wᵀ (+ LoRA term) for expert e's m rows from row0 over panels [p0, p1); `a` is the
-  // bf16 block (x or h) at stride lda, whose quantized twin integer weights read.
-  void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, const bf16* a, std::size_t lda,
-                       const LoraTerm* term, float* c, std::size_t ldc, int n);
+  // One expert's rows of xs_ or h_ (row length ld): by rows, or in tile order.
+  struct ExpertRows {
+    bf16* p;
+    std::size_t ld;
+    bool tiles;
+  };
+  ExpertRows expert_rows(std::vector<bf16>& block, int e, std::size_t ld) {
+    return {block.data() + block_row_[e] * ld, ld, tiled_[e] != 0};
+  }
+  // C = A Wᵀ (+ LoRA term) for expert e's m rows over panels [p0, p1); `a` is its bf16 rows of
+  // x or h, whose quantized twin (rows from row0, TokenGroups order) integer weights read.
+  void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term, float* c,
+                       std::size_t ldc, int n);
   void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
 
   const PackedExpertWeights& w_;
@@ -73,11 +90,17 @@ class MoeForward {
 
   // Reused across calls: grown to the largest batch seen, never shrunk.
   std::vector<bf16> xs_, h_;
+  // Where each expert's rows start in xs_ and h_ (in rows of the block), and whether they are
+  // in tile order (then rounded up to whole row tiles).
+  std::vector<std::size_t> block_row_;
+  std::vector<char> tiled_;
+  int tile_order_override_ = -1;
   // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride).
   std::vector<std::int8_t> xq_, hq_;
   std::vector<float> xq_scale_, hq_scale_;
   std::vector<float> y_;
   std::vector<int> active_;
+  std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<std::vector<float>> scratch_;  // per worker
   std::array<double, kPhases> phase_seconds_{};
