@@ -7,6 +7,7 @@
 #include "amx/gemm_int.hpp"
 #include "amx/isa.hpp"
 #include "amx/lora_grad.hpp"
+#include "amx/lora_rows.hpp"
 #include "amx/pack_transposed.hpp"
 
 namespace tilemoe::kernels {
@@ -28,6 +29,8 @@ struct KernelTable {
   PackTransposedFn pack_transposed_kblock;  // backward: Wᵀ panels from the forward layout
   PackTransposedIntFn pack_transposed_kblock_int;  // backward through int8/int4 weights
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
+  LoraProjectRowsFn lora_project_rows;      // LoRA of experts with few rows, from the f32 factors
+  LoraExpandRowsAddFn lora_expand_rows_add;
   ConvertToBf16Fn convert_to_bf16;
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int

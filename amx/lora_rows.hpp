@@ -19,11 +19,21 @@ struct StridedF32 {
 };
 
 // xa[i][j] = scale * sum_k v[i][k] * a(j, k) for j < rank, k < in; v: bf16 [rows][ldv], xa: [rows][ldxa].
-void lora_project_rows(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
-                       std::size_t ldxa);
-
+using LoraProjectRowsFn = void (*)(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
+                                   std::size_t ldxa);
 // c[i][j] += sum_q xa[i][q] * b(col0 + j, q) for j < n, q < rank.
-void lora_expand_rows_add(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
-                          std::size_t ldc);
+using LoraExpandRowsAddFn = void (*)(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
+                                     std::size_t ldc);
+
+void lora_project_rows_portable(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
+                                std::size_t ldxa);
+void lora_expand_rows_add_portable(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
+                                   std::size_t ldc);
+// Only where isa_available(Isa::avx512_bf16). Vector code for the layouts the layer uses (one of
+// the strides 1); any other layout goes to the portable loops.
+void lora_project_rows_avx512(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
+                              std::size_t ldxa);
+void lora_expand_rows_add_avx512(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
+                                 std::size_t ldc);
 
 }  // namespace tilemoe::kernels

@@ -66,6 +66,16 @@ void pack_rows_as_tiles(const bf16* a, std::size_t lda, int m, int k_padded, bf1
   }
 }
 
+void unpack_tiles_to_rows(const bf16* tiles, int m, int k_padded, bf16* a, std::size_t lda) {
+  const int kblocks = k_padded / kBlockK;
+  for (int i = 0; i < m; ++i) {
+    const bf16* src = tiles + (static_cast<std::size_t>(i / kATileRows) * kblocks * kATileRows + i % kATileRows) * kBlockK;
+    bf16* row = a + static_cast<std::size_t>(i) * lda;
+    for (int kb = 0; kb < kblocks; ++kb)
+      std::memcpy(row + static_cast<std::size_t>(kb) * kBlockK, src + static_cast<std::size_t>(kb) * kBlockElements, kBlockK * sizeof(bf16));
+  }
+}
+
 void store_row_tile(const bf16* const* src, int count, int n, int k_padded, bf16* tile) {
   for (int k0 = 0; k0 < k_padded; k0 += kBlockK, tile += kBlockElements) {
     const int take = std::clamp(n - k0, 0, kBlockK);

@@ -50,6 +50,9 @@ std::size_t tiled_rows_elements(int m, int k_padded);
 // The rows past m in the last row tile are left unwritten: no kernel reads them.
 void pack_rows_as_tiles(const bf16* a, std::size_t lda, int m, int k_padded, bf16* tiles);
 
+// The inverse: rows [0, m) of an A in tile order back to rows at stride lda >= k_padded.
+void unpack_tiles_to_rows(const bf16* tiles, int m, int k_padded, bf16* a, std::size_t lda);
+
 // Row i's 32 elements of k-block kb in an A held in tile order (row length k_padded).
 inline bf16* tile_row(bf16* tiles, int k_padded, int i, int kb) {
   const std::size_t kblocks = static_cast<std::size_t>(k_padded / kBlockK);

@@ -22,6 +22,7 @@
 #include "amx/kernel_table.hpp"
 #include "amx/pack_bf16.hpp"
 #include "catch.hpp"
+#include "lora_rows_grid.hpp"
 
 namespace tilemoe::kernels::test {
 
@@ -376,6 +377,7 @@ inline void check_kernels(Isa isa) {
   }
   SECTION("silu_mul") { check_silu_mul(table.silu_mul_bf16); }
   SECTION("convert_to_bf16") { check_convert_to_bf16(table.convert_to_bf16); }
+  SECTION("lora rows") { check_lora_rows(table.lora_project_rows, table.lora_expand_rows_add); }
 }
 
 }  // namespace tilemoe::kernels::test

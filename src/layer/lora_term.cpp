@@ -4,7 +4,6 @@
 
 #include "amx/pack_bf16.hpp"
 #include "amx/pack_strided.hpp"
-#include "tilemoe/error.hpp"
 
 namespace tilemoe {
 
@@ -36,10 +35,17 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                        std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
   if (!active_) return;
-  if (v_tiles && !packed_) fail(ErrorKind::state, "LoraTerm::project: rows in tile order need a packed term (>= kLoraPackRows rows)");
   if (!packed_) {
+    if (v_tiles) {
+      // The f32 loops read rows: the tiles' rows back into a per-thread buffer (rows × k_padded).
+      thread_local std::vector<bf16> by_rows;
+      by_rows.resize(static_cast<std::size_t>(rows) * k_padded);
+      kernels::unpack_tiles_to_rows(v, rows, k_padded, by_rows.data(), static_cast<std::size_t>(k_padded));
+      v = by_rows.data();
+      ldv = static_cast<std::size_t>(k_padded);
+    }
     xa_f32_.resize(static_cast<std::size_t>(rows) * rank_);
-    kernels::lora_project_rows(v, ldv, rows, in_, a_, rank_, scale_, xa_f32_.data(), static_cast<std::size_t>(rank_));
+    kt.lora_project_rows(v, ldv, rows, in_, a_, rank_, scale_, xa_f32_.data(), static_cast<std::size_t>(rank_));
     if (save)
       for (int i = 0; i < rows; ++i)
         std::copy_n(xa_f32_.data() + static_cast<std::size_t>(i) * rank_, rank_, save + static_cast<std::size_t>(i) * ld_save);
@@ -74,9 +80,9 @@ bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
   return true;
 }
 
-void LoraTerm::add_f32(int rows, int col0, int n, float* c, std::size_t ldc) const {
+void LoraTerm::add_f32(const kernels::KernelTable& kt, int rows, int col0, int n, float* c, std::size_t ldc) const {
   if (!active_ || packed_) return;
-  kernels::lora_expand_rows_add(xa_f32_.data(), static_cast<std::size_t>(rank_), rows, rank_, b_, col0, n, c, ldc);
+  kt.lora_expand_rows_add(xa_f32_.data(), static_cast<std::size_t>(rank_), rows, rank_, b_, col0, n, c, ldc);
 }
 
 void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
@@ -90,7 +96,7 @@ void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args 
     const LoraTerm* term = terms[t];
     if (!term || !term->active() || term == fused) continue;
     if (!term->packed()) {
-      term->add_f32(g.m, col0, n, g.c, g.ldc);
+      term->add_f32(kt, g.m, col0, n, g.c, g.ldc);
       continue;
     }
     // A second packed term: its own accumulating call with an empty main product.

@@ -32,7 +32,7 @@ class LoraTerm {
 
   // xa = s V A'ᵀ for `rows` rows of V (bf16, row stride ldv, zeros in [in, k_padded)). When
   // `save` is given, the f32 values are also written there ([rows][ld_save]): backward needs them.
-  // With v_tiles, V is in tile order (pack_bf16.hpp), which only a packed term accepts.
+  // With v_tiles, V is in tile order (pack_bf16.hpp; ldv is then unused).
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
 
@@ -41,7 +41,7 @@ class LoraTerm {
   bool fuse_into(kernels::GemmBf16Args& g, int panel_shift) const;
   // Adds the term, when it is not packed, from f32 to the rows of C at global columns
   // [col0, col0 + n).
-  void add_f32(int rows, int col0, int n, float* c, std::size_t ldc) const;
+  void add_f32(const kernels::KernelTable& kt, int rows, int col0, int n, float* c, std::size_t ldc) const;
 
  private:
   bool active_ = false, packed_ = false;

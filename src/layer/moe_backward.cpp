@@ -234,7 +234,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const SplitKItem& first = dh_split[dh_first[e]];
     sum_partials(partials_.data() + first.partial, dh_items_per_expert, static_cast<std::size_t>(m) * down.k_padded, m, s.intermediate,
                  static_cast<std::size_t>(down.k_padded), c.data(), static_cast<std::size_t>(down.k_padded));
-    if (any_lora) terms_[e][2].add_f32(m, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
+    if (any_lora) terms_[e][2].add_f32(kt_, m, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
     swiglu_backward(e, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
   });
   lap(2);
@@ -310,7 +310,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const SplitKItem& first = dx_split[dx_first[e]];
     sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
     if (any_lora)
-      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(m, 0, s.hidden, c.data(), ld);
+      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, c.data(), ld);
     store_dx(e, 0, s.hidden, c.data(), ld);
   });
   lap(4);

@@ -9,9 +9,10 @@
 namespace tilemoe {
 namespace {
 
-// Experts with at least this many rows get x and h in tile order on AMX: the tile kernels run
-// them, and so does their LoRA projection (packed from kLoraPackRows rows on).
-int tile_order_min_rows(const kernels::KernelTable& kt) { return std::max(kt.amx_min_rows, kLoraPackRows); }
+// Experts with at least this many rows get x and h in tile order on AMX. From 16 rows (a whole
+// A tile) the contiguous tile loads pay for writing x and h in that order.
+constexpr int kTileOrderMinRows = 16;
+int tile_order_min_rows(const kernels::KernelTable& kt) { return std::max(kt.amx_min_rows, kTileOrderMinRows); }
 
 // h = silu(g) * u for m rows × columns [col0, col0 + n) of an expert's h held in tile order
 // (row length k_padded); g and u have their column col0 at index 0, row stride ldgu.
@@ -107,7 +108,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   block_row_.assign(static_cast<std::size_t>(s.num_experts) + 1, 0);
   tiled_.assign(static_cast<std::size_t>(s.num_experts), 0);
   int tile_min_rows = kt_.amx_min_rows == 0 ? 0 : tile_order_min_rows(kt_);
-  if (tile_order_override_ >= 0) tile_min_rows = tile_order_override_ == 0 ? 0 : std::max(tile_order_override_, kLoraPackRows);
+  if (tile_order_override_ >= 0) tile_min_rows = tile_order_override_;
   if (quantized) tile_min_rows = 0;
   for (int e = 0; e < s.num_experts; ++e) {
     const int m = groups.count(e);

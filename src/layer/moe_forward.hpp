@@ -56,8 +56,7 @@ class MoeForward {
 
   // Rows from which an expert's x and h are held in tile order (bf16 weights only). By default
   // the AMX table's threshold, and never on other ISAs, where it gains nothing; every kernel
-  // reads both layouts, so tests force it on any ISA. 0: never; values below kLoraPackRows are
-  // raised to it (the expert's LoRA projection must then run on the tile kernels); -1: default.
+  // reads both layouts, so tests force it on any ISA. 0: never; -1: default.
   void set_tile_order_min_rows(int rows) { tile_order_override_ = rows; }
 
   // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,

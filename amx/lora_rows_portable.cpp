@@ -8,7 +8,7 @@ namespace tilemoe::kernels {
 // Each loop runs along whichever index is contiguous in memory, so the compiler vectorises it:
 // a dot product along k when A's rows are contiguous (forward), an axpy along j when its
 // columns are (the backward's transposed factors).
-void lora_project_rows(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
+void lora_project_rows_portable(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
                        std::size_t ldxa) {
   thread_local std::vector<float> row;
   row.resize(static_cast<std::size_t>(in));
@@ -46,7 +46,7 @@ void lora_project_rows(const bf16* v, std::size_t ldv, int rows, int in, Strided
   }
 }
 
-void lora_expand_rows_add(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
+void lora_expand_rows_add_portable(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
                           std::size_t ldc) {
   for (int i = 0; i < rows; ++i) {
     const float* x = xa + static_cast<std::size_t>(i) * ldxa;

@@ -1,0 +1,130 @@
+// LoRA for a few rows with AVX-512, straight from the caller's f32 factors.
+//
+// Project, A by rows (a(j, k) contiguous along k, the forward): up to 4 rows of v (widened to
+// f32 once) share each 16-float load of A, one accumulator per row, reduced once per j. Without
+// this the compiler keeps the portable loop's dot products scalar (it may not reorder an f32
+// sum), which made the LoRA of a 12-row expert cost as much as its share of the GEMM.
+// Project, A by columns (a(j, k) contiguous along j, the backward's transposed factors): an
+// axpy of v[i][k] into up to 4 vectors of 16 j's.
+// Expand, B by rows (b(col, q) contiguous along q, the forward): B's columns for the call are
+// transposed once into a buffer so that each row is an axpy of xa[i][q] over 16 columns at a time.
+// Expand, B by columns: the same axpy, read in place.
+#include "amx/immintrin_gcc12.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "amx/lora_rows.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+constexpr int kRowGroup = 4;
+constexpr int kMaxRankVectors = 4;  // rank <= 64 in vector registers; larger ranks in chunks
+
+inline __mmask16 tail_mask(int count) {
+  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
+inline __m512 load_bf16(const bf16* p, __mmask16 mask) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Rows of v widened to f32, each padded with zeros to a multiple of 16.
+void widen_rows(const bf16* v, std::size_t ldv, int rows, int in, int in16, std::vector<float>& out) {
+  out.resize(static_cast<std::size_t>(rows) * in16);
+  for (int i = 0; i < rows; ++i) {
+    const bf16* vi = v + static_cast<std::size_t>(i) * ldv;
+    float* o = out.data() + static_cast<std::size_t>(i) * in16;
+    for (int k = 0; k < in16; k += 16) _mm512_storeu_ps(o + k, load_bf16(vi + k, tail_mask(in - k)));
+  }
+}
+
+template <int R>
+void project_by_rows(const float* vf, int in, int in16, StridedF32 a, int rank, float scale, float* xa, std::size_t ldxa) {
+  const __mmask16 last = tail_mask(in - (in16 - 16));
+  for (int j = 0; j < rank; ++j) {
+    const float* aj = a.data + static_cast<std::size_t>(j) * a.row_stride;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int k = 0; k < in16; k += 16) {
+      const __m512 av = k + 16 <= in ? _mm512_loadu_ps(aj + k) : _mm512_maskz_loadu_ps(last, aj + k);
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(vf + static_cast<std::size_t>(r) * in16 + k), av, acc[r]);
+    }
+    for (int r = 0; r < R; ++r) xa[static_cast<std::size_t>(r) * ldxa + j] = scale * _mm512_reduce_add_ps(acc[r]);
+  }
+}
+
+}  // namespace
+
+void lora_project_rows_avx512(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
+                              std::size_t ldxa) {
+  if (rows <= 0 || rank <= 0) return;
+  if (a.col_stride != 1 && a.row_stride != 1) return lora_project_rows_portable(v, ldv, rows, in, a, rank, scale, xa, ldxa);
+  const int in16 = (std::max(in, 1) + 15) / 16 * 16;
+  thread_local std::vector<float> vf;
+  widen_rows(v, ldv, rows, in, in16, vf);
+  if (a.col_stride == 1) {
+    for (int i = 0; i < rows; i += kRowGroup) {
+      const float* vi = vf.data() + static_cast<std::size_t>(i) * in16;
+      float* out = xa + static_cast<std::size_t>(i) * ldxa;
+      switch (std::min(kRowGroup, rows - i)) {
+        case 4: project_by_rows<4>(vi, in, in16, a, rank, scale, out, ldxa); break;
+        case 3: project_by_rows<3>(vi, in, in16, a, rank, scale, out, ldxa); break;
+        case 2: project_by_rows<2>(vi, in, in16, a, rank, scale, out, ldxa); break;
+        default: project_by_rows<1>(vi, in, in16, a, rank, scale, out, ldxa); break;
+      }
+    }
+    return;
+  }
+  // a(j, k) = a.data[k * col_stride + j]: an axpy over j for each k.
+  for (int i = 0; i < rows; ++i) {
+    const float* vi = vf.data() + static_cast<std::size_t>(i) * in16;
+    float* out = xa + static_cast<std::size_t>(i) * ldxa;
+    for (int j0 = 0; j0 < rank; j0 += 16 * kMaxRankVectors) {
+      const int vecs = std::min(kMaxRankVectors, (rank - j0 + 15) / 16);
+      __m512 acc[kMaxRankVectors];
+      __mmask16 mask[kMaxRankVectors];
+      for (int q = 0; q < kMaxRankVectors; ++q) acc[q] = _mm512_setzero_ps(), mask[q] = tail_mask(rank - j0 - 16 * q);
+      for (int k = 0; k < in; ++k) {
+        const __m512 x = _mm512_set1_ps(vi[k]);
+        const float* ak = a.data + static_cast<std::size_t>(k) * a.col_stride + j0;
+        for (int q = 0; q < vecs; ++q) acc[q] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(mask[q], ak + 16 * q), acc[q]);
+      }
+      for (int q = 0; q < vecs; ++q) _mm512_mask_storeu_ps(out + j0 + 16 * q, mask[q], _mm512_mul_ps(_mm512_set1_ps(scale), acc[q]));
+    }
+  }
+}
+
+void lora_expand_rows_add_avx512(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
+                                 std::size_t ldc) {
+  if (rows <= 0 || rank <= 0 || n <= 0) return;
+  if (b.col_stride != 1 && b.row_stride != 1) return lora_expand_rows_add_portable(xa, ldxa, rows, rank, b, col0, n, c, ldc);
+  // bt[q][j] = b(col0 + j, q), contiguous along j: read in place when B is by columns.
+  const float* bt = b.data + static_cast<std::size_t>(col0) * b.row_stride;
+  std::size_t ldbt = b.col_stride;
+  thread_local std::vector<float> transposed;
+  if (b.col_stride == 1) {
+    ldbt = static_cast<std::size_t>(n);
+    transposed.resize(static_cast<std::size_t>(rank) * ldbt);
+    for (int j = 0; j < n; ++j) {
+      const float* bj = b.data + static_cast<std::size_t>(col0 + j) * b.row_stride;
+      for (int q = 0; q < rank; ++q) transposed[static_cast<std::size_t>(q) * ldbt + j] = bj[q];
+    }
+    bt = transposed.data();
+  }
+  for (int i = 0; i < rows; ++i) {
+    const float* x = xa + static_cast<std::size_t>(i) * ldxa;
+    float* ci = c + static_cast<std::size_t>(i) * ldc;
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 mask = tail_mask(n - j);
+      __m512 acc = _mm512_maskz_loadu_ps(mask, ci + j);
+      for (int q = 0; q < rank; ++q)
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[q]), _mm512_maskz_loadu_ps(mask, bt + static_cast<std::size_t>(q) * ldbt + j), acc);
+      _mm512_mask_storeu_ps(ci + j, mask, acc);
+    }
+  }
+}
+
+}  // namespace tilemoe::kernels
