@@ -8,6 +8,7 @@
 #include "amx/isa.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/lora_rows.hpp"
+#include "amx/pack_strided.hpp"
 #include "amx/pack_transposed.hpp"
 
 namespace tilemoe::kernels {
@@ -31,6 +32,7 @@ struct KernelTable {
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
   LoraProjectRowsFn lora_project_rows;      // LoRA of experts with few rows, from the f32 factors
   LoraExpandRowsAddFn lora_expand_rows_add;
+  PackStridedFn pack_strided_f32;           // the per-call LoRA packing for the tile kernels
   ConvertToBf16Fn convert_to_bf16;
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int

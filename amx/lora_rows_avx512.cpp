@@ -1,7 +1,8 @@
 // LoRA for a few rows with AVX-512, straight from the caller's f32 factors.
 //
-// Project, A by rows (a(j, k) contiguous along k, the forward): up to 4 rows of v (widened to
-// f32 once) share each 16-float load of A, one accumulator per row, reduced once per j. Without
+// Project, A by rows (a(j, k) contiguous along k, the forward): blocks of 4 rows of v (widened to
+// f32 once) × 4 rows of A, 16 accumulators reduced once per block, so v is read rank/4 times
+// and A rows/4 times (one accumulator per row re-read all of v for every j). Without
 // this the compiler keeps the portable loop's dot products scalar (it may not reorder an f32
 // sum), which made the LoRA of a 12-row expert cost as much as its share of the GEMM.
 // Project, A by columns (a(j, k) contiguous along j, the backward's transposed factors): an
@@ -19,7 +20,8 @@
 namespace tilemoe::kernels {
 namespace {
 
-constexpr int kRowGroup = 4;
+constexpr int kRowGroup = 4;  // rows of v and
+constexpr int kJGroup = 4;    // rows of A per block: 16 accumulators
 constexpr int kMaxRankVectors = 4;  // rank <= 64 in vector registers; larger ranks in chunks
 
 inline __mmask16 tail_mask(int count) {
@@ -41,18 +43,37 @@ void widen_rows(const bf16* v, std::size_t ldv, int rows, int in, int in16, std:
   }
 }
 
+// R rows × J consecutive j's of xa: each 16-float load of v serves J products, each load of A R.
+template <int R, int J>
+void project_block(const float* vf, int in, int in16, const float* const* aj, float scale, float* xa, std::size_t ldxa) {
+  const __mmask16 last = tail_mask(in - (in16 - 16));
+  __m512 acc[R][J];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < J; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int k = 0; k < in16; k += 16) {
+    __m512 av[J];
+    for (int q = 0; q < J; ++q) av[q] = k + 16 <= in ? _mm512_loadu_ps(aj[q] + k) : _mm512_maskz_loadu_ps(last, aj[q] + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_loadu_ps(vf + static_cast<std::size_t>(r) * in16 + k);
+      for (int q = 0; q < J; ++q) acc[r][q] = _mm512_fmadd_ps(x, av[q], acc[r][q]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < J; ++q) xa[static_cast<std::size_t>(r) * ldxa + q] = scale * _mm512_reduce_add_ps(acc[r][q]);
+}
+
 template <int R>
 void project_by_rows(const float* vf, int in, int in16, StridedF32 a, int rank, float scale, float* xa, std::size_t ldxa) {
-  const __mmask16 last = tail_mask(in - (in16 - 16));
-  for (int j = 0; j < rank; ++j) {
-    const float* aj = a.data + static_cast<std::size_t>(j) * a.row_stride;
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int k = 0; k < in16; k += 16) {
-      const __m512 av = k + 16 <= in ? _mm512_loadu_ps(aj + k) : _mm512_maskz_loadu_ps(last, aj + k);
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(vf + static_cast<std::size_t>(r) * in16 + k), av, acc[r]);
+  for (int j = 0; j < rank; j += kJGroup) {
+    const float* aj[kJGroup];
+    const int count = std::min(kJGroup, rank - j);
+    for (int q = 0; q < count; ++q) aj[q] = a.data + static_cast<std::size_t>(j + q) * a.row_stride;
+    switch (count) {
+      case 4: project_block<R, 4>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      case 3: project_block<R, 3>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      case 2: project_block<R, 2>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      default: project_block<R, 1>(vf, in, in16, aj, scale, xa + j, ldxa); break;
     }
-    for (int r = 0; r < R; ++r) xa[static_cast<std::size_t>(r) * ldxa + j] = scale * _mm512_reduce_add_ps(acc[r]);
   }
 }
 

@@ -6,7 +6,11 @@
 
 namespace tilemoe::kernels {
 
-void pack_strided_f32(StridedF32 w, int n, int k, bf16* packed, ConvertRowFn convert, std::vector<bf16>& scratch) {
+void pack_strided_f32_portable(StridedF32 w, int n, int k, bf16* packed, std::vector<bf16>& scratch) {
+  pack_strided_f32_with(w, n, k, packed, convert_to_bf16_portable, scratch);
+}
+
+void pack_strided_f32_with(StridedF32 w, int n, int k, bf16* packed, ConvertRowFn convert, std::vector<bf16>& scratch) {
   const PackedShape s = packed_shape(n, k);
   if (s.panels == 0 || s.kblocks == 0) return;
   const std::size_t np = static_cast<std::size_t>(s.n_padded), kp = static_cast<std::size_t>(s.k_padded);

@@ -25,9 +25,9 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   const int out_rows = (out + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns);
   a_packed_.resize(kernels::packed_bf16_elements(rank, in));
   b_packed_.resize(kernels::packed_bf16_elements(out_rows, rank));
-  kernels::pack_strided_f32(a, rank, in, a_packed_.data(), kt.convert_to_bf16, pack_scratch_);
+  kt.pack_strided_f32(a, rank, in, a_packed_.data(), pack_scratch_);
   // Rows of B' from out on are the zero padding pack_strided_f32 writes for n_padded > out.
-  kernels::pack_strided_f32(b, out, rank, b_packed_.data(), kt.convert_to_bf16, pack_scratch_);
+  kt.pack_strided_f32(b, out, rank, b_packed_.data(), pack_scratch_);
   const std::size_t b_written = kernels::packed_bf16_elements(out, rank);
   std::fill(b_packed_.begin() + static_cast<std::ptrdiff_t>(b_written), b_packed_.end(), bf16{0});
 }
