@@ -1,5 +1,9 @@
 // The `tilemoe` command driven as a user drives it: real files in, exit status and files out.
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
 #include <filesystem>
 #include <tuple>
 
@@ -225,6 +229,29 @@ TEST_CASE("train-demo's loss falls, on the portable kernels and the fastest", "[
   auto bad = run_cli("train-demo --isa reference");
   CHECK(bad.status == 1);
   CHECK(bad.err.find("--isa reference is not one") != std::string::npos);
+}
+
+TEST_CASE("bench --onednn times the oneDNN baseline on the same cases and prints tilemoe's ratio to it", "[cli][bench]") {
+  const std::string out = test::temp_dir() + "/onednn_bench.json";
+  const int raw = std::system((std::string(TILEMOE_CLI) + " bench --onednn --json --shape mini --tokens 1,20 --lora-rank 0 --layers 2 --iter-scale 0.05 > " +
+                               out + " 2> /dev/null").c_str());
+  REQUIRE(WIFEXITED(raw));
+  CHECK(WEXITSTATUS(raw) == 0);
+  std::ifstream in(out);
+  int baseline_lines = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"baseline\":\"onednn\"") == std::string::npos) continue;
+    ++baseline_lines;
+    INFO(line);
+    const auto ratio_at = line.find("\"ratio\":");
+    REQUIRE(ratio_at != std::string::npos);
+    CHECK(std::stod(line.substr(ratio_at + 8)) > 0.0);
+    const auto diff_at = line.find("\"rel_diff\":");
+    REQUIRE(diff_at != std::string::npos);
+    CHECK(std::stod(line.substr(diff_at + 11)) <= 1e-2);  // the baseline computes the same layer
+  }
+  CHECK(baseline_lines == 2);
+  CHECK(run_cli("bench --onednn --weights int8 --shape mini --tokens 1 --layers 1").status == 1);
 }
 
 TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {

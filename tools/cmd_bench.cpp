@@ -20,6 +20,7 @@
 #include "tilemoe/error.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/machine_limits.hpp"
+#include "tools/onednn_baseline.hpp"
 
 namespace tilemoe::cli {
 namespace {
@@ -50,6 +51,70 @@ int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 :
 
 }  // namespace
 
+
+namespace {
+
+// Times the oneDNN baseline on the same routings and inputs as the bench (seeds 100+ and 200+),
+// rotating through its layers, and prints the ratio of tilemoe's r=0 median to its median.
+void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeShape& s, const std::vector<int>& token_list,
+                         const std::vector<std::pair<int, double>>& r0_medians, double iter_scale, bool json, numa::ThreadPool& pool,
+                         TensorParallelLayer& ours_layer) {
+  const int threads = pool.size();
+  // The baseline must compute the same layer: its output on the first routing against tilemoe's (r=0).
+  LayerLora no_lora = random_lora(s, 0, 1.0f, 3);
+  ours_layer.update_lora_weights(lora_view(no_lora));
+  if (!json) std::printf("oneDNN baseline (%s; a matmul per expert and projection, weights prepacked, no LoRA); r0_ratio: tilemoe r=0 / it\n"
+                         "%6s %6s %9s %9s %14s %9s\n",
+                         baselines[0].implementation().c_str(), "tokens", "iters", "median_ms", "min_ms", "r0_ratio", "rel_diff");
+  const int layers = static_cast<int>(baselines.size());
+  for (int tokens : token_list) {
+    if (tokens == 0) continue;
+    const int sets = 8;
+    std::vector<RandomRouting> routings;
+    std::vector<std::vector<bf16>> inputs;
+    for (int i = 0; i < sets; ++i) {
+      routings.push_back(random_routing(tokens, s, 100 + i));
+      auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
+      inputs.push_back(to_bf16(x.data(), x.size()));
+    }
+    std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden);
+    const int iters = std::max(3, static_cast<int>(iterations_for(tokens) * iter_scale));
+    // Every routing once on every layer first: the primitives for its row counts are made then.
+    for (auto& b : baselines)
+      for (int set = 0; set < sets; ++set)
+        b.forward(tokens, s.top_k, inputs[set].data(), routings[set].expert_ids.data(), routings[set].weights.data(), out.data(), pool);
+    std::vector<double> ms;
+    for (int i = -2; i < iters; ++i) {
+      const int set = (i + 2) % sets, layer = (i + 2) % layers;
+      auto t = Clock::now();
+      baselines[static_cast<std::size_t>(layer)].forward(tokens, s.top_k, inputs[set].data(), routings[set].expert_ids.data(),
+                                                         routings[set].weights.data(), out.data(), pool);
+      if (i >= 0) ms.push_back(seconds_since(t) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    std::vector<float> theirs(out.size()), mine(out.size());
+    baselines[0].forward(tokens, s.top_k, inputs[0].data(), routings[0].expert_ids.data(), routings[0].weights.data(), theirs.data(), pool);
+    ours_layer.forward_sft(tokens, s.top_k, inputs[0].data(), routings[0].expert_ids.data(), routings[0].weights.data(), mine.data(), false);
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < mine.size(); ++i) diff += double(theirs[i] - mine[i]) * (theirs[i] - mine[i]), norm += double(mine[i]) * mine[i];
+    const double rel_diff = std::sqrt(diff / std::max(norm, 1e-300));
+    double ours = 0;
+    for (auto [t, m] : r0_medians)
+      if (t == tokens) ours = m;
+    if (json)
+      std::printf("{\"baseline\":\"onednn\",\"tokens\":%d,\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,\"tilemoe_r0_ms\":%.4f,\"ratio\":%.3f,\"rel_diff\":%.2e}\n",
+                  tokens, threads, median, ms.front(), ours, ours > 0 ? ours / median : 0.0, rel_diff);
+    else if (ours > 0)
+      std::printf("%6d %6d %9.3f %9.3f %14.3f %9.2e\n", tokens, iters, median, ms.front(), ours / median, rel_diff);
+    else
+      std::printf("%6d %6d %9.3f %9.3f %14s %9.2e\n", tokens, iters, median, ms.front(), "-", rel_diff);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
 void add_bench_command(CLI::App& app, int& status) {
   struct Args {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16";
@@ -58,6 +123,7 @@ void add_bench_command(CLI::App& app, int& status) {
     double iter_scale = 1.0;
     bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false;
     std::string workdir = "/tmp";
+    bool onednn = false;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward (or fine-tuning step) against the machine's measured limits");
@@ -81,6 +147,9 @@ void add_bench_command(CLI::App& app, int& status) {
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
   cmd->add_flag("--grad-overwrite", a->grad_overwrite,
                 "With --backward: overwrite the LoRA gradients (zeroing every expert's) instead of accumulating into them");
+  cmd->add_flag("--onednn", a->onednn,
+                "Also time the oneDNN baseline (a matmul primitive per expert and projection, weights prepacked by oneDNN, no "
+                "LoRA) on the same shape and routings, and print each r=0 time's ratio to it");
   cmd->add_flag("--convert-lora", a->convert,
                 "Instead: time convert-lora on a synthetic PEFT adapter of DeepSeek-V3's size (--shape v3 --lora-rank 16)");
   cmd->add_option("--workdir", a->workdir, "Where --convert-lora writes its files (about 2x the adapter's size)")->capture_default_str();
@@ -144,6 +213,12 @@ void add_bench_command(CLI::App& app, int& status) {
       while (static_cast<int>(sp.layers.size()) < layers)
         sp.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *sp.nodes, isa, layer_options, pack_slice));
     double pack_s = seconds_since(t0);
+    // The baseline's layers: as many as ours, so that its weights do not fit in cache either.
+    std::vector<OnednnMoeBaseline> baselines;
+    if (a->onednn) {
+      if (weight_type != WeightType::bf16) fail(ErrorKind::invalid_argument, "--onednn compares bf16 weights; leave --weights at bf16");
+      for (int l = 0; l < layers; ++l) baselines.emplace_back(source.view());
+    }
     source = ExpertWeights{};
     quantized = quant::QuantizedExperts{};
     // Integer products: VPDPBUSD and TDPBSSD do twice the multiply-adds of their bf16 twins per
@@ -171,6 +246,7 @@ void add_bench_command(CLI::App& app, int& status) {
       std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
                   "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
     }
+    std::vector<std::pair<int, double>> r0_medians;  // (tokens, ms) of the first node count, r=0
     for (int rank : rank_list) {
       LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), 3);
       LayerLora grads = lora.zeros_like();
@@ -244,6 +320,7 @@ void add_bench_command(CLI::App& app, int& status) {
           const int split = sp.slices;
           double median = median_of(times[c].ms), fwd_median = median_of(times[c].fwd_ms), bwd_median = median_of(times[c].bwd_ms);
           double min_ms = *std::min_element(times[c].ms.begin(), times[c].ms.end());
+          if (rank == 0 && c == 0 && !a->backward) r0_medians.emplace_back(tokens, median);
           if (a->json)
             std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                         "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
@@ -287,6 +364,7 @@ void add_bench_command(CLI::App& app, int& status) {
         std::fflush(stdout);
       }
     }
+    if (!baselines.empty()) run_onednn_baseline(baselines, s, token_list, r0_medians, a->iter_scale, a->json, pool, *splits[0].layers[0]);
     status = 0;
   });
 }
