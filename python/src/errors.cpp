@@ -13,7 +13,8 @@ PyObject* g_state = nullptr;
 
 PyObject* new_error_class(py::module_& m, const char* name, const char* doc, PyObject* base, PyObject* builtin) {
   std::string qualified = std::string("tilemoe.") + name;
-  py::tuple bases = builtin ? py::make_tuple(py::handle(base), py::handle(builtin)) : py::make_tuple(py::handle(base));
+  // Both arms as py::tuple: pybind11 3 gives make_tuple typed results that differ by arity.
+  py::tuple bases = builtin ? py::tuple(py::make_tuple(py::handle(base), py::handle(builtin))) : py::tuple(py::make_tuple(py::handle(base)));
   PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
   if (!cls) throw py::error_already_set();
   m.add_object(name, py::handle(cls));  // takes its own reference; ours lives as long as the process

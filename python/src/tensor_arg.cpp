@@ -50,12 +50,6 @@ bool numpy_loaded() {
 
 std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>(); }
 
-std::vector<std::int64_t> shape_of(py::handle shape_tuple) {
-  std::vector<std::int64_t> out;
-  for (py::handle d : shape_tuple) out.push_back(d.cast<std::int64_t>());
-  return out;
-}
-
 [[noreturn]] void wrong_dtype(const char* name, const std::string& got, bool torch, DTypes allowed) {
   std::string list;
   for (DType d : allowed) list += (list.empty() ? "" : " or ") + std::string(dtype_name(d, torch));

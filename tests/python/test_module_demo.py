@@ -6,6 +6,7 @@ Usage: test_module_demo.py <tests/data> <cmake> <build dir> <install dir relativ
 Exits 77 (SKIPPED) without numpy or torch.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -49,6 +50,8 @@ if bench.returncode == 0:
     figures = json.loads(bench.stdout.splitlines()[-1])
     timings = list(figures["forward_1_token_ms"].values()) + list(figures["train_step_ms"].values())
     expect(all(t > 0 for t in timings), f"bench measures every figure: {figures}")
+    expect(all(isinstance(figures[k], float) and math.isfinite(figures[k]) for k in ("python_overhead_us", "python_overhead_numpy_us")),
+           f"bench measures the Python call on an empty batch: {figures}")
 
 with tempfile.TemporaryDirectory() as prefix:
     inst = subprocess.run([CMAKE, "--install", BUILD, "--component", "python", "--prefix", prefix], capture_output=True, text=True)
