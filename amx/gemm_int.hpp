@@ -11,7 +11,9 @@
 //
 // Contract (not checked here, the hot path):
 //  - a has m rows at stride lda >= k_padded, each with k_padded readable codes, zeros in
-//    [k, k_padded). a_scale has m entries (NaN makes that row's outputs NaN).
+//    [k, k_padded); or, with a_tiles, m rows in tile order (pack_int.hpp; lda unused), the rows
+//    past m in the last row tile readable but never used. a_scale has m entries (NaN makes that
+//    row's outputs NaN).
 //  - b is the whole packed matrix of shape `shape`; only panels [panel_begin, panel_end) are read.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns.
 #include <cstddef>
@@ -32,7 +34,11 @@ struct GemmIntArgs {
   float* c;
   std::size_t ldc;
   bool accumulate = false;
+  bool a_tiles = false;
 };
+
+// The rows of a tile-order A as rows, in a per-thread buffer: for the kernels that read rows.
+GemmIntArgs with_int_a_rows(const GemmIntArgs& args);
 
 using GemmIntFn = void (*)(const GemmIntArgs&);
 

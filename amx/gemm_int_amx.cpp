@@ -10,6 +10,8 @@
 // (nibble - 8), which stays in L2 while every row block passes over it; groups of 32 are shorter
 // than a 64-k tile, so the kernel table sends int4 at group 32 to the AVX512-VNNI kernel.
 //
+// A by rows or in tile order (pack_int.hpp), where each A tile load is one contiguous 1 KiB.
+//
 // m tail: as in the bf16 kernel, whole 32-row blocks run with a 16/16 tile configuration and the
 // last m % 32 rows with one whose tiles have exactly that many rows.
 #include <algorithm>
@@ -59,8 +61,12 @@ inline void flush_tile(const Job& job, const std::int32_t* buf, int row0, int ro
 template <bool TwoRowTiles, bool TwoPanels>
 void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
   const GemmIntArgs& g = *job.g;
-  const std::int8_t* a0 = g.a + row0 * g.lda;
-  const long lda_bytes = static_cast<long>(g.lda);
+  // By rows: tile 2 starts 16 rows down. In tile order: the row tile's blocks are 1 KiB apart
+  // along K and the next row tile's start kblocks blocks later.
+  const std::int8_t* a0 = g.a_tiles ? g.a + static_cast<std::size_t>(row0 / kTileRows) * job.kblocks * kBlockBytes : g.a + row0 * g.lda;
+  const long lda_bytes = g.a_tiles ? kTileRowBytes : static_cast<long>(g.lda);
+  const std::size_t a_kstep = g.a_tiles ? kBlockBytes : kIntBlockK;
+  const std::size_t a_second = g.a_tiles ? static_cast<std::size_t>(job.kblocks) * kBlockBytes : kTileRows * g.lda;
   const std::uint8_t* b0 = job.b + static_cast<std::size_t>(panel - job.b_panel0) * job.panel_stride;
   alignas(64) std::int32_t buf[4][kTileRows * 16];
   for (int grp = 0; grp < g.shape.groups; ++grp) {
@@ -73,7 +79,7 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
     const int kb_end = std::min(job.kblocks, (grp + 1) * job.group_blocks);
     for (int kb = grp * job.group_blocks; kb < kb_end; ++kb) {
       const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
-      const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * kIntBlockK;
+      const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * a_kstep;
       _tile_loadd(4, ak, lda_bytes);
       _tile_loadd(6, bk, kTileRowBytes);
       _tile_dpbssd(0, 4, 6);
@@ -82,7 +88,7 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
         _tile_dpbssd(1, 4, 7);
       }
       if constexpr (TwoRowTiles) {
-        _tile_loadd(5, ak + kTileRows * g.lda, lda_bytes);
+        _tile_loadd(5, ak + a_second, lda_bytes);
         _tile_dpbssd(2, 5, 6);
         if constexpr (TwoPanels) _tile_dpbssd(3, 5, 7);
       }

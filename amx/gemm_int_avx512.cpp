@@ -168,7 +168,9 @@ constexpr const BlockFn* kBlocks4[2] = {kBlocks4ForRows<1>, kBlocks4ForRows<2>};
 
 }  // namespace
 
-void gemm_int_avx512(const GemmIntArgs& args) {
+void gemm_int_avx512(const GemmIntArgs& tiled_or_rows) {
+  // Tile order pays off only for AMX tile loads; this kernel reads rows.
+  const GemmIntArgs args = with_int_a_rows(tiled_or_rows);
   const bool int8 = args.shape.bits == 8;
   const int max_rows = int8 ? 4 : 2;
   const std::size_t panel_bytes = std::max<std::size_t>(args.shape.panel_bytes(), 1);

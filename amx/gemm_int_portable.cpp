@@ -9,7 +9,21 @@
 
 namespace tilemoe::kernels {
 
-void gemm_int_portable(const GemmIntArgs& g) {
+GemmIntArgs with_int_a_rows(const GemmIntArgs& args) {
+  if (!args.a_tiles) return args;
+  thread_local std::vector<std::int8_t> rows;
+  const std::size_t k_padded = static_cast<std::size_t>(args.shape.k_padded);
+  rows.resize(static_cast<std::size_t>(std::max(args.m, 0)) * k_padded);
+  unpack_int8_tiles_to_rows(args.a, args.m, args.shape.k_padded, rows.data(), k_padded);
+  GemmIntArgs by_rows = args;
+  by_rows.a = rows.data();
+  by_rows.lda = k_padded;
+  by_rows.a_tiles = false;
+  return by_rows;
+}
+
+void gemm_int_portable(const GemmIntArgs& args) {
+  const GemmIntArgs g = with_int_a_rows(args);
   const PackedIntShape& s = g.shape;
   for (int i = 0; i < g.m; ++i) {
     const std::int8_t* a = g.a + g.lda * static_cast<std::size_t>(i);

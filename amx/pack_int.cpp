@@ -1,6 +1,7 @@
 #include "amx/pack_int.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "tilemoe/error.hpp"
@@ -79,6 +80,26 @@ int packed_int_code(const PackedIntShape& s, const std::uint8_t* codes, int col,
   const std::size_t off = code_offset(s, col, kk, &shift);
   if (s.bits == 8) return static_cast<std::int8_t>(codes[off]);
   return ((codes[off] >> shift) & 0x0f) - 8;
+}
+
+std::size_t int8_tiled_rows_bytes(int m, int k_padded) {
+  const std::size_t tiles = static_cast<std::size_t>((std::max(m, 0) + kIntATileRows - 1) / kIntATileRows);
+  return tiles * kIntATileRows * static_cast<std::size_t>(std::max(k_padded, 0));
+}
+
+void pack_int8_rows_as_tiles(const std::int8_t* a, std::size_t lda, int m, int k_padded, std::int8_t* tiles) {
+  for (int i = 0; i < m; ++i)
+    for (int kb = 0; kb < k_padded / kIntBlockK; ++kb)
+      std::memcpy(int8_tile_row(tiles, k_padded, i, kb), a + static_cast<std::size_t>(i) * lda + static_cast<std::size_t>(kb) * kIntBlockK,
+                  kIntBlockK);
+}
+
+void unpack_int8_tiles_to_rows(const std::int8_t* tiles, int m, int k_padded, std::int8_t* a, std::size_t lda) {
+  std::int8_t* t = const_cast<std::int8_t*>(tiles);  // int8_tile_row only computes an address
+  for (int i = 0; i < m; ++i)
+    for (int kb = 0; kb < k_padded / kIntBlockK; ++kb)
+      std::memcpy(a + static_cast<std::size_t>(i) * lda + static_cast<std::size_t>(kb) * kIntBlockK, int8_tile_row(t, k_padded, i, kb),
+                  kIntBlockK);
 }
 
 }  // namespace tilemoe::kernels

@@ -60,4 +60,23 @@ void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t
 // The code of packed element (col, kk), sign-extended; for tests and the portable kernel.
 int packed_int_code(const PackedIntShape& s, const std::uint8_t* codes, int col, int kk);
 
+// Activation codes (the A operand, m rows × k_padded int8) may also be given in tile order, as
+// bf16 activations can (pack_bf16.hpp): rows in groups of 16 (a row tile), each (row tile t,
+// k-block kb) a contiguous 1 KiB block of 16 rows × 64 codes,
+//
+//   tiles[((t*kblocks + kb)*16 + i)*64 + q] = A[t*16 + i][kb*64 + q]
+//
+// so that an AMX INT8 A tile is one contiguous read instead of 16 lines at the row stride.
+inline constexpr int kIntATileRows = 16;
+inline std::int8_t* int8_tile_row(std::int8_t* tiles, int k_padded, int i, int kb) {
+  const int kblocks = k_padded / kIntBlockK;
+  return tiles + ((static_cast<std::size_t>(i / kIntATileRows) * kblocks + kb) * kIntATileRows + i % kIntATileRows) * kIntBlockK;
+}
+// Bytes of an m-row A in tile order: m rounded up to whole row tiles, times k_padded.
+std::size_t int8_tiled_rows_bytes(int m, int k_padded);
+// Rows [0, m) of A (stride lda >= k_padded, k_padded a multiple of 64) into tile order, and
+// back. Rows past m in the last row tile are left as they are.
+void pack_int8_rows_as_tiles(const std::int8_t* a, std::size_t lda, int m, int k_padded, std::int8_t* tiles);
+void unpack_int8_tiles_to_rows(const std::int8_t* tiles, int m, int k_padded, std::int8_t* a, std::size_t lda);
+
 }  // namespace tilemoe::kernels

@@ -100,11 +100,12 @@ struct IntGemmCase {
   int panel_begin = 0, panel_end = -1;
   int lda_extra = 0, ldc_extra = 0;
   bool nan_row = false;  // row 0's activation scale is NaN
+  bool a_tiles = false;  // A passed in tile order (pack_int.hpp)
   std::string describe() const {
     std::ostringstream s;
     s << "bits=" << bits << " group=" << group << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
       << " panels=[" << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " nan_row=" << nan_row;
+      << " nan_row=" << nan_row << " a_tiles=" << a_tiles;
     return s.str();
   }
 };
@@ -136,8 +137,16 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
     c0[i] = !target ? kPadding : tc.accumulate ? std::uniform_real_distribution<float>(-1, 1)(rng) : kUnwritten;
     c[i] = c0[i];
   }
+  // Tile order: the rows past m in the last row tile hold codes that must not be used, and the
+  // buffer ends at a guard page.
+  Guarded<std::int8_t> tiles(tc.a_tiles ? int8_tiled_rows_bytes(tc.m, s.k_padded) : 1);
+  if (tc.a_tiles) {
+    for (std::size_t i = 0; i < tiles.size(); ++i) tiles[i] = static_cast<std::int8_t>(127 - static_cast<int>(i % 7));
+    pack_int8_rows_as_tiles(a.data(), lda, tc.m, s.k_padded, tiles.data());
+  }
   GemmIntArgs args{};
-  args.a = a.data();
+  args.a = tc.a_tiles ? tiles.data() : a.data();
+  args.a_tiles = tc.a_tiles;
   args.lda = lda;
   args.m = tc.m;
   args.a_scale = a_scale.data();
@@ -205,6 +214,10 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
             tc.ldc_extra = static_cast<int>(rng() % 2) * 5;
             tc.nan_row = rng() % 5 == 0;
             check_int_gemm_case(gemm, tc, rng);
+            IntGemmCase tiled{bits, group, m, n, k};
+            tiled.a_tiles = true;
+            tiled.accumulate = rng() % 2 == 0;
+            check_int_gemm_case(gemm, tiled, rng);
           }
     }
   }
@@ -218,6 +231,8 @@ inline void check_int_gemm_large(GemmIntFn gemm, bool amx) {
       IntGemmCase tc{bits, (amx || m % 2) ? 128 : 32, m, 130, 4100};
       tc.accumulate = m % 2 == 0;
       tc.panel_begin = 1;
+      check_int_gemm_case(gemm, tc, rng);
+      tc.a_tiles = true;
       check_int_gemm_case(gemm, tc, rng);
     }
 }

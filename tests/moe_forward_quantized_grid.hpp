@@ -26,17 +26,20 @@ struct QuantCase {
 };
 inline const QuantCase kQuantCases[] = {{WeightType::int8, 0}, {WeightType::int4, 32}, {WeightType::int4, 64}, {WeightType::int4, 128}};
 
+// tile_order_min_rows: -1 the ISA's choice; otherwise forced (MoeForward::set_tile_order_min_rows).
 inline std::vector<float> quantized_forward(kernels::Isa isa, const quant::QuantizedExperts& q, const LayerLora& lora, int tokens,
-                                            const RandomRouting& routing, const std::vector<bf16>& xb, numa::ThreadPool& pool) {
+                                            const RandomRouting& routing, const std::vector<bf16>& xb, numa::ThreadPool& pool,
+                                            int tile_order_min_rows = -1) {
   auto packed = PackedExpertWeights::pack_quantized(q, pool);
   MoeForward fwd(packed, isa, pool);
+  fwd.set_tile_order_min_rows(tile_order_min_rows);
   std::vector<float> got(xb.size());
   fwd.forward(lora, tokens, q.shape.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), got.data());
   return got;
 }
 
 inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, const MoeShape& s, int tokens, int rank, int lora_every,
-                                      numa::ThreadPool& pool, std::uint64_t seed) {
+                                      numa::ThreadPool& pool, std::uint64_t seed, int tile_order_min_rows = -1) {
   auto w = random_expert_weights(s, seed);
   auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
   LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
@@ -48,17 +51,20 @@ inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, con
   MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
   std::vector<float> want(x.size());
   reference_forward(w.view(), lora, batch, want.data(), ReferenceOptions{true, &q});
-  return rel_error(quantized_forward(isa, q, lora, tokens, routing, xb, pool), want);
+  return rel_error(quantized_forward(isa, q, lora, tokens, routing, xb, pool, tile_order_min_rows), want);
 }
 
 inline void run_quantized_forward_grid(kernels::Isa isa) {
   numa::ThreadPool& pool = pool_for_threads(0);
   for (const QuantCase& qc : kQuantCases) {
+    int index = 0;
     for (const auto& c : awkward_shape_grid()) {
+      // Every other case holds every expert's codes in tile order, whatever the ISA.
+      const int tile_order = index++ % 2 ? 1 : -1;
       INFO(weight_type_name(qc.type) << " group " << qc.group << " hidden " << c.shape.hidden << " inter " << c.shape.intermediate
                                      << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " tokens " << c.tokens
-                                     << " rank " << c.rank << " lora on every " << c.lora_every);
-      CHECK(quantized_forward_error(isa, qc, c.shape, c.tokens, c.rank, c.lora_every, pool, 31 + c.tokens) <= 1e-2);
+                                     << " rank " << c.rank << " lora on every " << c.lora_every << " tile order from " << tile_order);
+      CHECK(quantized_forward_error(isa, qc, c.shape, c.tokens, c.rank, c.lora_every, pool, 31 + c.tokens, tile_order) <= 1e-2);
     }
   }
 }
@@ -146,15 +152,20 @@ inline void run_quantized_identity_and_nan(kernels::Isa isa, std::vector<int> th
       for (int threads : thread_counts) {
         numa::ThreadPool& pool = pool_for_threads(threads);
         auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
-        auto y = quantized_forward(isa, q, lora, tokens, routing, xb, pool);
-        if (first.empty()) {
-          first = y;
-          bool token0_nan = false;
-          for (int j = 0; j < s.hidden; ++j) token0_nan = token0_nan || std::isnan(y[j]);
-          CHECK(token0_nan);
-          for (std::size_t i = s.hidden; i < y.size(); ++i) REQUIRE(std::isfinite(y[i]));
-        } else {
-          REQUIRE(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+        // Codes by rows and in tile order (from 1 and from 16 rows) give the same bits.
+        for (int tile_order : {0, 1, 16}) {
+          INFO(weight_type_name(qc.type) << " group " << qc.group << ", " << tokens << " tokens, " << threads << " threads, tile order from "
+                                         << tile_order << " rows (0: never)");
+          auto y = quantized_forward(isa, q, lora, tokens, routing, xb, pool, tile_order);
+          if (first.empty()) {
+            first = y;
+            bool token0_nan = false;
+            for (int j = 0; j < s.hidden; ++j) token0_nan = token0_nan || std::isnan(y[j]);
+            CHECK(token0_nan);
+            for (std::size_t i = s.hidden; i < y.size(); ++i) REQUIRE(std::isfinite(y[i]));
+          } else {
+            REQUIRE(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
+          }
         }
       }
     }

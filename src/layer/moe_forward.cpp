@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "amx/pack_bf16.hpp"
+#include "amx/pack_int.hpp"
 #include "src/layer/work_split.hpp"
 
 namespace tilemoe {
@@ -51,7 +52,8 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   const kernels::PackedIntShape& is = w_.int_shape(p);
   const std::size_t ldq = static_cast<std::size_t>(is.k_padded);
   kernels::GemmIntArgs gi{};
-  gi.a = (down ? hq_ : xq_).data() + row0 * ldq;
+  gi.a = (down ? hq_ : xq_).data() + qblock_row_[e] * ldq;
+  gi.a_tiles = qtiled_[e] != 0;
   gi.lda = ldq;
   gi.m = m;
   gi.a_scale = (down ? hq_scale_ : xq_scale_).data() + row0;
@@ -72,6 +74,23 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
 void MoeForward::quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales) {
   const kernels::PackedIntShape& is = w_.int_shape(p);
   kt_.quantize_rows(src, ld, rows, is.k, is.k_padded, codes, static_cast<std::size_t>(is.k_padded), scales);
+}
+
+void MoeForward::quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row0, int rows, Projection p, std::int8_t* tiles,
+                                        float* scales) {
+  // A row tile at a time through a per-thread buffer: the quantizer writes rows.
+  const kernels::PackedIntShape& is = w_.int_shape(p);
+  thread_local std::vector<std::int8_t> by_rows;
+  by_rows.resize(static_cast<std::size_t>(kernels::kIntATileRows) * is.k_padded);
+  for (int r = 0; r < rows; r += kernels::kIntATileRows) {
+    const int count = std::min(kernels::kIntATileRows, rows - r);
+    quantize_rows(src + static_cast<std::size_t>(r) * ld, ld, count, p, by_rows.data(), scales + r);
+    for (int i = 0; i < count; ++i)
+      for (int kb = 0; kb < is.kblocks; ++kb)
+        std::memcpy(kernels::int8_tile_row(tiles, is.k_padded, row0 + r + i, kb),
+                    by_rows.data() + static_cast<std::size_t>(i) * is.k_padded + static_cast<std::size_t>(kb) * kernels::kIntBlockK,
+                    kernels::kIntBlockK);
+  }
 }
 
 const char* MoeForward::phase_name(int i) {
@@ -97,8 +116,6 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
   if (quantized) {
-    if (xq_.size() < rows * xq_ld) xq_.resize(rows * xq_ld);
-    if (hq_.size() < rows * hq_ld) hq_.resize(rows * hq_ld);
     if (xq_scale_.size() < static_cast<std::size_t>(rows)) xq_scale_.resize(rows);
     if (hq_scale_.size() < static_cast<std::size_t>(rows)) hq_scale_.resize(rows);
   }
@@ -108,13 +125,28 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   block_row_.assign(static_cast<std::size_t>(s.num_experts) + 1, 0);
   tiled_.assign(static_cast<std::size_t>(s.num_experts), 0);
   int tile_min_rows = kt_.amx_min_rows == 0 ? 0 : tile_order_min_rows(kt_);
-  if (tile_order_override_ >= 0) tile_min_rows = tile_order_override_;
-  if (quantized) tile_min_rows = 0;
+  // Integer codes: where the AMX-INT8 kernel runs (int4 at group 32 stays on AVX512-VNNI).
+  int qtile_min_rows = quantized && w_.int_shape(Projection::gate).group % kernels::kIntBlockK == 0 ? tile_min_rows : 0;
+  if (tile_order_override_ >= 0) tile_min_rows = qtile_min_rows = tile_order_override_;
+  if (quantized) tile_min_rows = 0;  // their bf16 x and h only feed the LoRA terms
+  if (quantized) {
+    qblock_row_.assign(static_cast<std::size_t>(s.num_experts) + 1, 0);
+    qtiled_.assign(static_cast<std::size_t>(s.num_experts), 0);
+  }
   for (int e = 0; e < s.num_experts; ++e) {
     const int m = groups.count(e);
     tiled_[e] = tile_min_rows > 0 && m >= tile_min_rows;
     const int block_rows = tiled_[e] ? (m + kernels::kATileRows - 1) / kernels::kATileRows * kernels::kATileRows : m;
     block_row_[e + 1] = block_row_[e] + static_cast<std::size_t>(block_rows);
+    if (!quantized) continue;
+    qtiled_[e] = qtile_min_rows > 0 && m >= qtile_min_rows;
+    const int qrows = qtiled_[e] ? (m + kernels::kIntATileRows - 1) / kernels::kIntATileRows * kernels::kIntATileRows : m;
+    qblock_row_[e + 1] = qblock_row_[e] + static_cast<std::size_t>(qrows);
+  }
+  if (quantized) {
+    const std::size_t qrows = qblock_row_[s.num_experts];
+    if (xq_.size() < qrows * xq_ld) xq_.resize(qrows * xq_ld);
+    if (hq_.size() < qrows * hq_ld) hq_.resize(qrows * hq_ld);
   }
   const std::size_t block_rows = block_row_[s.num_experts];
   if (xs_.size() < block_rows * hk) xs_.resize(block_rows * hk);
@@ -157,7 +189,13 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       std::fill(dst + hidden, dst + hk, bf16(0));
       bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
       std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
-      if (quantized) quantize_rows(dst, hk, 1, Projection::gate, xq_.data() + pos * xq_ld, xq_scale_.data() + pos);
+      if (!quantized) continue;
+      std::int8_t* codes = xq_.data() + qblock_row_[e] * xq_ld;
+      if (qtiled_[e]) {
+        quantize_rows_as_tiles(dst, hk, row + r, 1, Projection::gate, codes, xq_scale_.data() + pos);
+      } else {
+        quantize_rows(dst, hk, 1, Projection::gate, codes + static_cast<std::size_t>(row + r) * xq_ld, xq_scale_.data() + pos);
+      }
     }
   });
   lap(0);
@@ -216,8 +254,15 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     pool_.parallel_for(active_.size(), [&](std::size_t item, int worker) {
       int e = active_[item];
       const ExpertRows he = expert_rows(h_, e, ik);
-      if (quantized)
-        quantize_rows(he.p, ik, groups.count(e), Projection::down, hq_.data() + groups.offsets[e] * hq_ld, hq_scale_.data() + groups.offsets[e]);
+      if (quantized) {
+        std::int8_t* codes = hq_.data() + qblock_row_[e] * hq_ld;
+        float* scales = hq_scale_.data() + groups.offsets[e];
+        if (qtiled_[e]) {
+          quantize_rows_as_tiles(he.p, ik, 0, groups.count(e), Projection::down, codes, scales);
+        } else {
+          quantize_rows(he.p, ik, groups.count(e), Projection::down, codes, scales);
+        }
+      }
       if (!any_lora) return;
       lora_[e][static_cast<int>(Projection::down)].project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker],
                                                            saved_xa(Projection::down, e), static_cast<std::size_t>(lora[Projection::down].rank),

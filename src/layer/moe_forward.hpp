@@ -54,9 +54,10 @@ class MoeForward {
   kernels::Isa isa() const { return isa_; }
   WeightType weight_type() const { return w_.weight_type(); }
 
-  // Rows from which an expert's x and h are held in tile order (bf16 weights only). By default
-  // the AMX table's threshold, and never on other ISAs, where it gains nothing; every kernel
-  // reads both layouts, so tests force it on any ISA. 0: never; -1: default.
+  // Rows from which an expert's x and h (bf16, or their int8 codes for integer weights) are held
+  // in tile order. By default the AMX table's threshold where the tile kernels run, and never on
+  // other ISAs, where it gains nothing; every kernel reads both layouts, so tests force it on any
+  // ISA. 0: never; -1: default.
   void set_tile_order_min_rows(int rows) { tile_order_override_ = rows; }
 
   // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,
@@ -81,6 +82,8 @@ class MoeForward {
   void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term, float* c,
                        std::size_t ldc, int n);
   void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
+  // The same into rows [row0, row0 + rows) of codes held in tile order.
+  void quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row0, int rows, Projection p, std::int8_t* tiles, float* scales);
 
   const PackedExpertWeights& w_;
   kernels::Isa isa_;
@@ -94,8 +97,12 @@ class MoeForward {
   std::vector<std::size_t> block_row_;
   std::vector<char> tiled_;
   int tile_order_override_ = -1;
-  // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride).
+  // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride), each
+  // expert's from qblock_row_[e] on; in tile order (pack_int.hpp) where qtiled_[e], whole row
+  // tiles then. Scales stay in TokenGroups order.
   std::vector<std::int8_t> xq_, hq_;
+  std::vector<std::size_t> qblock_row_;
+  std::vector<char> qtiled_;
   std::vector<float> xq_scale_, hq_scale_;
   std::vector<float> y_;
   std::vector<int> active_;
