@@ -58,8 +58,18 @@ inline void flush_tile(const Job& job, const std::int32_t* buf, int row0, int ro
   }
 }
 
+// int8 B blocks are prefetched into L2 this many k-blocks ahead on the first pass over a panel
+// pair, which reads them from memory (later passes find them in L2). Without it the tile loads
+// wait on memory: on the device at 512 tokens (48 rows per expert) 16 blocks ahead took the
+// layer from 10.9 to 8.8 ms, 8 blocks into L1 to 9.4 ms. int4's B is the unpacked copy, in L2.
+constexpr std::size_t kPrefetchBlocks = 16;
+
+inline void prefetch_block_to_l2(const std::uint8_t* block) {
+  for (std::size_t line = 0; line < kBlockBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block) + line, _MM_HINT_T1);
+}
+
 template <bool TwoRowTiles, bool TwoPanels>
-void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
+void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool prefetch) {
   const GemmIntArgs& g = *job.g;
   // By rows: tile 2 starts 16 rows down. In tile order: the row tile's blocks are 1 KiB apart
   // along K and the next row tile's start kblocks blocks later.
@@ -80,6 +90,12 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
     for (int kb = grp * job.group_blocks; kb < kb_end; ++kb) {
       const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
       const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * a_kstep;
+      if (prefetch) {
+        // Past the panel's end this reaches into the next panel or beyond the matrix: a prefetch
+        // never faults, and the next pair's first blocks are wanted anyway.
+        prefetch_block_to_l2(bk + kPrefetchBlocks * kBlockBytes);
+        if constexpr (TwoPanels) prefetch_block_to_l2(bk + job.panel_stride + kPrefetchBlocks * kBlockBytes);
+      }
       _tile_loadd(4, ak, lda_bytes);
       _tile_loadd(6, bk, kTileRowBytes);
       _tile_dpbssd(0, 4, 6);
@@ -110,13 +126,14 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel) {
 }
 
 template <bool TwoRowTiles>
-void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end) {
+void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end, bool first_pass) {
   for (int p = p_begin; p < p_end; p += 2) {
     for (int row = row_begin; row < row_end; row += kBlockRows) {
+      const bool prefetch = first_pass && row == row_begin && job.g->shape.bits == 8;
       if (p + 1 < p_end) {
-        tile_block<TwoRowTiles, true>(job, row, rows0, rows1, p);
+        tile_block<TwoRowTiles, true>(job, row, rows0, rows1, p, prefetch);
       } else {
-        tile_block<TwoRowTiles, false>(job, row, rows0, rows1, p);
+        tile_block<TwoRowTiles, false>(job, row, rows0, rows1, p, prefetch);
       }
     }
   }
@@ -164,14 +181,14 @@ void gemm_int_amx(const GemmIntArgs& args) {
     }
     if (m_full > 0) {
       ensure_tile_config(make_tile_config(kTileRows, kTileRows));
-      panel_pairs<true>(job, 0, m_full, kTileRows, kTileRows, g0, g1);
+      panel_pairs<true>(job, 0, m_full, kTileRows, kTileRows, g0, g1, true);
     }
     if (tail > kTileRows) {
       ensure_tile_config(make_tile_config(kTileRows, tail - kTileRows));
-      panel_pairs<true>(job, m_full, args.m, kTileRows, tail - kTileRows, g0, g1);
+      panel_pairs<true>(job, m_full, args.m, kTileRows, tail - kTileRows, g0, g1, m_full == 0);
     } else if (tail > 0) {
       ensure_tile_config(make_tile_config(tail, tail));
-      panel_pairs<false>(job, m_full, args.m, tail, tail, g0, g1);
+      panel_pairs<false>(job, m_full, args.m, tail, tail, g0, g1, m_full == 0);
     }
   }
   __asm__ volatile("" ::: "memory");
