@@ -5,7 +5,11 @@
 namespace tilemoe {
 
 namespace {
-int panels_per_item(int rows) { return rows >= 64 ? 8 : rows >= 16 ? 2 : 1; }
+// 16-63 rows: 4 panels (64 columns), not 2. An item's weights stream from memory, and at 48 rows
+// per expert (512 tokens of DeepSeek-V2-Lite) twice as many bytes per item took the forward's
+// down phase from 6.0-6.3 to 5.1-5.6 ms and the backward (whose items gather one 1 KiB block
+// from every panel of W per 32 columns) from 30.2 to 26.1 ms on the device.
+int panels_per_item(int rows) { return rows >= 64 ? 8 : rows >= 16 ? 4 : 1; }
 // The reduction length the chunk sizes above were tuned at (DeepSeek-V2-Lite's 1408 to 2048).
 constexpr int kItemReduction = 1024;
 }  // namespace
