@@ -2,6 +2,7 @@
 // One table of kernel entry points per ISA, so the layers above pick an ISA once and then call
 // through plain function pointers.
 #include "amx/activation.hpp"
+#include "amx/adamw.hpp"
 #include "amx/convert_bf16.hpp"
 #include "amx/gemm_bf16.hpp"
 #include "amx/gemm_int.hpp"
@@ -36,6 +37,7 @@ struct KernelTable {
   ConvertToBf16Fn convert_to_bf16;
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int
+  AdamWUpdateFn adamw_update;      // the optimizer step over the caller's LoRA arrays
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.
   int amx_min_rows;
