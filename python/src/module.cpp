@@ -8,4 +8,5 @@ PYBIND11_MODULE(_tilemoe, m) {
   tilemoe::binding::register_errors(m);
   tilemoe::binding::bind_runtime(m);
   tilemoe::binding::bind_layer(m);
+  tilemoe::binding::bind_optim(m);
 }

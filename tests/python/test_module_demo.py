@@ -43,13 +43,14 @@ print(demo.stdout.splitlines()[-1] if demo.stdout else "train_demo printed nothi
 expect(len(losses) >= 5 and losses[-1] < losses[0], f"train_demo prints the loss falling: {losses}")
 
 bench = run(["-m", "tilemoe.bench", "--shape", "tiny", "--tokens", "64", "--iterations", "200", "--rounds", "2",
-             "--steps", "2", "--json"])
+             "--steps", "2", "--moe-adamw", "--json"])
 expect(bench.returncode == 0, f"bench exits 0 (got {bench.returncode})")
 if bench.returncode == 0:
     print("\n".join(bench.stdout.splitlines()[:-1]))
     figures = json.loads(bench.stdout.splitlines()[-1])
     timings = list(figures["forward_1_token_ms"].values()) + list(figures["train_step_ms"].values())
     expect(all(t > 0 for t in timings), f"bench measures every figure: {figures}")
+    expect(figures.get("moe_adamw") is True, f"bench --moe-adamw times MoELoRA with MoEAdamW: {figures}")
     expect(all(isinstance(figures[k], float) and math.isfinite(figures[k]) for k in ("python_overhead_us", "python_overhead_numpy_us")),
            f"bench measures the Python call on an empty batch: {figures}")
 
@@ -57,7 +58,7 @@ with tempfile.TemporaryDirectory() as prefix:
     inst = subprocess.run([CMAKE, "--install", BUILD, "--component", "python", "--prefix", prefix], capture_output=True, text=True)
     expect(inst.returncode == 0, f"cmake --install --component python: {inst.stderr.strip()}")
     site = os.path.join(prefix, INSTALL_DIR)
-    probe = ("import tilemoe, tilemoe.torch, torch\n"
+    probe = ("import tilemoe, tilemoe.torch, tilemoe.optim, torch\n"
              "from tilemoe.synthetic import random_batch, random_experts\n"
              "cfg = tilemoe.MoEConfig(num_experts=4, top_k=2, hidden=64, intermediate=32, lora_rank=4)\n"
              "m = tilemoe.torch.MoELoRA(tilemoe.MoELayer(cfg, *random_experts(4, 64, 32)))\n"
