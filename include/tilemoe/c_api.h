@@ -135,6 +135,23 @@ TILEMOE_API tilemoe_status tilemoe_layer_submit_backward(tilemoe_layer* layer, c
                                                          tilemoe_dtype dtype, const tilemoe_lora_grads* grads,
                                                          int accumulate, tilemoe_ticket* ticket);
 
+/* AdamW over the caller's f32 arrays (tilemoe/adamw.hpp): torch.optim.AdamW's update of each
+ * segment, with the segment's own step number (1 for the first update), on the runtime's threads
+ * after the tasks already submitted. Nothing is updated when a status other than TILEMOE_OK
+ * comes back. */
+typedef struct tilemoe_adamw_options {
+  double lr, beta1, beta2, eps, weight_decay;
+} tilemoe_adamw_options;
+typedef struct tilemoe_adamw_segment {
+  float* param;
+  const float* grad;
+  float *exp_avg, *exp_avg_sq;
+  size_t count;
+  int64_t step;
+} tilemoe_adamw_segment;
+TILEMOE_API tilemoe_status tilemoe_adamw_step(tilemoe_runtime* runtime, const tilemoe_adamw_options* options,
+                                              const tilemoe_adamw_segment* segments, size_t count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,9 @@
 #include <new>
 #include <string>
 
+#include <vector>
+
+#include "tilemoe/adamw.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/moe_layer.hpp"
 
@@ -276,3 +279,16 @@ tilemoe_status tilemoe_layer_submit_backward(tilemoe_layer* layer, const void* g
 }
 
 }  // extern "C"
+
+tilemoe_status tilemoe_adamw_step(tilemoe_runtime* runtime, const tilemoe_adamw_options* options, const tilemoe_adamw_segment* segments,
+                                  size_t count) {
+  return guard([&] {
+    require(runtime != nullptr && options != nullptr, "tilemoe_adamw_step: runtime and options must not be NULL");
+    require(segments != nullptr || count == 0, "tilemoe_adamw_step: segments is NULL with count > 0");
+    const tilemoe::AdamWOptions o{options->lr, options->beta1, options->beta2, options->eps, options->weight_decay};
+    std::vector<tilemoe::AdamWSegment> segs(count);
+    for (size_t i = 0; i < count; ++i)
+      segs[i] = {segments[i].param, segments[i].grad, segments[i].exp_avg, segments[i].exp_avg_sq, segments[i].count, segments[i].step};
+    tilemoe::adamw_step(runtime->rt, o, segs.data(), segs.size());
+  });
+}

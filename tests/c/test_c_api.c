@@ -208,6 +208,42 @@ static void test_checkpoint_layer(tilemoe_runtime* rt, const char* data) {
   CHECK(strstr(tilemoe_last_error(), "/nonexistent/model") != NULL);
 }
 
+/* AdamW: two segments at different step numbers against the formula in double; a bad option or
+ * a null array is refused with the option or segment named, and nothing is updated. */
+static void test_adamw(tilemoe_runtime* rt) {
+  enum { N = 37 };
+  float p[N], g[N], m[N], v[N];
+  double pd[N], md[N], vd[N];
+  for (int i = 0; i < N; ++i) {
+    p[i] = uniform(), g[i] = 0.01f * uniform(), m[i] = 0.001f * uniform(), v[i] = 1e-5f * (uniform() + 1.0f);
+    pd[i] = p[i], md[i] = m[i], vd[i] = v[i];
+  }
+  const tilemoe_adamw_options o = {2e-3, 0.9, 0.999, 1e-8, 0.05};
+  tilemoe_adamw_segment segs[2] = {{p, g, m, v, 20, 1}, {p + 20, g + 20, m + 20, v + 20, N - 20, 7}};
+  tilemoe_adamw_options bad = o;
+  bad.beta2 = 1.0;
+  float p_before = p[0];
+  CHECK(tilemoe_adamw_step(rt, &bad, segs, 2) == TILEMOE_INVALID_ARGUMENT);
+  CHECK(strstr(tilemoe_last_error(), "beta2") != NULL);
+  segs[1].grad = NULL;
+  CHECK(tilemoe_adamw_step(rt, &o, segs, 2) == TILEMOE_INVALID_ARGUMENT);
+  CHECK(strstr(tilemoe_last_error(), "segment 1") != NULL);
+  CHECK(p[0] == p_before);
+  segs[1].grad = g + 20;
+  REQUIRE_OK(tilemoe_adamw_step(rt, &o, segs, 2));
+  double worst = 0;
+  for (int i = 0; i < N; ++i) {
+    const double t = i < 20 ? 1 : 7;
+    pd[i] *= 1 - o.lr * o.weight_decay;
+    md[i] += (1 - o.beta1) * (g[i] - md[i]);
+    vd[i] = o.beta2 * vd[i] + (1 - o.beta2) * (double)g[i] * g[i];
+    pd[i] -= o.lr / (1 - pow(o.beta1, t)) * md[i] / (sqrt(vd[i]) / sqrt(1 - pow(o.beta2, t)) + o.eps);
+    const double d = fabs(p[i] - pd[i]) / (fabs(pd[i]) + o.lr);
+    if (d > worst) worst = d;
+  }
+  CHECK(worst < 1e-5);
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_c_api <tests/data dir>\n");
@@ -219,6 +255,7 @@ int main(int argc, char** argv) {
   printf("tilemoe %s, isa %s, %d threads\n", tilemoe_version(), tilemoe_runtime_isa(rt), tilemoe_runtime_threads(rt));
   test_memory_layer(rt);
   test_checkpoint_layer(rt, argv[1]);
+  test_adamw(rt);
   tilemoe_runtime_destroy(rt);
   if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
   else printf("all C ABI checks passed\n");
