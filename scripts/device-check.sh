@@ -17,7 +17,11 @@ if [ ! -f /usr/include/hwloc.h ]; then
 fi
 jobs="$(nproc)"
 t0=$(date +%s)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > "$OUT/configure.txt" 2>&1 || { cat "$OUT/configure.txt"; exit 1; }
+# The device's PyTorch lives in a virtual environment with pip's pybind11: the Python module and
+# its tests are built for that python3.
+py_opt=()
+[ -x /opt/torch/.venv/bin/python3 ] && py_opt=(-DTILEMOE_PYTHON3=/opt/torch/.venv/bin/python3)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${py_opt[@]}" > "$OUT/configure.txt" 2>&1 || { cat "$OUT/configure.txt"; exit 1; }
 cmake --build build -j "$jobs" > "$OUT/build.txt" 2>&1 || { grep -E "error|Error" "$OUT/build.txt" | head -40; exit 1; }
 echo "build took $(( $(date +%s) - t0 )) s"
 if [ "$what" = tests ] || [ "$what" = all ]; then
