@@ -279,7 +279,7 @@ inline void check_gemm_empty_k(GemmBf16Fn gemm) {
   }
 }
 
-// K large enough that the kernels split the panels into several L2-sized groups.
+// K large enough that the kernels split the panels into several L2-sized groups; many rows.
 inline void check_gemm_large(GemmBf16Fn gemm) {
   std::mt19937 rng(11);
   for (int m : {1, 7, 50, 100}) {
@@ -292,6 +292,13 @@ inline void check_gemm_large(GemmBf16Fn gemm) {
     tc.tiles = true;
     check_gemm_case(gemm, tc, rng);
   }
+  // Many 32-row blocks, then a row tail.
+  GemmCase many{300, 100, 2000};
+  many.k2 = 16;
+  check_gemm_case(gemm, many, rng);
+  many.tiles = true;
+  many.accumulate = true;
+  check_gemm_case(gemm, many, rng);
 }
 
 // h must equal the double reference rounded to bf16, give or take one bf16 step (f32 rounding
