@@ -23,11 +23,15 @@ struct SftResult {
 };
 
 // forward_sft (saved) then backward on `isa`, gradients overwritten into buffers full of junk.
+// With weight_copy the backward reads a Wᵀ copy of the weights (SftLayerOptions::backward_weight_copy).
 inline SftResult run_sft(kernels::Isa isa, numa::ThreadPool& pool, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
                          const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
-                         const std::vector<float>& grad_out) {
+                         const std::vector<float>& grad_out, bool weight_copy = false) {
   auto packed = PackedExpertWeights::pack(w.view(), pool);
-  MoeSftLayer layer(packed, isa, pool, {std::max(tokens, 1), 1, lora_view(lora).max_rank()}, lora_view(lora));
+  SftLayerOptions options{std::max(tokens, 1), 1, lora_view(lora).max_rank()};
+  options.backward_weight_copy = weight_copy;
+  MoeSftLayer layer(packed, isa, pool, options, lora_view(lora));
+  CHECK((layer.weight_copy_bytes() > 0) == weight_copy);
   SftResult r;
   r.out.resize(x.size());
   r.grad_input.assign(x.size(), 7.0f);
@@ -136,6 +140,27 @@ inline void run_backward_thread_identity(kernels::Isa isa, std::vector<int> thre
     for (int threads : thread_counts)
       results.push_back(run_sft(isa, pool_for_threads(threads), w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go));
     check_same_sft_bits(results, thread_counts, std::to_string(tokens) + " tokens, threads", false);
+  }
+}
+
+// The backward reading a Wᵀ copy of the weights gives the bits of the one that repacks Wᵀ per
+// item, on the whole shape grid (column-split and split-K experts, odd panel counts, k-block
+// tails); the copy holds exactly the repacked buffers.
+inline void run_backward_weight_copy_identity(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  for (const auto& c : awkward_shape_grid()) {
+    INFO("hidden " << c.shape.hidden << " inter " << c.shape.intermediate << " experts " << c.shape.num_experts << " top-"
+                   << c.shape.top_k << " tokens " << c.tokens << " rank " << c.rank);
+    const std::uint64_t seed = 57 + c.tokens;
+    auto w = random_expert_weights(c.shape, seed);
+    LayerLora lora = random_lora(c.shape, c.rank, 2.0f * std::max(c.rank, 1), seed + 1, c.lora_every);
+    auto routing = random_routing(c.tokens, c.shape, seed + 2);
+    auto x = random_activations(static_cast<std::size_t>(c.tokens) * c.shape.hidden, seed + 3);
+    auto go = random_activations(x.size(), seed + 4);
+    std::vector<SftResult> results;
+    for (bool copy : {false, true})
+      results.push_back(run_sft(isa, pool, w, lora, c.tokens, c.shape.top_k, x, routing.expert_ids, routing.weights, go, copy));
+    check_same_sft_bits(results, {0, 1}, "weight copy (1) against repacking (0)", true);
   }
 }
 

@@ -50,7 +50,8 @@ TEST_CASE("backward through the command line matches every fixture case", "[cli]
         // The last splits the layer over 3 virtual NUMA nodes.
         for (const auto& [isa, adapter, extra] :
              {std::tuple<std::string, std::string, std::string>{"reference", c.dir + "/adapter", ""}, {"reference", converted, ""},
-              {"portable", converted, ""}, {"auto", c.dir + "/adapter", ""}, {"auto", converted, ""}, {"auto", converted, " --numa-nodes 3"}}) {
+              {"portable", converted, ""}, {"auto", c.dir + "/adapter", ""}, {"auto", converted, ""}, {"auto", converted, " --numa-nodes 3"},
+              {"auto", converted, " --backward-weight-copy"}}) {
           std::string out = test::temp_dir() + "/out.safetensors";
           auto r = run_cli("backward --isa " + isa + " --model " + c.dir + "/model --layer " + std::to_string(layer) + " --adapter " +
                            adapter + " --input " + in + " --output " + out + extra);
@@ -260,4 +261,6 @@ TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
   CHECK(r.status == 0);
   auto o = run_cli("bench --backward --grad-overwrite --shape mini --tokens 3 --lora-rank 0 --layers 2 --iter-scale 0.05");
   CHECK(o.status == 0);
+  auto c = run_cli("bench --backward --backward-weight-copy --shape mini --tokens 40 --lora-rank 4 --layers 2 --iter-scale 0.05");
+  CHECK(c.status == 0);
 }

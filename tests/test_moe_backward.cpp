@@ -13,3 +13,6 @@ TEST_CASE("portable backward matches the fixtures", "[backward][portable][fixtur
 TEST_CASE("portable backward is bit-identical for 1, 2 and 3 threads", "[backward][portable]") {
   test::run_backward_thread_identity(kernels::Isa::portable, {1, 2, 3});
 }
+TEST_CASE("portable backward with a Wᵀ weight copy gives the bits of the repacking one", "[backward][portable]") {
+  test::run_backward_weight_copy_identity(kernels::Isa::portable);
+}

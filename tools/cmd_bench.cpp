@@ -121,7 +121,7 @@ void add_bench_command(CLI::App& app, int& status) {
     int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group;
     std::string numa_nodes = "1";
     double iter_scale = 1.0;
-    bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false;
+    bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false, weight_copy = false;
     std::string workdir = "/tmp";
     bool onednn = false;
   };
@@ -145,6 +145,8 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward)");
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
+  cmd->add_flag("--backward-weight-copy", a->weight_copy,
+                "With --backward: backward reads a Wᵀ copy of the bf16 weights (twice their memory) instead of repacking");
   cmd->add_flag("--grad-overwrite", a->grad_overwrite,
                 "With --backward: overwrite the LoRA gradients (zeroing every expert's) instead of accumulating into them");
   cmd->add_flag("--onednn", a->onednn,
@@ -191,7 +193,8 @@ void add_bench_command(CLI::App& app, int& status) {
       return weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
                                              : PackedExpertWeights::pack_quantized(quant::slice_experts(quantized, sl), node_pool, node);
     };
-    const SftLayerOptions layer_options{max_tokens, a->backward ? 1 : 0, *std::max_element(rank_list.begin(), rank_list.end()), s.top_k};
+    SftLayerOptions layer_options{max_tokens, a->backward ? 1 : 0, *std::max_element(rank_list.begin(), rank_list.end()), s.top_k};
+    layer_options.backward_weight_copy = a->weight_copy;
     struct Split {
       numa::NodeGroup* nodes;
       std::vector<std::unique_ptr<TensorParallelLayer>> layers;
@@ -243,6 +246,9 @@ void add_bench_command(CLI::App& app, int& status) {
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
+      if (a->backward && a->weight_copy)
+        std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
+                    splits[0].layers[0]->weight_copy_bytes() / 1e9, splits[0].layers[0]->weight_bytes() / 1e9);
       std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
                   "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
     }

@@ -25,6 +25,7 @@ struct LayerArgs {
   int numa_nodes = 1;
   int tokens = 0;
   std::uint64_t seed = 0;
+  bool backward_weight_copy = false;
   CLI::Option *input_given = nullptr, *tokens_given = nullptr, *seed_given = nullptr;
 };
 
@@ -113,6 +114,7 @@ void run(const LayerArgs& a, bool backward) {
   if (a.threads < 0) fail(ErrorKind::invalid_argument, "--threads must be >= 0");
   if (a.numa_nodes < 0) fail(ErrorKind::invalid_argument, "--numa-nodes must be >= 0 (0: the machine's nodes)");
   ComputeOptions opt{a.isa, a.threads, a.numa_nodes};
+  opt.backward_weight_copy = a.backward_weight_copy;
   opt.weight_type = quant::parse_weight_type(a.weights, "--weights");
   opt.group_size = a.group_size;
   if (opt.weight_type == WeightType::int4 && a.group_size != 32 && a.group_size != 64 && a.group_size != 128)
@@ -188,6 +190,8 @@ void add_forward_backward_commands(CLI::App& app, int& status) {
                                  "Forward and backward of one MoE layer for loss sum(output * grad_output); writes output, "
                                  "grad_input and grad.<PEFT key> for every LoRA tensor of the layer and, with --tokens, the inputs made");
   add_layer_options(bwd, *bwd_args);
+  bwd->add_flag("--backward-weight-copy", bwd_args->backward_weight_copy,
+                "Backward reads a second copy of the bf16 weights packed transposed (twice their memory) instead of repacking");
   bwd->callback([bwd_args, &status] { run(*bwd_args, true), status = 0; });
 }
 

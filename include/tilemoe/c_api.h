@@ -71,6 +71,7 @@ typedef struct tilemoe_layer_config {
   int weight_type;     /* 0: bf16, 1: int8 (a scale per output channel), 2: int4 (a scale per group_size inputs) */
   int numa_nodes;      /* split over NUMA nodes: 0 or 1 none, N > 1 real or virtual nodes, -1 the machine's */
   int group_size;      /* int4: 32, 64 or 128 (0: 128) */
+  int backward_weight_copy; /* 1: backward reads a Wᵀ copy of the bf16 weights (twice their memory, faster) */
 } tilemoe_layer_config;
 
 /* gate, up: bf16 [E][I][H]; down: bf16 [E][H][I]. Packed here; the caller may free them after. */
@@ -88,6 +89,7 @@ typedef struct tilemoe_checkpoint_options {
   int weight_type;     /* 0: bf16, 1: int8, 2: int4, quantized at load (or the type of quantized_dir) */
   int group_size;      /* int4: 32, 64 or 128 (0: 128) */
   const char* quantized_dir; /* a `tilemoe quantize` directory of this checkpoint, or NULL */
+  int backward_weight_copy;  /* as in tilemoe_layer_config */
 } tilemoe_checkpoint_options;
 
 /* Layer `layer` of a Hugging Face checkpoint directory (config.json + safetensors, sharded or not). */

@@ -53,6 +53,10 @@ struct MoeLayerConfig {
   double lora_alpha = 0;
   bool use_rslora = false;
   int max_cache_depth = 0;  // saved forwards held at once for backward; 0: inference only
+  // Backward reads a second copy of the bf16 weights packed as Wᵀ (twice the weight memory, as
+  // kt-kernel's SFT layer keeps) instead of repacking the columns it needs on every call: a
+  // faster fine-tuning step for those with the memory. bf16 weights and max_cache_depth > 0 only.
+  bool backward_weight_copy = false;
 };
 
 // The caller's bf16 expert weights in Hugging Face orientation: gate, up [E][I][H], down [E][H][I],
@@ -98,6 +102,7 @@ struct CheckpointLayerOptions {
   WeightType weight_type = WeightType::bf16;
   int group_size = 128;
   std::string quantized_dir;
+  bool backward_weight_copy = false;  // as in MoeLayerConfig
 };
 
 class TILEMOE_CXX_API MoeLayer {
@@ -148,6 +153,7 @@ class TILEMOE_CXX_API MoeLayer {
   int cached_forwards() const;
   std::size_t cache_bytes() const;
   std::size_t weight_bytes() const;  // the packed experts
+  std::size_t weight_copy_bytes() const;  // the backward's Wᵀ copy (backward_weight_copy), else 0
 
   // Asynchronous forms: queued on the runtime, returning at once.
   Runtime::Ticket submit_forward(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,

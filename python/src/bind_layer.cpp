@@ -21,7 +21,7 @@ std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer,
                                          py::object threads, py::object numa_nodes, py::object max_tokens,
                                          py::object max_cache_depth, py::object lora_rank, py::object lora_alpha,
                                          py::object use_rslora, py::object runtime, py::object weights, py::object group_size,
-                                         py::object quantized) {
+                                         py::object quantized, py::object backward_weight_copy) {
   CheckpointLayerOptions o;
   const std::string dir = str_arg(model_dir, "model_dir");
   const int index = int_arg(layer, "layer");
@@ -41,6 +41,7 @@ std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer,
   }
   o.group_size = int_arg(group_size, "group_size");
   o.quantized_dir = optional_str_arg(quantized, "quantized").value_or("");
+  o.backward_weight_copy = bool_arg(backward_weight_copy, "backward_weight_copy");
   auto rt = runtime_arg(runtime, isa, optional_int_arg(threads, "threads").value_or(0));
   return std::make_unique<PyLayer>(std::move(rt), dir, index, o);
 }
@@ -79,13 +80,15 @@ them is seen by the next call). The GIL is released while the runtime works.)doc
                   py::arg("max_tokens") = 2048, py::arg("max_cache_depth") = 1, py::arg("lora_rank") = 0,
                   py::arg("lora_alpha") = py::none(), py::arg("use_rslora") = false, py::arg("runtime") = py::none(),
                   py::arg("weights") = py::none(), py::arg("group_size") = 128, py::arg("quantized") = py::none(),
+                  py::arg("backward_weight_copy") = false,
                   R"doc(
 Layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors), with a PEFT
 adapter directory or `tilemoe convert-lora` file if given. max_tokens: the largest batch;
 max_cache_depth: forwards saved for backward at once (0: inference only); lora_rank, lora_alpha
 (default: lora_rank), use_rslora: for LoRA sets given later with update_lora_weights. weights:
 "int8" or "int4" quantizes the experts at load (group_size: int4 inputs per scale); quantized: a
-directory written by `tilemoe quantize` from this checkpoint, loaded as it is (its type is used).)doc")
+directory written by `tilemoe quantize` from this checkpoint, loaded as it is (its type is used).
+backward_weight_copy: as in MoEConfig (bf16 weights).)doc")
 
       .def("forward", [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out) { return l.forward(x, ids, w, out); },
            py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(),

@@ -65,6 +65,7 @@ LayerSetup layer_setup_from_py(py::handle config) {
   c.weight_type = weight_type_of(config);
   c.group_size = int_field(config, "group_size");
   c.numa_nodes = int_field(config, "numa_nodes");
+  c.backward_weight_copy = py::bool_(field(config, "backward_weight_copy"));
   py::object threads = field(config, "threads");
   s.threads = threads.is_none() ? 0 : int_field(config, "threads");
   return s;
@@ -76,7 +77,8 @@ py::object config_to_py(const MoeLayerConfig& c, int threads) {
              py::arg("intermediate") = c.intermediate, py::arg("max_tokens") = c.max_tokens, py::arg("lora_rank") = c.lora_rank,
              py::arg("lora_alpha") = c.lora_alpha, py::arg("use_rslora") = c.use_rslora,
              py::arg("max_cache_depth") = c.max_cache_depth, py::arg("weight_type") = weight_type_str(c.weight_type), py::arg("group_size") = c.group_size,
-             py::arg("numa_nodes") = c.numa_nodes, py::arg("threads") = threads);
+             py::arg("numa_nodes") = c.numa_nodes, py::arg("threads") = threads,
+             py::arg("backward_weight_copy") = c.backward_weight_copy);
 }
 
 }  // namespace tilemoe::binding

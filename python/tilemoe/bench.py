@@ -103,6 +103,8 @@ def main(argv=None):
     ap.add_argument("--moe-adamw", action="store_true",
                     help="MoELoRA's step takes tilemoe.optim.MoEAdamW (the same update, one fused pass over the LoRA arrays); "
                          "the PyTorch model keeps PyTorch's AdamW")
+    ap.add_argument("--backward-weight-copy", action="store_true",
+                    help="MoEConfig(backward_weight_copy=True): backward reads a transposed copy of the weights")
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--torch-threads", type=int, default=None,
@@ -115,7 +117,7 @@ def main(argv=None):
     gate, up, down = random_experts(experts, hidden, inter, generator=g)
     cfg = tilemoe.MoEConfig(num_experts=experts, top_k=top_k, hidden=hidden, intermediate=inter,
                             max_tokens=max(args.tokens, 1), lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank,
-                            max_cache_depth=1, threads=args.threads)
+                            max_cache_depth=1, threads=args.threads, backward_weight_copy=args.backward_weight_copy)
     layer = tilemoe.MoELayer(cfg, gate, up, down, isa=args.isa)
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -153,7 +155,7 @@ def main(argv=None):
                                                  "python_numpy": one["numpy"] * 1e3},
                           "forward_1_token_added_us": {k: v * 1e6 for k, v in added.items()},
                           "python_overhead_us": empty["torch"] * 1e6, "python_overhead_numpy_us": empty["numpy"] * 1e6,
-                          "tokens": args.tokens, "fused_adamw": args.fused_adamw, "moe_adamw": args.moe_adamw,
+                          "tokens": args.tokens, "fused_adamw": args.fused_adamw, "moe_adamw": args.moe_adamw, "backward_weight_copy": args.backward_weight_copy,
                           "train_step_ms": {"moelora": ours * 1e3, "pytorch_peft": theirs * 1e3},
                           "speedup": theirs / ours, "baseline_dtype": args.baseline_dtype}))
     return 0

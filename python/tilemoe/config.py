@@ -17,6 +17,8 @@ class MoEConfig:
     (quantized at construction: int8 one scale per output channel, int4 one per group_size
     inputs, 32, 64 or 128; LoRA stays float; training through them is QLoRA). numa_nodes: NUMA nodes to split the layer over (1: none, 0: the
     machine's, more than it has: virtual nodes). threads: the runtime's worker threads, None or 0 for one per core.
+    backward_weight_copy: backward reads a second copy of the bf16 weights packed transposed (twice
+    the weight memory, a faster fine-tuning step) instead of repacking what it needs on every call.
     """
 
     num_experts: int
@@ -32,6 +34,7 @@ class MoEConfig:
     group_size: int = 128
     numa_nodes: int = 1
     threads: Optional[int] = None
+    backward_weight_copy: bool = False
 
     def __post_init__(self):
         # Types here, ranges in the runtime: both name the field.
@@ -43,8 +46,9 @@ class MoEConfig:
         if self.lora_alpha is not None and (isinstance(self.lora_alpha, bool)
                                             or not isinstance(self.lora_alpha, (int, float))):
             raise TypeError(f"MoEConfig.lora_alpha: expected a float or None, got {type(self.lora_alpha).__name__}")
-        if not isinstance(self.use_rslora, bool):
-            raise TypeError(f"MoEConfig.use_rslora: expected a bool, got {type(self.use_rslora).__name__}")
+        for name in ("use_rslora", "backward_weight_copy"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"MoEConfig.{name}: expected a bool, got {type(getattr(self, name)).__name__}")
         if self.weight_type not in _WEIGHT_TYPES:
             raise ValueError(f"MoEConfig.weight_type: {self.weight_type!r}; expected one of {', '.join(_WEIGHT_TYPES)}")
 

@@ -145,6 +145,7 @@ tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_laye
     c.weight_type = weight_type_of(config->weight_type, "tilemoe_layer_create");
     c.group_size = config->group_size == 0 ? 128 : config->group_size;
     c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes == -1 ? 0 : config->numa_nodes;  // -1: the machine's
+    c.backward_weight_copy = config->backward_weight_copy != 0;
     *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down})};
   });
 }
@@ -166,6 +167,7 @@ tilemoe_status tilemoe_layer_from_checkpoint(tilemoe_runtime* runtime, const cha
     o.weight_type = weight_type_of(options->weight_type, "tilemoe_layer_from_checkpoint");
     o.group_size = options->group_size == 0 ? 128 : options->group_size;
     if (options->quantized_dir) o.quantized_dir = options->quantized_dir;
+    o.backward_weight_copy = options->backward_weight_copy != 0;
     *out = new tilemoe_layer{tilemoe::MoeLayer::from_checkpoint(runtime->rt, model_dir, layer, o)};
   });
 }
@@ -177,7 +179,8 @@ tilemoe_status tilemoe_layer_get_config(const tilemoe_layer* layer, tilemoe_laye
     require(layer && config, "tilemoe_layer_get_config: layer and config must not be NULL");
     const tilemoe::MoeLayerConfig& c = layer->layer.config();
     *config = {c.num_experts, c.top_k, c.hidden, c.intermediate, c.max_tokens, c.lora_rank, c.lora_alpha,
-               c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes, c.group_size};
+               c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes, c.group_size,
+               c.backward_weight_copy ? 1 : 0};
   });
 }
 

@@ -51,6 +51,9 @@ void check_config(const MoeLayerConfig& c) {
     bad("group_size " + std::to_string(c.group_size) + " must be 32, 64 or 128 for int4 weights");
   if (c.numa_nodes < 0 || c.numa_nodes > 1024)
     bad("numa_nodes " + std::to_string(c.numa_nodes) + " must be in [0, 1024] (0: the machine's NUMA nodes)");
+  if (c.backward_weight_copy && c.weight_type != WeightType::bf16)
+    bad(std::string("backward_weight_copy needs bf16 weights, not ") + weight_type_name(c.weight_type) +
+        " (training through int8/int4 weights dequantizes them per k-block instead)");
 }
 
 // Non-finite weights would poison every token routed to that expert: refuse them, naming the
@@ -224,6 +227,7 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   opt.max_cache_depth = cfg.max_cache_depth;
   opt.max_lora_rank = cfg.lora_rank;
   opt.max_top_k = cfg.top_k;
+  opt.backward_weight_copy = cfg.backward_weight_copy;
   LayerLoraView view = adapter ? lora_view(adapter->lora) : LayerLoraView{};
   numa::NodeGroup& nodes = node_group_for(*rt.pool, cfg.numa_nodes);
   m->cfg.numa_nodes = nodes.size();
@@ -274,6 +278,7 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.numa_nodes = options.numa_nodes;
   cfg.weight_type = options.weight_type;
   cfg.group_size = options.group_size;
+  cfg.backward_weight_copy = options.backward_weight_copy;
   check_config(cfg);
   if (!options.quantized_dir.empty()) {
     // Checked against this checkpoint (shape and fingerprint), never re-quantized; the bf16
@@ -311,6 +316,7 @@ double MoeLayer::lora_scale() const { return impl_->scale; }
 const LayerLoraView& MoeLayer::lora() const { return impl_->sft->lora(); }
 int MoeLayer::cached_forwards() const { return impl_->sft->cached_forwards(); }
 std::size_t MoeLayer::cache_bytes() const { return impl_->sft->cache_bytes(); }
+std::size_t MoeLayer::weight_copy_bytes() const { return impl_->sft->weight_copy_bytes(); }
 std::size_t MoeLayer::weight_bytes() const { return impl_->sft->weight_bytes(); }
 
 void MoeLayer::forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* w, bf16* out) {

@@ -216,13 +216,19 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.intermediate - col0);
     const std::size_t panel_stride = static_cast<std::size_t>(tk_down) * kernels::kBlockElements;
-    grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
     grow(ws.c, static_cast<std::size_t>(m) * cols);
-    const auto transpose_down = transposer(Projection::down, e);
-    for (int kb = p0 / 2; kb < p1 / 2; ++kb)
-      transpose_down(0, down.panels, kb, ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride, panel_stride);
-    const kernels::GemmBf16Args g = kernels::gemm_args(dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), ws.transposed.data(), 0,
-                                                       p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
+    const bf16* wt = nullptr;  // Wdᵀ panels [p0, p1)
+    if (copy_) {
+      wt = copy_->down(e) + static_cast<std::size_t>(p0) * panel_stride;
+    } else {
+      grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
+      const auto transpose_down = transposer(Projection::down, e);
+      for (int kb = p0 / 2; kb < p1 / 2; ++kb)
+        transpose_down(0, down.panels, kb, ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride, panel_stride);
+      wt = ws.transposed.data();
+    }
+    const kernels::GemmBf16Args g =
+        kernels::gemm_args(dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), wt, 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
     swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
@@ -288,16 +294,22 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.hidden - col0);
     const std::size_t half = static_cast<std::size_t>(tk_gate) * kernels::kBlockElements, panel_stride = 2 * half;
-    grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
     grow(ws.c, static_cast<std::size_t>(m) * cols);
-    const auto transpose_gate = transposer(Projection::gate, e), transpose_up = transposer(Projection::up, e);
-    for (int kb = p0 / 2; kb < p1 / 2; ++kb) {
-      bf16* dst = ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride;
-      transpose_gate(0, gate_up.panels, kb, dst, panel_stride);
-      transpose_up(0, gate_up.panels, kb, dst + half, panel_stride);
+    const bf16* wt = nullptr;  // [Wg ; Wu]ᵀ panels [p0, p1)
+    if (copy_) {
+      wt = copy_->gate_up(e) + static_cast<std::size_t>(p0) * panel_stride;
+    } else {
+      grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
+      const auto transpose_gate = transposer(Projection::gate, e), transpose_up = transposer(Projection::up, e);
+      for (int kb = p0 / 2; kb < p1 / 2; ++kb) {
+        bf16* dst = ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride;
+        transpose_gate(0, gate_up.panels, kb, dst, panel_stride);
+        transpose_up(0, gate_up.panels, kb, dst + half, panel_stride);
+      }
+      wt = ws.transposed.data();
     }
-    const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld),
-                                                       ws.transposed.data(), 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
+    const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld), wt, 0, p1 - p0,
+                                                       ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
     gemm_with_lora_terms(kt_, g, terms, 2, p0, n);
     store_dx(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));

@@ -8,7 +8,8 @@
 //
 // The products with W (not Wᵀ) read the forward's packed weights: each item repacks the 32
 // columns it needs into a per-worker buffer (kernels::pack_transposed_kblock) and runs the
-// ordinary tile kernels on it, so backward costs no second copy of the weights. The LoRA terms
+// ordinary tile kernels on it, so backward costs no second copy of the weights; or, given a
+// TransposedExpertWeights, the items read Wᵀ from it (twice the weight memory, no repack). The LoRA terms
 // are the forward's LoraTerm with transposed factors. Items depend on the routing only, so the
 // results are bit-identical for any thread count.
 //
@@ -23,6 +24,7 @@
 #include "src/layer/forward_cache.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
+#include "src/layer/transposed_experts.hpp"
 #include "src/lora/lora_view.hpp"
 
 namespace tilemoe {
@@ -36,6 +38,10 @@ class MoeBackward {
   // overwritten (experts without tokens get zero) or, with accumulate, added to what is there.
   void backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
                 bool accumulate);
+
+  // Reads Wᵀ from `copy` (built from the same weights) instead of repacking it in every item;
+  // the same bits. nullptr (the default): repack. The copy must outlive the backward calls.
+  void use_transposed_copy(const TransposedExpertWeights* copy) { copy_ = copy && !copy->empty() ? copy : nullptr; }
 
   static constexpr int kPhases = 6;
   static const char* phase_name(int i);
@@ -51,6 +57,7 @@ class MoeBackward {
   };
 
   const PackedExpertWeights& w_;
+  const TransposedExpertWeights* copy_ = nullptr;
   const kernels::KernelTable& kt_;
   numa::ThreadPool& pool_;
 

@@ -113,7 +113,9 @@ void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBa
   }
   auto isa = *kernels::parse_isa(backend);
   const LayerLoraView view = lora_view(lora);
-  TensorParallelLayer layer = split_layer(w, q, opt, isa, {std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)}, view);
+  SftLayerOptions options{std::max(batch.tokens, 1), 1, view.max_rank(), std::max(batch.top_k, 1)};
+  options.backward_weight_copy = opt.backward_weight_copy;
+  TensorParallelLayer layer = split_layer(w, q, opt, isa, options, view);
   auto x = to_bf16(batch.input, static_cast<std::size_t>(batch.tokens) * layer.shape().hidden);
   std::vector<float> scratch_out;
   if (!output) scratch_out.resize(x.size()), output = scratch_out.data();

@@ -18,6 +18,7 @@ struct ComputeOptions {
   WeightType weight_type = WeightType::bf16;
   int group_size = 128;
   const quant::QuantizedExperts* quantized = nullptr;
+  bool backward_weight_copy = false;  // SftLayerOptions::backward_weight_copy (bf16 weights)
 };
 
 // The implementation `isa` resolves to on this CPU; throws unsupported when it cannot run here.

@@ -17,6 +17,10 @@ MoeSftLayer::MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, n
                                           options.max_lora_rank},
              options.memory_node) {
   update_lora_weights(lora);
+  if (options.backward_weight_copy && options.max_cache_depth > 0) {
+    transposed_ = TransposedExpertWeights::build(weights, kernels::kernel_table(isa), pool, options.memory_node);
+    backward_.use_transposed_copy(&transposed_);
+  }
 }
 
 void MoeSftLayer::update_lora_weights(const LayerLoraView& lora) {

@@ -9,7 +9,8 @@
 //   layer.update_lora_weights(other_set);            // or point the layer at another set
 //
 // The base weights are frozen (no gradient). Memory: the cache stack is allocated once
-// (cache_bytes()); backward reads the forward's packed weights, so it adds no weight copy.
+// (cache_bytes()); backward reads the forward's packed weights, so it adds no weight copy unless
+// asked for one (backward_weight_copy, weight_copy_bytes()).
 #include <cstdint>
 
 #include "src/layer/forward_cache.hpp"
@@ -23,7 +24,10 @@ struct SftLayerOptions {
   int max_cache_depth = 1;  // saved forwards held at once
   int max_lora_rank = 0;    // the largest rank update_lora_weights accepts
   int max_top_k = 0;        // routing slots per token forward_sft may save (0: the model's top-k)
-  int memory_node = 0;      // the NUMA node the cache stack lives on
+  int memory_node = 0;      // the NUMA node the cache stack (and the weight copy) lives on
+  // A Wᵀ copy of the bf16 weights for backward (TransposedExpertWeights): twice the weight
+  // memory, no per-call repack. Built only when max_cache_depth > 0.
+  bool backward_weight_copy = false;
 };
 
 class MoeSftLayer {
@@ -31,6 +35,9 @@ class MoeSftLayer {
   // Throws invalid_argument for bad options or a LoRA set that does not fit the layer.
   MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool, const SftLayerOptions& options,
               const LayerLoraView& lora = {});
+  // The backward points into the layer's own weight copy: not copyable or movable.
+  MoeSftLayer(const MoeSftLayer&) = delete;
+  MoeSftLayer& operator=(const MoeSftLayer&) = delete;
 
   // Points the layer at another LoRA set (no copy). Validated first: a set that does not fit
   // is an invalid_argument error and the layer keeps the old one. Saved forwards keep the set
@@ -59,6 +66,7 @@ class MoeSftLayer {
   // The forward the next backward pops; Error(state) when there is none.
   const ForwardCacheEntry& newest_saved() const { return cache_.top("backward"); }
   std::size_t cache_bytes() const { return cache_.bytes(); }
+  std::size_t weight_copy_bytes() const { return transposed_.bytes(); }
   const MoeShape& shape() const { return shape_; }
   MoeForward& forward_pass() { return forward_; }
   MoeBackward& backward_pass() { return backward_; }
@@ -68,6 +76,7 @@ class MoeSftLayer {
   SftLayerOptions options_;
   LayerLoraView lora_;
   MoeForward forward_;
+  TransposedExpertWeights transposed_;
   MoeBackward backward_;
   ForwardCacheStack cache_;
 };

@@ -145,6 +145,12 @@ std::size_t TensorParallelLayer::cache_bytes() const {
   return b;
 }
 
+std::size_t TensorParallelLayer::weight_copy_bytes() const {
+  std::size_t b = 0;
+  for (const auto& s : shards_) b += s->layer->weight_copy_bytes();
+  return b;
+}
+
 std::size_t TensorParallelLayer::weight_bytes() const {
   std::size_t b = 0;
   for (const auto& s : shards_) b += s->weights.bytes();

@@ -67,6 +67,7 @@ class TensorParallelLayer {
   int tokens_of_newest_saved() const;
   std::size_t cache_bytes() const;
   std::size_t weight_bytes() const;
+  std::size_t weight_copy_bytes() const;  // every node's backward Wᵀ copy
   const MoeShape& shape() const { return shape_; }
   WeightType weight_type() const { return type_; }
   // Seconds spent adding the nodes' partials (the bench's --phases).

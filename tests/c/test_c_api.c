@@ -89,7 +89,7 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   }
   const double alpha = 6.0, s = alpha / R;
 
-  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1, 0};
+  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1, 0, 0};
   tilemoe_layer* layer = NULL;
   REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &layer));
   tilemoe_lora_weights lw = {ga, gb, ua, ub, da, db};
@@ -177,6 +177,29 @@ static void test_memory_layer(tilemoe_runtime* rt) {
     REQUIRE_OK(tilemoe_layer_forward(ql, T, K, x, ids, w, out, TILEMOE_F32));
     tilemoe_layer_destroy(ql);
   }
+  /* The backward's Wᵀ weight copy: the same gradients, bit for bit; refused for int8 weights. */
+  {
+    tilemoe_layer_config cc = cfg;
+    cc.backward_weight_copy = 1;
+    tilemoe_layer *plain = NULL, *copied = NULL;
+    REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &plain));
+    REQUIRE_OK(tilemoe_layer_create(rt, &cc, gate, up, down, &copied));
+    tilemoe_layer_config got;
+    REQUIRE_OK(tilemoe_layer_get_config(copied, &got));
+    CHECK(got.backward_weight_copy == 1);
+    float gi[2][T * H];
+    tilemoe_layer* both[2] = {plain, copied};
+    for (int l = 0; l < 2; ++l) {
+      REQUIRE_OK(tilemoe_layer_forward_sft(both[l], T, K, x, ids, w, out, TILEMOE_F32, 1));
+      REQUIRE_OK(tilemoe_layer_backward(both[l], grad_out, gi[l], TILEMOE_F32, NULL, 0));
+    }
+    CHECK(memcmp(gi[0], gi[1], sizeof gi[0]) == 0);
+    tilemoe_layer_destroy(plain);
+    tilemoe_layer_destroy(copied);
+    cc.weight_type = 1;
+    CHECK(tilemoe_layer_create(rt, &cc, gate, up, down, &none) == TILEMOE_INVALID_ARGUMENT && none == NULL);
+    CHECK(strstr(tilemoe_last_error(), "backward_weight_copy") != NULL);
+  }
   gate[3 * I * H + 5] = 0x7f80; /* +Inf in expert 3's gate */
   CHECK(tilemoe_layer_create(rt, &cfg, gate, up, down, &none) == TILEMOE_BAD_FILE);
   CHECK(strstr(tilemoe_last_error(), "expert 3 gate") != NULL);
@@ -187,7 +210,7 @@ static void test_checkpoint_layer(tilemoe_runtime* rt, const char* data) {
   char model[1024], adapter[1024];
   snprintf(model, sizeof model, "%s/deepseek_tiny/model", data);
   snprintf(adapter, sizeof adapter, "%s/deepseek_tiny/adapter", data);
-  tilemoe_checkpoint_options opt = {16, 1, 0, 0.0, 0, adapter, 1, 0, 0, NULL};
+  tilemoe_checkpoint_options opt = {16, 1, 0, 0.0, 0, adapter, 1, 0, 0, NULL, 0};
   tilemoe_layer* layer = NULL;
   REQUIRE_OK(tilemoe_layer_from_checkpoint(rt, model, 1, &opt, &layer));
   tilemoe_layer_config cfg;

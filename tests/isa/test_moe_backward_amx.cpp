@@ -7,3 +7,6 @@ TEST_CASE("amx backward matches the fixtures", "[backward][amx][fixtures]") { te
 TEST_CASE("amx backward is bit-identical for 1, 2 and 16 threads", "[backward][amx]") {
   test::run_backward_thread_identity(kernels::Isa::amx_bf16, {1, 2, 16});
 }
+TEST_CASE("amx backward with a Wᵀ weight copy gives the bits of the repacking one", "[backward][amx]") {
+  test::run_backward_weight_copy_identity(kernels::Isa::amx_bf16);
+}

@@ -11,3 +11,6 @@ TEST_CASE("avx512 backward matches the fixtures", "[backward][avx512][fixtures]"
 TEST_CASE("avx512 backward is bit-identical for 1, 2 and 3 threads", "[backward][avx512]") {
   test::run_backward_thread_identity(kernels::Isa::avx512_bf16, {1, 2, 3});
 }
+TEST_CASE("avx512 backward with a Wᵀ weight copy gives the bits of the repacking one", "[backward][avx512]") {
+  test::run_backward_weight_copy_identity(kernels::Isa::avx512_bf16);
+}

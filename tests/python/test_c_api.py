@@ -24,13 +24,13 @@ BF16, F32 = 0, 1
 class LayerConfig(C.Structure):
     _fields_ = [(n, C.c_int) for n in ("num_experts", "top_k", "hidden", "intermediate", "max_tokens", "lora_rank")] + [
         ("lora_alpha", C.c_double), ("use_rslora", C.c_int), ("max_cache_depth", C.c_int), ("weight_type", C.c_int),
-        ("numa_nodes", C.c_int), ("group_size", C.c_int)]
+        ("numa_nodes", C.c_int), ("group_size", C.c_int), ("backward_weight_copy", C.c_int)]
 
 
 class CheckpointOptions(C.Structure):
     _fields_ = [("max_tokens", C.c_int), ("max_cache_depth", C.c_int), ("lora_rank", C.c_int), ("lora_alpha", C.c_double),
                 ("use_rslora", C.c_int), ("adapter", C.c_char_p), ("numa_nodes", C.c_int), ("weight_type", C.c_int),
-                ("group_size", C.c_int), ("quantized_dir", C.c_char_p)]
+                ("group_size", C.c_int), ("quantized_dir", C.c_char_p), ("backward_weight_copy", C.c_int)]
 
 
 class LoraWeights(C.Structure):

@@ -231,7 +231,36 @@ def grad_semantics():
     expect(before == [(p.data_ptr(), p.dtype) for p in m.parameters()], "casts and moves leave the LoRA in place")
 
 
+def backward_weight_copy():
+    """MoEConfig(backward_weight_copy=True): the same gradients, bit for bit, as the repacking
+    backward; the config reports it; int8 weights refuse it naming the field."""
+    gen = torch.Generator().manual_seed(11)
+    E, K, H, I, T, R = 6, 2, 72, 40, 24, 4
+    gate, up, down = random_experts(E, H, I, generator=gen)
+    results = []
+    for copy in (False, True):
+        cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, lora_rank=R, lora_alpha=2.0 * R,
+                                max_cache_depth=1, backward_weight_copy=copy)
+        layer = tilemoe.MoELayer(cfg, gate, up, down)
+        expect(layer.config.backward_weight_copy == copy, f"config reports backward_weight_copy={copy}")
+        m = MoELoRA(layer)
+        randomise(m, torch.Generator().manual_seed(12), std=0.1)
+        x, ids, w = random_batch(T, H, E, K, generator=torch.Generator().manual_seed(13))
+        x = x.float().requires_grad_(True)
+        (m(x, ids, w) * torch.randn(T, H, generator=torch.Generator().manual_seed(14))).sum().backward()
+        results.append([x.grad] + [p.grad for p in m.parameters()])
+    same = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b)) for a, b in zip(*results))
+    expect(same, "backward with the weight copy gives the repacking backward's gradients bit for bit")
+    try:
+        tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, weight_type="int8",
+                                           backward_weight_copy=True), gate, up, down)
+        expect(False, "int8 weights with backward_weight_copy raise")
+    except ValueError as e:
+        expect("backward_weight_copy" in str(e), f"the error names backward_weight_copy: {e}")
+
+
 finite_differences()
+backward_weight_copy()
 zero_copy_through_adamw()
 loss_curve(set_to_none=True)
 loss_curve(set_to_none=False)
