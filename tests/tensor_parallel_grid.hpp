@@ -23,10 +23,12 @@
 namespace tilemoe::test {
 
 inline std::unique_ptr<TensorParallelLayer> make_tp_layer(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w,
-                                                          const LayerLoraView& lora, int max_tokens, int depth = 1) {
+                                                          const LayerLoraView& lora, int max_tokens, int depth = 1,
+                                                          bool weight_copy = false) {
   SftLayerOptions opt;
   opt.max_tokens = std::max(max_tokens, 1);
   opt.max_cache_depth = depth;
+  opt.backward_weight_copy = weight_copy;
   opt.max_lora_rank = std::max(lora.max_rank(), 1);
   const ExpertWeightsView view = w.view();
   return std::make_unique<TensorParallelLayer>(
@@ -39,8 +41,9 @@ inline std::unique_ptr<TensorParallelLayer> make_tp_layer(kernels::Isa isa, numa
 // a copy of `start` with accumulate.
 inline SftResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
                        const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
-                       const std::vector<float>& grad_out, const LayerLora* start = nullptr) {
-  auto layer = make_tp_layer(isa, nodes, w, lora_view(lora), tokens);
+                       const std::vector<float>& grad_out, const LayerLora* start = nullptr, bool weight_copy = false) {
+  auto layer = make_tp_layer(isa, nodes, w, lora_view(lora), tokens, 1, weight_copy);
+  CHECK((layer->weight_copy_bytes() > 0) == weight_copy);
   SftResult r;
   r.out.assign(x.size(), 5.0f);
   r.grad_input.assign(x.size(), 7.0f);
@@ -142,6 +145,12 @@ inline void run_tp_thread_identity(kernels::Isa isa, std::vector<int> thread_tot
         results.push_back(run_tp(isa, test_node_group(nodes, std::max(threads, nodes)), w, lora, tokens, s.top_k, x, routing.expert_ids,
                                  routing.weights, go));
       check_same_sft_bits(results, thread_totals, std::to_string(nodes) + " nodes, " + std::to_string(tokens) + " tokens, threads", true);
+      // Each node's backward reading its own Wᵀ copy of its slice: the same bits again.
+      std::vector<SftResult> copies;
+      copies.push_back(std::move(results[0]));
+      copies.push_back(run_tp(isa, test_node_group(nodes, std::max(thread_totals[0], nodes)), w, lora, tokens, s.top_k, x, routing.expert_ids,
+                              routing.weights, go, nullptr, true));
+      check_same_sft_bits(copies, {0, 1}, std::to_string(nodes) + " nodes, " + std::to_string(tokens) + " tokens, weight copy", true);
     }
   }
 }
