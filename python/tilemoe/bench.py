@@ -22,14 +22,18 @@ from tilemoe.torch import MoELoRA
 from tilemoe.torch_reference import ReferenceMoE
 
 
+BLOCK = 20  # 1-token calls per block of the overhead measurement
+
+
 def call_overhead(layer, hidden, experts, top_k, iterations, rounds):
     """The 1-token forward called from Python against the same call in a C++ loop, in seconds.
 
-    A 1-token call varies by tens of microseconds from one round to the next (the weights' path
-    through memory), more than the Python layer costs, so two figures are taken: the medians of the
-    1-token call per path, rounds interleaved, with the median of their per-round differences; and
-    the same calls on an empty batch (0 tokens), where the runtime returns at once and what remains
-    is the Python call itself (argument checks, releasing and taking back the GIL)."""
+    A 1-token call varies by tens of microseconds over time (the weights' path through memory),
+    more than the Python layer costs, so two figures are taken: the 1-token call per path in blocks
+    of BLOCK calls that alternate between the paths (each path first in turn), with the median of
+    the blocks' paired differences; and the same calls on an empty batch (0 tokens), where the
+    runtime returns at once and what remains is the Python call itself (argument checks, releasing
+    and taking back the GIL)."""
     x, ids, w = random_batch(1, hidden, experts, top_k, generator=torch.Generator().manual_seed(1))
     out = torch.empty(1, hidden, dtype=torch.bfloat16)
     xn, idn, wn, outn = x.view(torch.int16).numpy().view(np.uint16), ids.numpy(), w.numpy(), np.empty((1, hidden), np.uint16)
@@ -46,10 +50,12 @@ def call_overhead(layer, hidden, experts, top_k, iterations, rounds):
         layer.forward(x, ids, w, out)
     one = {"cpp": [], "torch": [], "numpy": []}
     empty = {"cpp": [], "torch": [], "numpy": []}
+    paths = ("cpp", "torch", "numpy")
+    args = {"torch": (x, ids, w, out), "numpy": (xn, idn, wn, outn)}
     for _ in range(rounds):  # interleaved, so drift hits every path alike
-        one["cpp"].append(layer._time_forward(x, ids, w, out, iterations))
-        one["torch"].append(python_loop((x, ids, w, out), iterations))
-        one["numpy"].append(python_loop((xn, idn, wn, outn), iterations))
+        for b in range(max(1, iterations // BLOCK)):
+            for path in paths[b % 3:] + paths[:b % 3]:
+                one[path].append(layer._time_forward(x, ids, w, out, BLOCK) if path == "cpp" else python_loop(args[path], BLOCK))
         empty["cpp"].append(layer._time_forward(*empty_t, iterations * 10))
         empty["torch"].append(python_loop(empty_t, iterations * 10))
         empty["numpy"].append(python_loop(empty_n, iterations * 10))
@@ -131,9 +137,9 @@ def main(argv=None):
 
     ov = call_overhead(layer, hidden, experts, top_k, args.iterations, args.rounds)
     one, added, empty = ov["one_token"], ov["one_token_added"], ov["empty_added"]
-    print(f"forward, 1 token (medians of {args.rounds} rounds): C++ loop {one['cpp'] * 1e3:.4f} ms, Python call "
+    print(f"forward, 1 token (medians of {args.rounds * max(1, args.iterations // BLOCK)} blocks of {BLOCK} calls): C++ loop {one['cpp'] * 1e3:.4f} ms, Python call "
           f"{one['torch'] * 1e3:.4f} ms with torch tensors, {one['numpy'] * 1e3:.4f} ms with numpy arrays; added per "
-          f"call, median of the rounds' differences: torch {added['torch'] * 1e6:+.1f} us, numpy {added['numpy'] * 1e6:+.1f} us")
+          f"call, median of the blocks' paired differences: torch {added['torch'] * 1e6:+.1f} us, numpy {added['numpy'] * 1e6:+.1f} us")
     print(f"the Python call itself (an empty batch, against the C++ call on it): torch {empty['torch'] * 1e6:+.1f} us, "
           f"numpy {empty['numpy'] * 1e6:+.1f} us; target: at most +20 us")
     x, ids, w = random_batch(args.tokens, hidden, experts, top_k, generator=g)
