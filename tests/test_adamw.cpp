@@ -107,6 +107,12 @@ TEST_CASE("adamw_step refuses bad options and segments, naming them, and updates
   std::vector<AdamWSegment> step0 = good;
   step0[0].step = 0;
   expect_refused({}, step0, "segment 0: step 0");
+  std::vector<AdamWSegment> overlapping = good;
+  overlapping[1].param = a.p.data() + 31;  // one element of segment 0's parameters
+  expect_refused({}, overlapping, "segments 0 and 1 write overlapping memory");
+  std::vector<AdamWSegment> aliased = good;
+  aliased[0].exp_avg = aliased[0].param;
+  expect_refused({}, aliased, "segment 0: its param, exp_avg and exp_avg_sq overlap");
   expect_refused({}, {}, "(no error)");  // no segments: nothing to do
   const std::string null_list = test::error_of([&] { adamw_step(rt, {}, nullptr, 2); });
   CHECK(null_list.find("segments is null") != std::string::npos);

@@ -46,7 +46,8 @@ struct AdamWSegment {
 
 // Throws Error(invalid_argument) naming the option or segment (its index) for a learning rate,
 // eps or weight decay that is negative or not finite, betas outside [0, 1), a null array in a
-// non-empty segment, or a step below 1; nothing is updated then.
+// non-empty segment, a step below 1, or arrays it writes (param, exp_avg, exp_avg_sq) that
+// overlap, within a segment or between two; nothing is updated then.
 TILEMOE_CXX_API void adamw_step(Runtime& rt, const AdamWOptions& options, const AdamWSegment* segments, std::size_t count);
 
 }  // namespace tilemoe

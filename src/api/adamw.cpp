@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,28 @@ void adamw_step(Runtime& rt, const AdamWOptions& options, const AdamWSegment* se
     if (s.count == 0) continue;
     if (!s.param || !s.grad || !s.exp_avg || !s.exp_avg_sq) fail(ErrorKind::invalid_argument, where + "an array is null");
     if (s.step < 1) fail(ErrorKind::invalid_argument, where + "step " + std::to_string(s.step) + " (the first update is step 1)");
+  }
+  // Work items of different segments run at once: two segments updating the same parameters or
+  // moments would race (and each would apply its own step), so they must not overlap.
+  struct Span {
+    std::uintptr_t begin, end;
+    std::size_t segment;
+  };
+  std::vector<Span> spans;
+  for (std::size_t i = 0; i < count; ++i) {
+    const AdamWSegment& s = segments[i];
+    if (s.count == 0) continue;
+    const std::size_t bytes = s.count * sizeof(float);
+    for (const float* a : {static_cast<const float*>(s.param), static_cast<const float*>(s.exp_avg), static_cast<const float*>(s.exp_avg_sq)})
+      spans.push_back({reinterpret_cast<std::uintptr_t>(a), reinterpret_cast<std::uintptr_t>(a) + bytes, i});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  for (std::size_t k = 1; k < spans.size(); ++k) {
+    if (spans[k].begin >= spans[k - 1].end) continue;
+    const std::size_t a = std::min(spans[k - 1].segment, spans[k].segment), b = std::max(spans[k - 1].segment, spans[k].segment);
+    fail(ErrorKind::invalid_argument, a == b ? "adamw_step: segment " + std::to_string(a) + ": its param, exp_avg and exp_avg_sq overlap"
+                                             : "adamw_step: segments " + std::to_string(a) + " and " + std::to_string(b) +
+                                                   " write overlapping memory (param, exp_avg or exp_avg_sq)");
   }
   struct Item {
     const AdamWSegment* segment;
