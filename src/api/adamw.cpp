@@ -36,10 +36,10 @@ void adamw_step(Runtime& rt, const AdamWOptions& options, const AdamWSegment* se
   if (count > 0 && segments == nullptr) fail(ErrorKind::invalid_argument, "adamw_step: segments is null with count > 0");
   for (std::size_t i = 0; i < count; ++i) {
     const AdamWSegment& s = segments[i];
-    const std::string where = "adamw_step: segment " + std::to_string(i) + ": ";
     if (s.count == 0) continue;
-    if (!s.param || !s.grad || !s.exp_avg || !s.exp_avg_sq) fail(ErrorKind::invalid_argument, where + "an array is null");
-    if (s.step < 1) fail(ErrorKind::invalid_argument, where + "step " + std::to_string(s.step) + " (the first update is step 1)");
+    auto where = [i] { return "adamw_step: segment " + std::to_string(i) + ": "; };
+    if (!s.param || !s.grad || !s.exp_avg || !s.exp_avg_sq) fail(ErrorKind::invalid_argument, where() + "an array is null");
+    if (s.step < 1) fail(ErrorKind::invalid_argument, where() + "step " + std::to_string(s.step) + " (the first update is step 1)");
   }
   // Work items of different segments run at once: two segments updating the same parameters or
   // moments would race (and each would apply its own step), so they must not overlap.
