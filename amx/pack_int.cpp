@@ -87,10 +87,10 @@ std::size_t int8_tiled_rows_bytes(int m, int k_padded) {
   return tiles * kIntATileRows * static_cast<std::size_t>(std::max(k_padded, 0));
 }
 
-void pack_int8_rows_as_tiles(const std::int8_t* a, std::size_t lda, int m, int k_padded, std::int8_t* tiles) {
+void pack_int8_rows_as_tiles(const std::int8_t* a, std::size_t lda, int m, int k_padded, std::int8_t* tiles, int row0) {
   for (int i = 0; i < m; ++i)
     for (int kb = 0; kb < k_padded / kIntBlockK; ++kb)
-      std::memcpy(int8_tile_row(tiles, k_padded, i, kb), a + static_cast<std::size_t>(i) * lda + static_cast<std::size_t>(kb) * kIntBlockK,
+      std::memcpy(int8_tile_row(tiles, k_padded, row0 + i, kb), a + static_cast<std::size_t>(i) * lda + static_cast<std::size_t>(kb) * kIntBlockK,
                   kIntBlockK);
 }
 

@@ -74,9 +74,9 @@ inline std::int8_t* int8_tile_row(std::int8_t* tiles, int k_padded, int i, int k
 }
 // Bytes of an m-row A in tile order: m rounded up to whole row tiles, times k_padded.
 std::size_t int8_tiled_rows_bytes(int m, int k_padded);
-// Rows [0, m) of A (stride lda >= k_padded, k_padded a multiple of 64) into tile order, and
-// back. Rows past m in the last row tile are left as they are.
-void pack_int8_rows_as_tiles(const std::int8_t* a, std::size_t lda, int m, int k_padded, std::int8_t* tiles);
+// Rows [0, m) of A (stride lda >= k_padded, k_padded a multiple of 64) into rows [row0, row0 + m)
+// of a tile-order A, and rows [0, m) back. Rows of the tiles not written are left as they are.
+void pack_int8_rows_as_tiles(const std::int8_t* a, std::size_t lda, int m, int k_padded, std::int8_t* tiles, int row0 = 0);
 void unpack_int8_tiles_to_rows(const std::int8_t* tiles, int m, int k_padded, std::int8_t* a, std::size_t lda);
 
 }  // namespace tilemoe::kernels

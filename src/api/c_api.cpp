@@ -4,7 +4,6 @@
 
 #include <new>
 #include <string>
-
 #include <vector>
 
 #include "tilemoe/adamw.hpp"

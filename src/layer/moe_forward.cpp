@@ -85,11 +85,7 @@ void MoeForward::quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row
   for (int r = 0; r < rows; r += kernels::kIntATileRows) {
     const int count = std::min(kernels::kIntATileRows, rows - r);
     quantize_rows(src + static_cast<std::size_t>(r) * ld, ld, count, p, by_rows.data(), scales + r);
-    for (int i = 0; i < count; ++i)
-      for (int kb = 0; kb < is.kblocks; ++kb)
-        std::memcpy(kernels::int8_tile_row(tiles, is.k_padded, row0 + r + i, kb),
-                    by_rows.data() + static_cast<std::size_t>(i) * is.k_padded + static_cast<std::size_t>(kb) * kernels::kIntBlockK,
-                    kernels::kIntBlockK);
+    kernels::pack_int8_rows_as_tiles(by_rows.data(), static_cast<std::size_t>(is.k_padded), count, is.k_padded, tiles, row0 + r);
   }
 }
 
@@ -200,13 +196,15 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       std::fill(dst + hidden, dst + hk, bf16(0));
       bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
       std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
-      if (!quantized) continue;
-      std::int8_t* codes = xq_.data() + qblock_row_[e] * xq_ld;
-      if (qtiled_[e]) {
-        quantize_rows_as_tiles(dst, hk, row + r, 1, Projection::gate, codes, xq_scale_.data() + pos);
-      } else {
-        quantize_rows(dst, hk, 1, Projection::gate, codes + static_cast<std::size_t>(row + r) * xq_ld, xq_scale_.data() + pos);
-      }
+    }
+    if (!quantized) return;
+    // The unit's rows, gathered above by rows (their bf16 form stays by rows for integer weights).
+    const bf16* rows_in = xs_.data() + (block_row_[e] + row) * hk;
+    std::int8_t* codes = xq_.data() + qblock_row_[e] * xq_ld;
+    if (qtiled_[e]) {
+      quantize_rows_as_tiles(rows_in, hk, row, count, Projection::gate, codes, xq_scale_.data() + pos0);
+    } else {
+      quantize_rows(rows_in, hk, count, Projection::gate, codes + static_cast<std::size_t>(row) * xq_ld, xq_scale_.data() + pos0);
     }
   });
   lap(0);
