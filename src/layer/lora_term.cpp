@@ -17,10 +17,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   in_ = in;
   scale_ = scale;
   packed_ = rows >= kLoraPackRows;
-  if (!packed_) {
-    xa_f32_.resize(static_cast<std::size_t>(std::max(rows, 0)) * rank_);
-    return;
-  }
+  if (!packed_) return;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
   rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
   // B' gets zero rows up to a multiple of 32 outputs: the backward's main products cover whole
@@ -39,8 +36,20 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
                        std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
   if (!active_) return;
   if (!packed_) {
+    if (v_tiles) {
+      // The f32 loops read rows: the tiles' rows back into a per-thread buffer (rows × k_padded).
+      thread_local std::vector<bf16> by_rows;
+      by_rows.resize(static_cast<std::size_t>(rows) * k_padded);
+      kernels::unpack_tiles_to_rows(v, rows, k_padded, by_rows.data(), static_cast<std::size_t>(k_padded));
+      v = by_rows.data();
+      ldv = static_cast<std::size_t>(k_padded);
+    }
     xa_f32_.resize(static_cast<std::size_t>(rows) * rank_);
-    return project_ranks(kt, v, ldv, rows, k_padded, 0, rank_, save, ld_save, v_tiles);
+    kt.lora_project_rows(v, ldv, rows, in_, a_, rank_, scale_, xa_f32_.data(), static_cast<std::size_t>(rank_));
+    if (save)
+      for (int i = 0; i < rows; ++i)
+        std::copy_n(xa_f32_.data() + static_cast<std::size_t>(i) * rank_, rank_, save + static_cast<std::size_t>(i) * ld_save);
+    return;
   }
   // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
   const int cols = rank_panels_ * kernels::kPanelColumns;
@@ -59,26 +68,6 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
       if (keep) keep[j] = x;
     }
   }
-}
-
-void LoraTerm::project_ranks(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded, int r0, int r1,
-                             float* save, std::size_t ld_save, bool v_tiles) {
-  if (!active_ || packed_ || r0 >= r1) return;
-  if (v_tiles) {
-    // The f32 loops read rows: the tiles' rows back into a per-thread buffer (rows × k_padded).
-    thread_local std::vector<bf16> by_rows;
-    by_rows.resize(static_cast<std::size_t>(rows) * k_padded);
-    kernels::unpack_tiles_to_rows(v, rows, k_padded, by_rows.data(), static_cast<std::size_t>(k_padded));
-    v = by_rows.data();
-    ldv = static_cast<std::size_t>(k_padded);
-  }
-  kernels::StridedF32 a = a_;  // A' row j is rank j
-  a.data += static_cast<std::size_t>(r0) * a_.row_stride;
-  const std::size_t width = static_cast<std::size_t>(r1 - r0);
-  kt.lora_project_rows(v, ldv, rows, in_, a, r1 - r0, scale_, xa_f32_.data() + r0, static_cast<std::size_t>(rank_));
-  if (save)
-    for (int i = 0; i < rows; ++i)
-      std::copy_n(xa_f32_.data() + static_cast<std::size_t>(i) * rank_ + r0, width, save + static_cast<std::size_t>(i) * ld_save + r0);
 }
 
 bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {

@@ -35,11 +35,6 @@ class LoraTerm {
   // With v_tiles, V is in tile order (pack_bf16.hpp; ldv is then unused).
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
-  // The same for the ranks [r0, r1) only, in the form for few rows (not packed()): decode splits
-  // an expert's projection over several workers this way. prepare() sized the result for `rows`;
-  // calls for disjoint rank ranges may run at once.
-  void project_ranks(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded, int r0, int r1, float* save,
-                     std::size_t ld_save, bool v_tiles = false);
 
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.

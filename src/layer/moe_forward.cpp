@@ -209,38 +209,17 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   });
   lap(0);
 
-  // lora_prep. An expert with few rows (decode) takes the f32 form, whose preparation is a few
-  // assignments: done here, so that its gate and up projections can be split by rank over
-  // several workers (a single one would read each A, 128 KiB at r = 16, hidden 2048, alone).
-  // Experts with more rows pack their factors, prepared and projected by one item each.
-  lora_items_.clear();
   if (any_lora) {
-    for (int e : active_) {
-      const bool few = groups.count(e) < kLoraPackRows;
-      for (Projection p : kProjections) {
-        if (!few) {
-          lora_items_.push_back({e, p, 0, 0});
-          continue;
-        }
-        LoraTerm& term = lora_[e][static_cast<int>(p)];
-        prepare_forward_term(kt_, lora[p], e, groups.count(e), term);
-        if (p != Projection::down) add_rank_items(e, p, term.active() ? term.rank() : 0, lora_items_);
+    pool_.parallel_for(active_.size() * 3, [&](std::size_t item, int worker) {
+      int e = active_[item / 3];
+      Projection p = static_cast<Projection>(item % 3);
+      LoraTerm& term = lora_[e][static_cast<int>(p)];
+      prepare_forward_term(kt_, lora[p], e, groups.count(e), term);
+      if (p != Projection::down) {
+        const ExpertRows xe = expert_rows(xs_, e, hk);
+        term.project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
+                     static_cast<std::size_t>(lora[p].rank), xe.tiles);
       }
-    }
-    pool_.parallel_for(lora_items_.size(), [&](std::size_t item, int worker) {
-      const LoraItem& it = lora_items_[item];
-      LoraTerm& term = lora_[it.expert][static_cast<int>(it.proj)];
-      const ExpertRows xe = expert_rows(xs_, it.expert, hk);
-      const std::size_t rank = static_cast<std::size_t>(lora[it.proj].rank);
-      if (it.r1 > it.r0) {
-        term.project_ranks(kt_, xe.p, hk, groups.count(it.expert), static_cast<int>(hk), it.r0, it.r1, saved_xa(it.proj, it.expert), rank,
-                           xe.tiles);
-        return;
-      }
-      prepare_forward_term(kt_, lora[it.proj], it.expert, groups.count(it.expert), term);
-      if (it.proj != Projection::down)
-        term.project(kt_, xe.p, hk, groups.count(it.expert), static_cast<int>(hk), scratch_[worker], saved_xa(it.proj, it.expert), rank,
-                     xe.tiles);
     });
   }
   lap(1);
@@ -280,30 +259,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   });
   lap(2);
 
-  // lora_down (and the h codes of integer weights): one item per expert, or per rank chunk of
-  // the down projection of an expert with few rows.
-  lora_items_.clear();
-  for (int e : active_) {
-    const LoraTerm& term = lora_[e][static_cast<int>(Projection::down)];
-    const bool lora_here = any_lora && term.active();  // (terms are stale when the call has no LoRA)
-    if (!quantized && !lora_here) continue;
-    if (!quantized && groups.count(e) < kLoraPackRows) {
-      add_rank_items(e, Projection::down, term.rank(), lora_items_);
-    } else {
-      lora_items_.push_back({e, Projection::down, 0, 0});
-    }
-  }
-  if (!lora_items_.empty()) {
-    pool_.parallel_for(lora_items_.size(), [&](std::size_t item, int worker) {
-      const LoraItem& it = lora_items_[item];
-      const int e = it.expert;
+  if (any_lora || quantized) {
+    pool_.parallel_for(active_.size(), [&](std::size_t item, int worker) {
+      int e = active_[item];
       const ExpertRows he = expert_rows(h_, e, ik);
-      if (it.r1 > it.r0) {
-        lora_[e][static_cast<int>(Projection::down)].project_ranks(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), it.r0, it.r1,
-                                                                   saved_xa(Projection::down, e),
-                                                                   static_cast<std::size_t>(lora[Projection::down].rank), he.tiles);
-        return;
-      }
       if (quantized) {
         std::int8_t* codes = hq_.data() + qblock_row_[e] * hq_ld;
         float* scales = hq_scale_.data() + groups.offsets[e];

@@ -15,7 +15,6 @@
 //   lora_down  per expert: s * h A_down^T (and h quantized per row for integer weights)
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA) into one f32 row per slot
 //   combine    out[t] = sum_j w[t,j] y[t,j], slots in order
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -108,19 +107,6 @@ class MoeForward {
   std::vector<float> y_;
   std::vector<int> active_;
   std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
-  // A LoRA projection item: the expert's whole term (prepared and projected), or, for an expert
-  // with few rows, its ranks [r0, r1) (r1 > r0).
-  struct LoraItem {
-    int expert;
-    Projection proj;
-    int r0, r1;
-  };
-  std::vector<LoraItem> lora_items_;
-  // Ranks per item when a few-row expert's projection is split: 4 rows of A (32 KiB at in = 2048).
-  static constexpr int kRanksPerItem = 4;
-  static void add_rank_items(int e, Projection p, int rank, std::vector<LoraItem>& items) {
-    for (int r0 = 0; r0 < rank; r0 += kRanksPerItem) items.push_back({e, p, r0, std::min(rank, r0 + kRanksPerItem)});
-  }
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<std::vector<float>> scratch_;  // per worker
   std::array<double, kPhases> phase_seconds_{};
