@@ -78,17 +78,16 @@ inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b) {
       if constexpr (TwoPanels) prefetch_block(bk + op.panel_stride + kPrefetchBlocks * kBlockElements);
     }
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * op.kblock_stride;
-    // Each load sits right before the first product that reads it, so that it waits only for
-    // the products of the previous k-block that read the same register.
+    // The k-block's loads are issued back to back, before its products: on the device (16
+    // threads, 1 KiB tiles in L1 or L2) a 2x2 step ran 7-12 % faster so than with each load
+    // right before the first product that reads it.
     _tile_loadd(4, ak, op.lda_bytes);
     _tile_loadd(6, bk, kTileRowBytes);
+    if constexpr (TwoPanels) _tile_loadd(7, bk + op.panel_stride, kTileRowBytes);
+    if constexpr (TwoRowTiles) _tile_loadd(5, ak + op.row_tile_stride, op.lda_bytes);
     _tile_dpbf16ps(0, 4, 6);
-    if constexpr (TwoPanels) {
-      _tile_loadd(7, bk + op.panel_stride, kTileRowBytes);
-      _tile_dpbf16ps(1, 4, 7);
-    }
+    if constexpr (TwoPanels) _tile_dpbf16ps(1, 4, 7);
     if constexpr (TwoRowTiles) {
-      _tile_loadd(5, ak + op.row_tile_stride, op.lda_bytes);
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (TwoPanels) _tile_dpbf16ps(3, 5, 7);
     }

@@ -96,15 +96,14 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
         prefetch_block_to_l2(bk + kPrefetchBlocks * kBlockBytes);
         if constexpr (TwoPanels) prefetch_block_to_l2(bk + job.panel_stride + kPrefetchBlocks * kBlockBytes);
       }
+      // Loads back to back before the products, as in gemm_bf16_amx.cpp.
       _tile_loadd(4, ak, lda_bytes);
       _tile_loadd(6, bk, kTileRowBytes);
+      if constexpr (TwoPanels) _tile_loadd(7, bk + job.panel_stride, kTileRowBytes);
+      if constexpr (TwoRowTiles) _tile_loadd(5, ak + a_second, lda_bytes);
       _tile_dpbssd(0, 4, 6);
-      if constexpr (TwoPanels) {
-        _tile_loadd(7, bk + job.panel_stride, kTileRowBytes);
-        _tile_dpbssd(1, 4, 7);
-      }
+      if constexpr (TwoPanels) _tile_dpbssd(1, 4, 7);
       if constexpr (TwoRowTiles) {
-        _tile_loadd(5, ak + a_second, lda_bytes);
         _tile_dpbssd(2, 5, 6);
         if constexpr (TwoPanels) _tile_dpbssd(3, 5, 7);
       }

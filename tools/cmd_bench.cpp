@@ -103,10 +103,10 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
     for (auto [t, m] : r0_medians)
       if (t == tokens) ours = m;
     if (json)
-      std::printf("{\"baseline\":\"onednn\",\"tokens\":%d,\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,\"tilemoe_r0_ms\":%.4f,\"ratio\":%.3f,\"rel_diff\":%.2e}\n",
+      std::printf("{\"baseline\":\"onednn\",\"tokens\":%d,\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,\"tilemoe_r0_ms\":%.4f,\"ratio\":%.4g,\"rel_diff\":%.2e}\n",
                   tokens, threads, median, ms.front(), ours, ours > 0 ? ours / median : 0.0, rel_diff);
     else if (ours > 0)
-      std::printf("%6d %6d %9.3f %9.3f %14.3f %9.2e\n", tokens, iters, median, ms.front(), ours / median, rel_diff);
+      std::printf("%6d %6d %9.3f %9.3f %14.4g %9.2e\n", tokens, iters, median, ms.front(), ours / median, rel_diff);
     else
       std::printf("%6d %6d %9.3f %9.3f %14s %9.2e\n", tokens, iters, median, ms.front(), "-", rel_diff);
     std::fflush(stdout);
