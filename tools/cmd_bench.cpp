@@ -195,26 +195,38 @@ void add_bench_command(CLI::App& app, int& status) {
     };
     SftLayerOptions layer_options{max_tokens, a->backward ? 1 : 0, *std::max_element(rank_list.begin(), rank_list.end()), s.top_k};
     layer_options.backward_weight_copy = a->weight_copy;
-    struct Split {
-      numa::NodeGroup* nodes;
+    // Every case (LoRA rank x node count) has its own layers, and the cases take turns call by
+    // call, so that they are compared under the same conditions (drift within a run, not between
+    // runs): the LoRA cost and the split's cost are differences of a few percent.
+    struct Case {
+      int rank = 0;
+      numa::NodeGroup* nodes = nullptr;
+      std::unique_ptr<LayerLora> lora, grads;  // the layers read them in place
       std::vector<std::unique_ptr<TensorParallelLayer>> layers;
       int slices = 1;
     };
-    std::vector<Split> splits;
+    std::vector<Case> cases;
     t0 = Clock::now();
-    for (int n : node_counts) {
-      Split sp{&node_group_for(pool, n), {}, 1};
-      sp.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *sp.nodes, isa, layer_options, pack_slice));
-      sp.slices = sp.layers[0]->node_count();
-      splits.push_back(std::move(sp));
-    }
-    const std::size_t layer_bytes = std::max<std::size_t>(splits[0].layers[0]->weight_bytes(), 1);
+    for (int rank : rank_list)
+      for (int n : node_counts) {
+        Case c;
+        c.rank = rank;
+        c.nodes = &node_group_for(pool, n);
+        c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
+        c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
+        c.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *c.nodes, isa, layer_options, pack_slice));
+        c.slices = c.layers[0]->node_count();
+        cases.push_back(std::move(c));
+      }
+    const std::size_t layer_bytes = std::max<std::size_t>(cases[0].layers[0]->weight_bytes(), 1);
     const std::size_t bytes_per_expert = layer_bytes / static_cast<std::size_t>(s.num_experts);
     int layers = a->layers > 0 ? a->layers
                                : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
-    for (Split& sp : splits)
-      while (static_cast<int>(sp.layers.size()) < layers)
-        sp.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *sp.nodes, isa, layer_options, pack_slice));
+    for (Case& c : cases) {
+      while (static_cast<int>(c.layers.size()) < layers)
+        c.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *c.nodes, isa, layer_options, pack_slice));
+      for (auto& l : c.layers) l->update_lora_weights(lora_view(*c.lora));
+    }
     double pack_s = seconds_since(t0);
     // The baseline's layers: as many as ours, so that its weights do not fit in cache either.
     std::vector<OnednnMoeBaseline> baselines;
@@ -232,145 +244,139 @@ void add_bench_command(CLI::App& app, int& status) {
                   s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_name(isa), pool.size());
       std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n",
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
-      std::printf("weights: %s%s, %d layers x %.2f GB packed per node count (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n",
+      std::printf("weights: %s%s, %d layers x %.2f GB packed per case (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n",
                   a->weights.c_str(), weight_type == WeightType::int4 ? (" group " + std::to_string(a->group_size)).c_str() : "", layers,
                   layer_bytes / 1e9, gen_s, quantize_s, pack_s);
-      for (const Split& sp : splits) {
-        std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", sp.nodes->size(),
-                    static_cast<std::size_t>(sp.nodes->size()) == topo.nodes.size() ? "the machine's" : "virtual", sp.slices);
-        for (int n = 0; n < sp.slices; ++n)
-          std::printf(" [%d, %d) on %d threads", sp.layers[0]->slice(n).begin, sp.layers[0]->slice(n).end, sp.nodes->pool(n).size());
+      for (const Case& c : cases) {
+        if (c.rank != cases[0].rank) break;  // the same splits for every rank
+        std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", c.nodes->size(),
+                    static_cast<std::size_t>(c.nodes->size()) == topo.nodes.size() ? "the machine's" : "virtual", c.slices);
+        for (int n = 0; n < c.slices; ++n)
+          std::printf(" [%d, %d) on %d threads", c.layers[0]->slice(n).begin, c.layers[0]->slice(n).end, c.nodes->pool(n).size());
         std::printf("\n");
       }
-      if (splits.size() > 1) std::printf("the node counts take turns call by call\n");
+      if (cases.size() > 1) std::printf("the cases (LoRA ranks x node counts) take turns call by call\n");
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
       if (a->backward && a->weight_copy)
         std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
-                    splits[0].layers[0]->weight_copy_bytes() / 1e9, splits[0].layers[0]->weight_bytes() / 1e9);
+                    cases[0].layers[0]->weight_copy_bytes() / 1e9, cases[0].layers[0]->weight_bytes() / 1e9);
       std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
                   "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
     }
     std::vector<std::pair<int, double>> r0_medians;  // (tokens, ms) of the first node count, r=0
-    for (int rank : rank_list) {
-      LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), 3);
-      LayerLora grads = lora.zeros_like();
-      std::size_t lora_bytes_per_expert = 0;
-      for (Projection p : kProjections)
-        lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
-      for (Split& sp : splits)
-        for (auto& l : sp.layers) l->update_lora_weights(lora_view(lora));
-      // Phases are node 0's: the nodes run theirs at the same time.
-      auto reset_phases = [&] {
-        for (Split& sp : splits)
-          for (auto& l : sp.layers)
-            l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(),
-                l->reset_merge_seconds();
+    // Phases are node 0's: the nodes run theirs at the same time.
+    auto reset_phases = [&] {
+      for (Case& c : cases)
+        for (auto& l : c.layers)
+          l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(), l->reset_merge_seconds();
+    };
+    for (int tokens : token_list) {
+      if (tokens == 0) continue;
+      const int sets = 8;  // routings and inputs rotate: fresh experts, as in serving
+      std::vector<RandomRouting> routings;
+      std::vector<std::vector<bf16>> inputs;
+      std::vector<std::vector<float>> grad_outs;
+      for (int i = 0; i < sets; ++i) {
+        routings.push_back(random_routing(tokens, s, 100 + i));
+        auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
+        inputs.push_back(to_bf16(x.data(), x.size()));
+        if (a->backward) grad_outs.push_back(random_activations(x.size(), 300 + i));
+      }
+      std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), grad_in(out.size());
+      reset_phases();
+      int iters = std::max(3, static_cast<int>(iterations_for(tokens) * a->iter_scale));
+      struct Times {
+        std::vector<double> ms, fwd_ms, bwd_ms;
       };
-      for (int tokens : token_list) {
-        if (tokens == 0) continue;
-        const int sets = 8;  // routings and inputs rotate: fresh experts, as in serving
-        std::vector<RandomRouting> routings;
-        std::vector<std::vector<bf16>> inputs;
-        std::vector<std::vector<float>> grad_outs;
-        for (int i = 0; i < sets; ++i) {
-          routings.push_back(random_routing(tokens, s, 100 + i));
-          auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
-          inputs.push_back(to_bf16(x.data(), x.size()));
-          if (a->backward) grad_outs.push_back(random_activations(x.size(), 300 + i));
-        }
-        std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), grad_in(out.size());
-        reset_phases();
-        int iters = std::max(3, static_cast<int>(iterations_for(tokens) * a->iter_scale));
-        struct Times {
-          std::vector<double> ms, fwd_ms, bwd_ms;
-        };
-        std::vector<Times> times(splits.size());
-        double bytes_sum = 0;
-        for (int i = -2; i < iters; ++i) {  // two warm-up calls
-          int set = (i + 2) % sets, layer = (i + 2) % layers;
-          const auto& r = routings[set];
-          for (std::size_t c = 0; c < splits.size(); ++c) {
-            TensorParallelLayer& l = *splits[c].layers[static_cast<std::size_t>(layer)];
-            auto t = Clock::now();
-            double f_ms = 0;
-            l.forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), a->backward);
-            if (a->backward) {
-              f_ms = seconds_since(t) * 1e3;
-              l.backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(grads), !a->grad_overwrite);
-            }
-            double dt = seconds_since(t) * 1e3;
-            if (i < 0) continue;
-            times[c].ms.push_back(dt);
-            times[c].fwd_ms.push_back(f_ms);
-            times[c].bwd_ms.push_back(dt - f_ms);
+      std::vector<Times> times(cases.size());
+      double experts_sum = 0;  // experts touched, summed over the timed calls
+      for (int i = -2; i < iters; ++i) {  // two warm-up calls
+        int set = (i + 2) % sets, layer = (i + 2) % layers;
+        const auto& r = routings[set];
+        for (std::size_t c = 0; c < cases.size(); ++c) {
+          TensorParallelLayer& l = *cases[c].layers[static_cast<std::size_t>(layer)];
+          auto t = Clock::now();
+          double f_ms = 0;
+          l.forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), a->backward);
+          if (a->backward) {
+            f_ms = seconds_since(t) * 1e3;
+            l.backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(*cases[c].grads), !a->grad_overwrite);
           }
+          double dt = seconds_since(t) * 1e3;
           if (i < 0) continue;
-          std::vector<char> touched(s.num_experts, 0);
-          for (auto e : r.expert_ids) touched[e] = 1;
-          int n = static_cast<int>(std::count(touched.begin(), touched.end(), 1));
-          bytes_sum += (a->backward ? 2.0 : 1.0) * n * (bytes_per_expert + lora_bytes_per_expert);
+          times[c].ms.push_back(dt);
+          times[c].fwd_ms.push_back(f_ms);
+          times[c].bwd_ms.push_back(dt - f_ms);
         }
-        auto median_of = [](std::vector<double> v) {
-          std::sort(v.begin(), v.end());
-          return v[v.size() / 2];
-        };
-        const double bytes = bytes_sum / iters;
+        if (i < 0) continue;
+        std::vector<char> touched(s.num_experts, 0);
+        for (auto e : r.expert_ids) touched[e] = 1;
+        experts_sum += static_cast<double>(std::count(touched.begin(), touched.end(), 1));
+      }
+      auto median_of = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      for (std::size_t c = 0; c < cases.size(); ++c) {
+        const Case& cs = cases[c];
+        const int rank = cs.rank;
+        std::size_t lora_bytes_per_expert = 0;
+        for (Projection p : kProjections)
+          lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
+        const double bytes = (a->backward ? 2.0 : 1.0) * experts_sum / iters * static_cast<double>(bytes_per_expert + lora_bytes_per_expert);
         // Backward does twice the forward's products (dH through down, dX through gate and up).
         double flops = (a->backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *
                        (3.0 * s.hidden * s.intermediate + rank * (2.0 * s.hidden + 2.0 * s.intermediate + s.intermediate + s.hidden));
         double floor_ms = std::max(bytes / bw, product_peak > 0 ? flops / product_peak : 0.0) * 1e3;
-        for (std::size_t c = 0; c < splits.size(); ++c) {
-          const Split& sp = splits[c];
-          const int split = sp.slices;
-          double median = median_of(times[c].ms), fwd_median = median_of(times[c].fwd_ms), bwd_median = median_of(times[c].bwd_ms);
-          double min_ms = *std::min_element(times[c].ms.begin(), times[c].ms.end());
-          if (rank == 0 && c == 0 && !a->backward) r0_medians.emplace_back(tokens, median);
-          if (a->json)
-            std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
-                        "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
-                        "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                        "\"node_gbps\":%.2f}\n",
-                        a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
-                        median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
-                        bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6);
-          else if (a->backward)
-            std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f\n", tokens, rank, split, iters, median, min_ms,
-                        bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
-                        bwd_median);
-          else
-            std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f\n", tokens, rank, split, iters, median, min_ms,
-                        bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
-          if (a->phases) {
-            auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
-              std::printf("        %s phases, mean ms per call:", what);
-              for (int i = 0; i < count; ++i) std::printf(" %s %.3f", name(i), seconds(i) * 1e3 / (iters + 2));
-              std::printf("\n");
-            };
-            print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
+        const int split = cs.slices;
+        double median = median_of(times[c].ms), fwd_median = median_of(times[c].fwd_ms), bwd_median = median_of(times[c].bwd_ms);
+        double min_ms = *std::min_element(times[c].ms.begin(), times[c].ms.end());
+        if (rank == 0 && cs.nodes == cases[0].nodes && !a->backward) r0_medians.emplace_back(tokens, median);
+        if (a->json)
+          std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
+                      "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
+                      "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
+                      "\"node_gbps\":%.2f}\n",
+                      a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
+                      median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
+                      bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6);
+        else if (a->backward)
+          std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f\n", tokens, rank, split, iters, median, min_ms,
+                      bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
+                      bwd_median);
+        else
+          std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f\n", tokens, rank, split, iters, median, min_ms,
+                      bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
+        if (a->phases) {
+          auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
+            std::printf("        %s phases, mean ms per call:", what);
+            for (int i = 0; i < count; ++i) std::printf(" %s %.3f", name(i), seconds(i) * 1e3 / (iters + 2));
+            std::printf("\n");
+          };
+          print_phases("forward", MoeForward::kPhases, MoeForward::phase_name, [&](int i) {
+            double t = 0;
+            for (auto& l : cs.layers) t += l->node_layer(0).forward_pass().phase_seconds()[i];
+            return t;
+          });
+          if (split > 1) {
+            double merge = 0;
+            for (auto& l : cs.layers) merge += l->merge_seconds();
+            std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / (iters + 2));
+          }
+          if (a->backward)
+            print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
               double t = 0;
-              for (auto& l : sp.layers) t += l->node_layer(0).forward_pass().phase_seconds()[i];
+              for (auto& l : cs.layers) t += l->node_layer(0).backward_pass().phase_seconds()[i];
               return t;
             });
-            if (split > 1) {
-              double merge = 0;
-              for (auto& l : sp.layers) merge += l->merge_seconds();
-              std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / (iters + 2));
-            }
-            if (a->backward)
-              print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {
-                double t = 0;
-                for (auto& l : sp.layers) t += l->node_layer(0).backward_pass().phase_seconds()[i];
-                return t;
-              });
-          }
         }
-        if (a->phases) reset_phases();
-        std::fflush(stdout);
       }
+      if (a->phases) reset_phases();
+      std::fflush(stdout);
     }
-    if (!baselines.empty()) run_onednn_baseline(baselines, s, token_list, r0_medians, a->iter_scale, a->json, pool, *splits[0].layers[0]);
+    if (!baselines.empty()) run_onednn_baseline(baselines, s, token_list, r0_medians, a->iter_scale, a->json, pool, *cases[0].layers[0]);
     status = 0;
   });
 }
