@@ -129,7 +129,7 @@ void add_bench_command(CLI::App& app, int& status) {
   auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward (or fine-tuning step) against the machine's measured limits");
   cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3 or mixtral-8x7b")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
-  cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none)")->capture_default_str();
+  cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none); each gets its own layers and the ranks take turns call by call")->capture_default_str();
   cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--weights", a->weights, "Base weight type: bf16, int8 (per-channel scales, int8 activations) or int4")
       ->capture_default_str();
@@ -185,9 +185,7 @@ void add_bench_command(CLI::App& app, int& status) {
       quantized = quant::quantize_experts(source.view(), weight_type, a->group_size, &pool);
       quantize_s = seconds_since(t0);
     }
-    // Every layer is a tensor-parallel layer: with one node it is the plain layer, no split. With
-    // several node counts each gets its own layers, and the counts take turns call by call, so
-    // that they are compared under the same conditions (drift within a run, not between runs).
+    // Every layer is a tensor-parallel layer: with one node it is the plain layer, no split.
     const int max_tokens = std::max(1, *std::max_element(token_list.begin(), token_list.end()));
     const TensorParallelLayer::PackSlice pack_slice = [&](quant::IntermediateSlice sl, numa::ThreadPool& node_pool, int node) {
       return weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
