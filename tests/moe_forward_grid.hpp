@@ -18,8 +18,9 @@
 namespace tilemoe::test {
 
 // tile_order_min_rows: -1 the ISA's choice; otherwise forced (MoeForward::set_tile_order_min_rows).
+// held_lora: the set as a loaded adapter is given (its packed form made once).
 inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
-                            std::uint64_t seed, int tile_order_min_rows = -1) {
+                            std::uint64_t seed, int tile_order_min_rows = -1, bool held_lora = false) {
   auto w = random_expert_weights(s, seed);
   LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
   auto routing = random_routing(tokens, s, seed + 2);
@@ -31,6 +32,7 @@ inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, int
   auto packed = PackedExpertWeights::pack(w.view(), pool);
   MoeForward fwd(packed, isa, pool);
   fwd.set_tile_order_min_rows(tile_order_min_rows);
+  if (held_lora) fwd.set_lora_held(seed + 1);
   auto xb = to_bf16(x.data(), x.size());
   fwd.forward(lora, tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), got.data());
   return rel_error(got, want);
@@ -45,7 +47,56 @@ inline void run_forward_grid(kernels::Isa isa) {
     // x and h in tile order for every expert, whatever the ISA's own choice (both LoRA forms
     // then read their rows from tiles).
     CHECK(forward_error(isa, c.shape, c.tokens, c.rank, c.lora_every, pool, 17 + c.tokens, 1) <= 1e-2);
+    // A held set takes the packed LoRA form at every row count.
+    if (c.rank > 0) CHECK(forward_error(isa, c.shape, c.tokens, c.rank, c.lora_every, pool, 17 + c.tokens, -1, true) <= 1e-2);
   }
+}
+
+// A held LoRA set (a loaded adapter) is packed by the first call that needs the packed form (16
+// rows or more per expert) and reused by later calls; a new number packs again. Caching changes
+// no bits: held and per-call forwards agree exactly at every row count.
+inline void run_held_lora(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  MoeShape s{96, 72, 8, 3};
+  auto w = random_expert_weights(s, 31);
+  auto packed = PackedExpertWeights::pack(w.view(), pool);
+  LayerLora lora = random_lora(s, 8, 16.0f, 32, 2);
+  LayerLora other = random_lora(s, 4, 8.0f, 33);
+  MoeForward held(packed, isa, pool), per_call(packed, isa, pool);
+  auto run = [&](MoeForward& fwd, const LayerLora& set, int tokens, std::uint64_t seed) {
+    auto routing = random_routing(tokens, s, seed);
+    auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 1);
+    auto xb = to_bf16(x.data(), x.size());
+    std::vector<float> y(x.size());
+    fwd.forward(set, tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), y.data());
+    return y;
+  };
+  auto check = [&](const LayerLora& set, int tokens, std::uint64_t seed) {
+    INFO(tokens << " tokens");
+    const auto a = run(held, set, tokens, seed), b = run(per_call, set, tokens, seed);
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    auto routing = random_routing(tokens, s, seed);
+    auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 1);
+    std::vector<float> want(x.size());
+    MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
+    reference_forward(w.view(), set, batch, want.data());
+    CHECK(rel_error(a, want) <= 1e-2);
+  };
+  held.set_lora_held(1001);
+  const int many = 200;  // 75 rows per expert on average
+  for (int tokens : {1, 3, many, 2, many + 1}) check(lora, tokens, 40 + tokens);
+  // Packed once: an in-place edit, which a held set must not have, is not seen by the packed form.
+  const auto before = run(held, lora, many, 60);
+  for (auto& p : lora.proj)
+    for (auto& v : p.b) v += 0.5f;
+  const auto after = run(held, lora, many, 60);
+  CHECK(std::memcmp(before.data(), after.data(), after.size() * sizeof(float)) == 0);
+  // A new number (a new adapter, or the edited one loaded again) is packed again.
+  held.set_lora_held(1002);
+  check(lora, many, 60);
+  held.set_lora_held(1003);
+  check(other, 7, 70);
+  check(other, many, 71);
 }
 
 inline void run_fixture_forward(kernels::Isa isa) {

@@ -121,7 +121,7 @@ void add_bench_command(CLI::App& app, int& status) {
     int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group;
     std::string numa_nodes = "1";
     double iter_scale = 1.0;
-    bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false, weight_copy = false;
+    bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false, weight_copy = false, lora_held = false;
     std::string workdir = "/tmp";
     bool onednn = false;
   };
@@ -145,6 +145,9 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward)");
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
+  cmd->add_flag("--lora-held", a->lora_held,
+                "The LoRA sets are held by the layers, as a loaded adapter is (nothing writes them): packed once, not at every "
+                "call as the caller's arrays are");
   cmd->add_flag("--backward-weight-copy", a->weight_copy,
                 "With --backward: backward reads a Wᵀ copy of the bf16 weights (twice their memory) instead of repacking");
   cmd->add_flag("--grad-overwrite", a->grad_overwrite,
@@ -223,7 +226,7 @@ void add_bench_command(CLI::App& app, int& status) {
     for (Case& c : cases) {
       while (static_cast<int>(c.layers.size()) < layers)
         c.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *c.nodes, isa, layer_options, pack_slice));
-      for (auto& l : c.layers) l->update_lora_weights(lora_view(*c.lora));
+      for (auto& l : c.layers) l->update_lora_weights(lora_view(*c.lora), a->lora_held);
     }
     double pack_s = seconds_since(t0);
     // The baseline's layers: as many as ours, so that its weights do not fit in cache either.
@@ -257,6 +260,7 @@ void add_bench_command(CLI::App& app, int& status) {
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
+      if (a->lora_held) std::printf("LoRA held by the layers (as a loaded adapter): packed once\n");
       if (a->backward && a->weight_copy)
         std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
                     cases[0].layers[0]->weight_copy_bytes() / 1e9, cases[0].layers[0]->weight_bytes() / 1e9);
@@ -320,9 +324,14 @@ void add_bench_command(CLI::App& app, int& status) {
       for (std::size_t c = 0; c < cases.size(); ++c) {
         const Case& cs = cases[c];
         const int rank = cs.rank;
+        // The factors read per expert: the caller's f32 A and B; or, held, their packed bf16 forms
+        // (B's rank padded to a whole k-block of 32) where experts have the rows for that form.
         std::size_t lora_bytes_per_expert = 0;
+        const std::size_t rank_padded = (static_cast<std::size_t>(rank) + 31) / 32 * 32;
+        const bool packed_form = a->lora_held && static_cast<double>(tokens) * s.top_k * iters >= 16.0 * experts_sum;
         for (Projection p : kProjections)
-          lora_bytes_per_expert += static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
+          lora_bytes_per_expert += packed_form ? (rank * projection_in(s, p) + rank_padded * projection_out(s, p)) * sizeof(bf16)
+                                               : static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
         const double bytes = (a->backward ? 2.0 : 1.0) * experts_sum / iters * static_cast<double>(bytes_per_expert + lora_bytes_per_expert);
         // Backward does twice the forward's products (dH through down, dX through gate and up).
         double flops = (a->backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *

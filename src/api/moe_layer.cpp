@@ -187,7 +187,9 @@ struct MoeLayer::Impl {
       fail(ErrorKind::invalid_argument, "MoeLayer::load_adapter: " + path + ": pass the layer's index in the model (the layer was "
                                                                            "built from memory and does not know it)");
     auto loaded = std::make_unique<LoadedLora>(load_layer_lora(path, model, layer));
-    sft->update_lora_weights(lora_view(loaded->lora));  // validates: rank within lora_rank
+    // Validates (rank within lora_rank). The adapter is the layer's and nothing writes it while
+    // it is loaded, so forward packs it once.
+    sft->update_lora_weights(lora_view(loaded->lora), /*held=*/true);
     adapter = std::move(loaded);
   }
 };
@@ -244,6 +246,7 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
         return PackedExpertWeights::pack_quantized(quant::slice_experts(*quantized, s), pool, node);
       },
       view);
+  if (adapter) m->sft->update_lora_weights(view, /*held=*/true);  // the layer's own adapter: packed once
   m->adapter = std::move(adapter);
   return m;
 }

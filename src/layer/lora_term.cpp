@@ -8,7 +8,7 @@
 namespace tilemoe {
 
 void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out,
-                       float scale, int rows) {
+                       float scale, int rows, std::uint64_t held_generation) {
   active_ = rank > 0;
   if (!active_) return;
   a_ = a;
@@ -18,6 +18,8 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   scale_ = scale;
   packed_ = rows >= kLoraPackRows;
   if (!packed_) return;
+  if (held_generation != 0 && packed_generation_ == held_generation) return;
+  packed_generation_ = 0;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
   rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
   // B' gets zero rows up to a multiple of 32 outputs: the backward's main products cover whole
@@ -30,6 +32,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   kt.pack_strided_f32(b, out, rank, b_packed_.data(), pack_scratch_);
   const std::size_t b_written = kernels::packed_bf16_elements(out, rank);
   std::fill(b_packed_.begin() + static_cast<std::ptrdiff_t>(b_written), b_packed_.end(), bf16{0});
+  packed_generation_ = held_generation;
 }
 
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,

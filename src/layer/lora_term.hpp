@@ -11,6 +11,7 @@
 // bf16 once per call so that the tile kernels fuse B' as extra K steps of the main GEMM (the
 // packing is amortised over the rows); below, the term is computed from the f32 factors.
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "amx/kernel_table.hpp"
@@ -23,8 +24,12 @@ inline constexpr int kLoraPackRows = 16;
 class LoraTerm {
  public:
   void deactivate() { active_ = false; }
+  // held_generation != 0: the factors are a set held by the layer (a loaded adapter) that never
+  // changes under that number, so the packed form is made at the first call that needs it and
+  // reused by later ones (the same bits as packing again); 0: the caller's arrays, which may
+  // change between calls, packed at every call that needs them.
   void prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale,
-               int rows);
+               int rows, std::uint64_t held_generation = 0);
 
   bool active() const { return active_; }
   bool packed() const { return packed_; }
@@ -45,6 +50,7 @@ class LoraTerm {
 
  private:
   bool active_ = false, packed_ = false;
+  std::uint64_t packed_generation_ = 0;  // the held set a_packed_ and b_packed_ hold; 0: none
   int rank_ = 0, in_ = 0;
   float scale_ = 0;
   kernels::StridedF32 a_, b_;

@@ -32,10 +32,11 @@ void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const f
 }
 
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank].
-void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
+void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, std::uint64_t held_generation,
+                          LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
   term.prepare(kt, {lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
-               lp.out, lp.scale_of(e), rows);
+               lp.out, lp.scale_of(e), rows, held_generation);
 }
 
 }  // namespace
@@ -214,7 +215,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       int e = active_[item / 3];
       Projection p = static_cast<Projection>(item % 3);
       LoraTerm& term = lora_[e][static_cast<int>(p)];
-      prepare_forward_term(kt_, lora[p], e, groups.count(e), term);
+      prepare_forward_term(kt_, lora[p], e, groups.count(e), lora_held_generation_, term);
       if (p != Projection::down) {
         const ExpertRows xe = expert_rows(xs_, e, hk);
         term.project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),

@@ -52,6 +52,12 @@ class MoeForward {
   }
 
   kernels::Isa isa() const { return isa_; }
+
+  // The LoRA sets of the next calls are held by the layer under this number (a loaded adapter,
+  // which nothing changes while it is in use): an expert's factors are packed for the tile
+  // kernels once and reused, with the same results. 0: the caller's arrays, packed at every
+  // call (for experts with kLoraPackRows rows or more) because the caller may write them in place.
+  void set_lora_held(std::uint64_t generation) { lora_held_generation_ = generation; }
   WeightType weight_type() const { return w_.weight_type(); }
 
   // Rows from which an expert's x and h (bf16, or their int8 codes for integer weights) are held
@@ -97,6 +103,7 @@ class MoeForward {
   std::vector<std::size_t> block_row_;
   std::vector<char> tiled_;
   int tile_order_override_ = -1;
+  std::uint64_t lora_held_generation_ = 0;
   // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride), each
   // expert's from qblock_row_[e] on; in tile order (pack_int.hpp) where qtiled_[e], whole row
   // tiles then. Scales stay in TokenGroups order.

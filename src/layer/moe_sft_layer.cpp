@@ -1,6 +1,7 @@
 #include "src/layer/moe_sft_layer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "tilemoe/error.hpp"
@@ -23,9 +24,13 @@ MoeSftLayer::MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, n
   }
 }
 
-void MoeSftLayer::update_lora_weights(const LayerLoraView& lora) {
+void MoeSftLayer::update_lora_weights(const LayerLoraView& lora, bool held) {
   validate_lora_view(lora, shape_, options_.max_lora_rank, "update_lora_weights");
   lora_ = lora;
+  // A number no other held set has had, in any layer: packed factors are never taken for a set's
+  // successor, even one at the same addresses.
+  static std::atomic<std::uint64_t> held_sets{0};
+  forward_.set_lora_held(held ? ++held_sets : 0);
 }
 
 void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,

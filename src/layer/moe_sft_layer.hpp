@@ -41,8 +41,10 @@ class MoeSftLayer {
 
   // Points the layer at another LoRA set (no copy). Validated first: a set that does not fit
   // is an invalid_argument error and the layer keeps the old one. Saved forwards keep the set
-  // they were computed with.
-  void update_lora_weights(const LayerLoraView& lora);
+  // they were computed with. `held`: the set belongs to the layer's owner and nothing writes it
+  // until the next update (a loaded adapter), so forward packs its factors once instead of at
+  // every call; the caller's own arrays, which an optimizer writes in place, are not held.
+  void update_lora_weights(const LayerLoraView& lora, bool held = false);
   const LayerLoraView& lora() const { return lora_; }
 
   // x: bf16 [T][H]; ids, weights: [T][k]; out: f32 [T][H]. With save_for_backward the call

@@ -122,14 +122,14 @@ TensorParallelLayer::TensorParallelLayer(const MoeShape& shape, WeightType type,
 
 TensorParallelLayer::~TensorParallelLayer() = default;
 
-void TensorParallelLayer::update_lora_weights(const LayerLoraView& lora) {
+void TensorParallelLayer::update_lora_weights(const LayerLoraView& lora, bool held) {
   validate_lora_view(lora, shape_, max_rank_, "update_lora_weights");
   std::vector<LayerLoraView> views;
   for (const auto& s : shards_) {
     views.push_back(slice_lora_view(lora, s->slice));
     validate_lora_view(views.back(), s->weights.shape(), max_rank_, "update_lora_weights");
   }
-  for (std::size_t n = 0; n < shards_.size(); ++n) shards_[n]->layer->update_lora_weights(views[n]);
+  for (std::size_t n = 0; n < shards_.size(); ++n) shards_[n]->layer->update_lora_weights(views[n], held);
   lora_ = lora;
 }
 

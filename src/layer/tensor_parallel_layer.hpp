@@ -49,8 +49,9 @@ class TensorParallelLayer {
                       const SftLayerOptions& options, const PackSlice& pack, const LayerLoraView& lora = {});
   ~TensorParallelLayer();
 
-  // As MoeSftLayer: validated first, a bad set keeps the old one.
-  void update_lora_weights(const LayerLoraView& lora);
+  // As MoeSftLayer (held: a set nothing writes until the next update, packed once): validated
+  // first, a bad set keeps the old one.
+  void update_lora_weights(const LayerLoraView& lora, bool held = false);
   const LayerLoraView& lora() const { return lora_; }
 
   // As MoeSftLayer::forward_sft and backward, over all nodes; a failure leaves every node's
