@@ -1,6 +1,7 @@
 #include "src/layer/moe_forward.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "amx/pack_bf16.hpp"
@@ -91,7 +92,7 @@ void MoeForward::quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row
 }
 
 const char* MoeForward::phase_name(int i) {
-  static const char* names[kPhases] = {"gather", "lora_prep", "gate_up", "lora_down", "down", "combine"};
+  static const char* names[kPhases] = {"gather", "lora_prep", "gate_up", "down", "combine"};
   return names[i];
 }
 
@@ -230,6 +231,29 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
   const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
   std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser);
+  // Once all of an expert's h is written, the down projection's LoRA needs s h A_down^T and
+  // integer weights need h's int8 codes. The gate_up item that finishes the expert's last columns
+  // does that, so no phase (and no barrier) waits for it: which worker does it varies, what it
+  // computes does not.
+  const bool finish_h = any_lora || quantized;
+  auto finish_expert = [&](int e, int worker) {
+    const ExpertRows he = expert_rows(h_, e, ik);
+    if (quantized) {
+      std::int8_t* codes = hq_.data() + qblock_row_[e] * hq_ld;
+      float* scales = hq_scale_.data() + groups.offsets[e];
+      if (qtiled_[e]) {
+        quantize_rows_as_tiles(he.p, ik, 0, groups.count(e), Projection::down, codes, scales);
+      } else {
+        quantize_rows(he.p, ik, groups.count(e), Projection::down, codes, scales);
+      }
+    }
+    if (!any_lora) return;
+    lora_[e][static_cast<int>(Projection::down)].project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker],
+                                                         saved_xa(Projection::down, e), static_cast<std::size_t>(lora[Projection::down].rank),
+                                                         he.tiles);
+  };
+  h_items_left_.assign(static_cast<std::size_t>(s.num_experts), 0);
+  for (const ExpertItem& it : items) ++h_items_left_[static_cast<std::size_t>(it.expert)];
   pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
     auto [e, p0, p1] = items[item];
     int m = groups.count(e);
@@ -257,29 +281,11 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     } else {
       kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik);
     }
+    // acq_rel: the item that takes the count to zero sees every other item's h.
+    if (finish_h && std::atomic_ref<int>(h_items_left_[static_cast<std::size_t>(e)]).fetch_sub(1, std::memory_order_acq_rel) == 1)
+      finish_expert(e, worker);
   });
   lap(2);
-
-  if (any_lora || quantized) {
-    pool_.parallel_for(active_.size(), [&](std::size_t item, int worker) {
-      int e = active_[item];
-      const ExpertRows he = expert_rows(h_, e, ik);
-      if (quantized) {
-        std::int8_t* codes = hq_.data() + qblock_row_[e] * hq_ld;
-        float* scales = hq_scale_.data() + groups.offsets[e];
-        if (qtiled_[e]) {
-          quantize_rows_as_tiles(he.p, ik, 0, groups.count(e), Projection::down, codes, scales);
-        } else {
-          quantize_rows(he.p, ik, groups.count(e), Projection::down, codes, scales);
-        }
-      }
-      if (!any_lora) return;
-      lora_[e][static_cast<int>(Projection::down)].project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker],
-                                                           saved_xa(Projection::down, e), static_cast<std::size_t>(lora[Projection::down].rank),
-                                                           he.tiles);
-    });
-  }
-  lap(3);
 
   // down: one f32 row per routing slot
   items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser);
@@ -298,10 +304,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       std::memcpy(y_.data() + static_cast<std::size_t>(groups.slot[groups.offsets[e] + i]) * hidden + col0,
                   scratch.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n) * sizeof(float));
   });
-  lap(4);
+  lap(3);
 
   combine_slot_rows(pool_, y_.data(), hidden, tokens, top_k, ids, weights, out);
-  lap(5);
+  lap(4);
 }
 
 }  // namespace tilemoe

@@ -11,8 +11,8 @@
 //   lora_prep  per expert: pack its LoRA A and B for the kernels; s * x A^T for gate and up
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
 //              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
-//              h = silu(gate) * up in bf16
-//   lora_down  per expert: s * h A_down^T (and h quantized per row for integer weights)
+//              h = silu(gate) * up in bf16; the item that completes an expert's h then computes
+//              s * h A_down^T (and, for integer weights, h quantized per row)
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA) into one f32 row per slot
 //   combine    out[t] = sum_j w[t,j] y[t,j], slots in order
 #include <array>
@@ -66,9 +66,9 @@ class MoeForward {
   // ISA. 0: never; -1: default.
   void set_tile_order_min_rows(int rows) { tile_order_override_ = rows; }
 
-  // Seconds spent in each phase since construction (gather, lora_prep, gate_up, lora_down,
-  // down, combine): what the bench's --phases prints to show where time goes.
-  static constexpr int kPhases = 6;
+  // Seconds spent in each phase since construction (gather, lora_prep, gate_up, down,
+  // combine): what the bench's --phases prints to show where time goes.
+  static constexpr int kPhases = 5;
   static const char* phase_name(int i);
   const std::array<double, kPhases>& phase_seconds() const { return phase_seconds_; }
   void reset_phase_seconds() { phase_seconds_ = {}; }
@@ -113,6 +113,7 @@ class MoeForward {
   std::vector<float> xq_scale_, hq_scale_;
   std::vector<float> y_;
   std::vector<int> active_;
+  std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
   std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<std::vector<float>> scratch_;  // per worker
