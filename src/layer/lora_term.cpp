@@ -17,7 +17,10 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   in_ = in;
   scale_ = scale;
   packed_ = rows >= kLoraPackRows;
-  if (!packed_) return;
+  if (!packed_) {
+    xa_f32_.resize(static_cast<std::size_t>(std::max(rows, 0)) * rank_);
+    return;
+  }
   if (held_generation != 0 && packed_generation_ == held_generation) return;
   packed_generation_ = 0;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
@@ -71,6 +74,13 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
       if (keep) keep[j] = x;
     }
   }
+}
+
+void LoraTerm::project_row(const kernels::KernelTable& kt, const bf16* v, int i, float* save) {
+  if (!active_ || packed_) return;
+  float* xi = xa_f32_.data() + static_cast<std::size_t>(i) * rank_;
+  kt.lora_project_rows(v, static_cast<std::size_t>(in_), 1, in_, a_, rank_, scale_, xi, static_cast<std::size_t>(rank_));
+  if (save) std::copy_n(xi, rank_, save);
 }
 
 bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {

@@ -175,7 +175,38 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   gather_units_.clear();
   for (int e : active_)
     for (int r = 0; r < groups.count(e); r += kernels::kATileRows) gather_units_.push_back({e, r});
-  pool_.parallel_for(gather_units_.size(), [&](std::size_t unit, int) {
+  // Experts with few rows (decode) take the LoRA form that reads the f32 factors as they are; their
+  // gate and up projections read the caller's x rows, so they run in this phase as items of
+  // their own, first. Experts with more rows pack their factors and read the gathered x: they
+  // have the lora_prep phase.
+  lora_row_items_.clear();
+  lora_packed_.clear();
+  if (any_lora) {
+    for (int e : active_) {
+      if (groups.count(e) >= kLoraPackRows) {
+        lora_packed_.push_back(e);
+        continue;
+      }
+      for (Projection p : kProjections) {
+        LoraTerm& term = lora_[e][static_cast<int>(p)];
+        prepare_forward_term(kt_, lora[p], e, groups.count(e), lora_held_generation_, term);
+        if (p != Projection::down && term.active()) lora_row_items_.push_back({e, static_cast<int>(p)});
+      }
+    }
+  }
+  const std::size_t row_items = lora_row_items_.size();
+  pool_.parallel_for(row_items + gather_units_.size(), [&](std::size_t item, int) {
+    if (item < row_items) {
+      const auto [e, p] = lora_row_items_[item];
+      LoraTerm& term = lora_[e][p];
+      const std::size_t rank = static_cast<std::size_t>(lora[static_cast<Projection>(p)].rank);
+      float* save_rows = saved_xa(static_cast<Projection>(p), e);
+      for (int i = 0; i < groups.count(e); ++i)
+        term.project_row(kt_, x + static_cast<std::size_t>(groups.token[groups.offsets[e] + i]) * hidden, i,
+                         save_rows ? save_rows + static_cast<std::size_t>(i) * rank : nullptr);
+      return;
+    }
+    const std::size_t unit = item - row_items;
     const auto [e, row] = gather_units_[unit];
     const int count = std::min(kernels::kATileRows, groups.count(e) - row);
     const int pos0 = groups.offsets[e] + row;
@@ -211,9 +242,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   });
   lap(0);
 
-  if (any_lora) {
-    pool_.parallel_for(active_.size() * 3, [&](std::size_t item, int worker) {
-      int e = active_[item / 3];
+  if (!lora_packed_.empty()) {
+    pool_.parallel_for(lora_packed_.size() * 3, [&](std::size_t item, int worker) {
+      int e = lora_packed_[item / 3];
       Projection p = static_cast<Projection>(item % 3);
       LoraTerm& term = lora_[e][static_cast<int>(p)];
       prepare_forward_term(kt_, lora[p], e, groups.count(e), lora_held_generation_, term);

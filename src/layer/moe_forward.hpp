@@ -7,8 +7,10 @@
 //   gather     x rows of every (token, slot) into one bf16 block, grouped by expert (and, for
 //              int8/int4 weights, quantized to int8 per row). Experts that run on AMX tiles
 //              get their rows of x (and later of h) in tile order (pack_bf16.hpp), so that
-//              every A tile load is one contiguous 1 KiB.
-//   lora_prep  per expert: pack its LoRA A and B for the kernels; s * x A^T for gate and up
+//              every A tile load is one contiguous 1 KiB. Experts with few rows get their
+//              LoRA's s * x A^T for gate and up here too, from the caller's x rows.
+//   lora_prep  per expert with more rows: pack its LoRA A and B for the kernels; s * x A^T for
+//              gate and up
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
 //              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
 //              h = silu(gate) * up in bf16; the item that completes an expert's h then computes
@@ -114,6 +116,8 @@ class MoeForward {
   std::vector<float> y_;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
+  std::vector<std::array<int, 2>> lora_row_items_;  // (expert, projection): the f32 LoRA form's x A^T
+  std::vector<int> lora_packed_;                     // experts whose LoRA takes the packed form
   std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<std::vector<float>> scratch_;  // per worker
