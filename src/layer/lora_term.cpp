@@ -76,13 +76,6 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
   }
 }
 
-void LoraTerm::project_row(const kernels::KernelTable& kt, const bf16* v, int i, float* save) {
-  if (!active_ || packed_) return;
-  float* xi = xa_f32_.data() + static_cast<std::size_t>(i) * rank_;
-  kt.lora_project_rows(v, static_cast<std::size_t>(in_), 1, in_, a_, rank_, scale_, xi, static_cast<std::size_t>(rank_));
-  if (save) std::copy_n(xi, rank_, save);
-}
-
 bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
   if (!active_ || !packed_) return false;
   const std::size_t panel_stride = static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns;

@@ -41,11 +41,6 @@ class LoraTerm {
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
 
-  // The form for few rows (not packed()) one row at a time: row i of those prepare() was given,
-  // from v (in elements, e.g. the caller's x row of that token; no padding needed). With `save`,
-  // the row's f32 values are also written there.
-  void project_row(const kernels::KernelTable& kt, const bf16* v, int i, float* save);
-
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.
   bool fuse_into(kernels::GemmBf16Args& g, int panel_shift) const;

@@ -195,15 +195,19 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     }
   }
   const std::size_t row_items = lora_row_items_.size();
-  pool_.parallel_for(row_items + gather_units_.size(), [&](std::size_t item, int) {
+  pool_.parallel_for(row_items + gather_units_.size(), [&](std::size_t item, int worker) {
     if (item < row_items) {
+      // The expert's few x rows into a per-thread block, so that A is read once for all of them
+      // (the f32 form reads `in` elements a row: no padding needed).
       const auto [e, p] = lora_row_items_[item];
-      LoraTerm& term = lora_[e][p];
-      const std::size_t rank = static_cast<std::size_t>(lora[static_cast<Projection>(p)].rank);
-      float* save_rows = saved_xa(static_cast<Projection>(p), e);
-      for (int i = 0; i < groups.count(e); ++i)
-        term.project_row(kt_, x + static_cast<std::size_t>(groups.token[groups.offsets[e] + i]) * hidden, i,
-                         save_rows ? save_rows + static_cast<std::size_t>(i) * rank : nullptr);
+      const int m = groups.count(e);
+      thread_local std::vector<bf16> rows_of_x;
+      rows_of_x.resize(static_cast<std::size_t>(m) * hidden);
+      for (int i = 0; i < m; ++i)
+        std::memcpy(rows_of_x.data() + static_cast<std::size_t>(i) * hidden,
+                    x + static_cast<std::size_t>(groups.token[groups.offsets[e] + i]) * hidden, hidden * sizeof(bf16));
+      lora_[e][p].project(kt_, rows_of_x.data(), hidden, m, static_cast<int>(hk), scratch_[worker], saved_xa(static_cast<Projection>(p), e),
+                          static_cast<std::size_t>(lora[static_cast<Projection>(p)].rank));
       return;
     }
     const std::size_t unit = item - row_items;
