@@ -146,6 +146,8 @@ class TILEMOE_CXX_API MoeLayer {
   void update_lora_weights(const LayerLoraView& view);
   // A PEFT adapter directory or a `tilemoe convert-lora` file, held by the layer; `layer` is its
   // index in the model (a checkpoint layer knows its own: pass -1). Needs an empty cache stack.
+  // The layer's own copy is never written, so the forward packs it for the tile kernels once,
+  // where sets given by update_lora_weights (the caller's arrays) are packed at every call.
   void load_adapter(const std::string& path, int layer = -1);
   void unload_adapter();  // back to no LoRA; needs an empty cache stack
   const LayerLoraView& lora() const;
