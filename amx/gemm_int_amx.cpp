@@ -78,7 +78,20 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   const std::size_t a_kstep = g.a_tiles ? kBlockBytes : kIntBlockK;
   const std::size_t a_second = g.a_tiles ? static_cast<std::size_t>(job.kblocks) * kBlockBytes : kTileRows * g.lda;
   const std::uint8_t* b0 = job.b + static_cast<std::size_t>(panel - job.b_panel0) * job.panel_stride;
-  alignas(64) std::int32_t buf[4][kTileRows * 16];
+  // Two sets of group sums: a group's are scaled into C (AVX-512) only after the next group's
+  // tile products are issued, so that the TMUL works on those while the flush runs, instead of
+  // idling through it (int4 has one group per 128 inputs: 16 flushes of a 2048-long row). C
+  // still takes the groups in order, so the sums are the same.
+  alignas(64) std::int32_t buf[2][4][kTileRows * 16];
+  auto flush_group = [&](int grp) {
+    const auto& b = buf[grp & 1];
+    flush_tile(job, b[0], row0, rows0, panel, grp, grp == 0);
+    if constexpr (TwoPanels) flush_tile(job, b[1], row0, rows0, panel + 1, grp, grp == 0);
+    if constexpr (TwoRowTiles) {
+      flush_tile(job, b[2], row0 + kTileRows, rows1, panel, grp, grp == 0);
+      if constexpr (TwoPanels) flush_tile(job, b[3], row0 + kTileRows, rows1, panel + 1, grp, grp == 0);
+    }
+  };
   for (int grp = 0; grp < g.shape.groups; ++grp) {
     _tile_zero(0);
     if constexpr (TwoPanels) _tile_zero(1);
@@ -108,20 +121,17 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
         if constexpr (TwoPanels) _tile_dpbssd(3, 5, 7);
       }
     }
-    _tile_stored(0, buf[0], kTileRowBytes);
-    if constexpr (TwoPanels) _tile_stored(1, buf[1], kTileRowBytes);
+    if (grp > 0) flush_group(grp - 1);
+    auto& b = buf[grp & 1];
+    _tile_stored(0, b[0], kTileRowBytes);
+    if constexpr (TwoPanels) _tile_stored(1, b[1], kTileRowBytes);
     if constexpr (TwoRowTiles) {
-      _tile_stored(2, buf[2], kTileRowBytes);
-      if constexpr (TwoPanels) _tile_stored(3, buf[3], kTileRowBytes);
+      _tile_stored(2, b[2], kTileRowBytes);
+      if constexpr (TwoPanels) _tile_stored(3, b[3], kTileRowBytes);
     }
     __asm__ volatile("" ::: "memory");
-    flush_tile(job, buf[0], row0, rows0, panel, grp, grp == 0);
-    if constexpr (TwoPanels) flush_tile(job, buf[1], row0, rows0, panel + 1, grp, grp == 0);
-    if constexpr (TwoRowTiles) {
-      flush_tile(job, buf[2], row0 + kTileRows, rows1, panel, grp, grp == 0);
-      if constexpr (TwoPanels) flush_tile(job, buf[3], row0 + kTileRows, rows1, panel + 1, grp, grp == 0);
-    }
   }
+  if (g.shape.groups > 0) flush_group(g.shape.groups - 1);
 }
 
 template <bool TwoRowTiles>
