@@ -17,10 +17,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   in_ = in;
   scale_ = scale;
   packed_ = rows >= kLoraPackRows;
-  if (!packed_) {
-    xa_f32_.resize(static_cast<std::size_t>(std::max(rows, 0)) * rank_);
-    return;
-  }
+  if (!packed_) return;
   if (held_generation != 0 && packed_generation_ == held_generation) return;
   packed_generation_ = 0;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
