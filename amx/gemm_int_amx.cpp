@@ -4,7 +4,8 @@
 // tmm4/5 two A tiles (16 rows × 64 int8), tmm6/7 two B tiles (one packed int8 block each).
 // TDPBSSD multiplies signed by signed bytes, so no bias is needed here. The C tiles hold the
 // exact int32 sums of one scale group; at each group's end they go through a 4 KiB stack buffer
-// and are scaled into C in f32 (int8 has a single group, so that happens once per block).
+// and are scaled in f32: int8's single group straight into C, int4's groups into a 4 KiB f32
+// block on the stack that goes to C once, after the last group.
 //
 // int4: each panel group's codes are first unpacked into int8 blocks in a thread-local buffer
 // (nibble - 8), which stays in L2 while every row block passes over it; groups of 32 are shorter
@@ -44,17 +45,22 @@ struct Job {
   int kblocks, group_blocks;
 };
 
-// Scales one group's int32 tile sums (in buf, 16 columns a row) into C.
-inline void flush_tile(const Job& job, const std::int32_t* buf, int row0, int rows, int panel, int grp, bool first_group) {
-  const GemmIntArgs& g = *job.g;
-  const PackedIntShape& s = g.shape;
-  const __m512 scale = _mm512_loadu_ps(g.b.scales + (static_cast<std::size_t>(panel) * s.groups + grp) * 16);
+// dst (row stride ld) = (or +=, with add) sa[i] * scale * sums[i] for a tile's rows. The loop
+// reads only locals besides sums and dst: through the job the compiler had to reload every field
+// after each store (a store to C may alias it), ~20 instructions a row instead of 5.
+__attribute__((always_inline)) inline void scale_sums_into(const std::int32_t* sums, int rows, __m512 scale, const float* sa, float* dst,
+                                                           std::size_t ld, bool add) {
+  if (!add) {
+    for (int i = 0; i < rows; ++i) {
+      const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(sa[i]));
+      _mm512_storeu_ps(dst + i * ld, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f));
+    }
+    return;
+  }
   for (int i = 0; i < rows; ++i) {
-    float* ci = g.c + (row0 + i) * g.ldc + (panel - g.panel_begin) * 16;
-    const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(g.a_scale[row0 + i]));
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(buf + i * 16)), f);
-    if (!first_group || g.accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(ci));
-    _mm512_storeu_ps(ci, v);
+    const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(sa[i]));
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f);
+    _mm512_storeu_ps(dst + i * ld, _mm512_add_ps(v, _mm512_loadu_ps(dst + i * ld)));
   }
 }
 
@@ -78,21 +84,41 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   const std::size_t a_kstep = g.a_tiles ? kBlockBytes : kIntBlockK;
   const std::size_t a_second = g.a_tiles ? static_cast<std::size_t>(job.kblocks) * kBlockBytes : kTileRows * g.lda;
   const std::uint8_t* b0 = job.b + static_cast<std::size_t>(panel - job.b_panel0) * job.panel_stride;
-  // Two sets of group sums: a group's are scaled into C (AVX-512) only after the next group's
-  // tile products are issued, so that the TMUL works on those while the flush runs, instead of
-  // idling through it (int4 has one group per 128 inputs: 16 flushes of a 2048-long row). C
-  // still takes the groups in order, so the sums are the same.
+  // Two sets of group sums: a group's are scaled (AVX-512) only after the next group's tile
+  // products are issued, so that the TMUL works on those while the flush runs (int4 has one
+  // group per 128 inputs: 16 flushes of a 2048-long row). The groups still add up in order.
   alignas(64) std::int32_t buf[2][4][kTileRows * 16];
-  auto flush_group = [&](int grp) {
-    const auto& b = buf[grp & 1];
-    flush_tile(job, b[0], row0, rows0, panel, grp, grp == 0);
-    if constexpr (TwoPanels) flush_tile(job, b[1], row0, rows0, panel + 1, grp, grp == 0);
-    if constexpr (TwoRowTiles) {
-      flush_tile(job, b[2], row0 + kTileRows, rows1, panel, grp, grp == 0);
-      if constexpr (TwoPanels) flush_tile(job, b[3], row0 + kTileRows, rows1, panel + 1, grp, grp == 0);
+  // Several groups add up in a contiguous f32 block, written to C once at the end. Added into C
+  // itself, a block whose rows lie 2 KiB apart (int4 items of 32 panels) maps its 64 lines onto 4
+  // L1 sets and evicts itself at every group: on the device this block took int4 g128 at 4096
+  // tokens from 83-84 to 71-72 ms (g64: 102 to 82). One group (int8) goes straight into C.
+  alignas(64) float acc[4][kTileRows * 16];
+  const bool direct = g.shape.groups == 1;
+  const std::size_t ldc = g.ldc;
+  float* const c0 = g.c + static_cast<std::size_t>(row0) * ldc + static_cast<std::size_t>(panel - g.panel_begin) * 16;
+  const float* const sa = g.a_scale + row0;
+  const float* const scales = g.b.scales;
+  const int groups = g.shape.groups;
+  // Tile t: rows [16 * (t / 2), +16) x panel panel + t % 2.
+  auto flush_one = [&](int grp, int t) {
+    const int r = t / 2 * kTileRows, rows = t < 2 ? rows0 : rows1, p = panel + t % 2;
+    const __m512 scale = _mm512_loadu_ps(scales + (static_cast<std::size_t>(p) * groups + grp) * 16);
+    if (direct) {
+      scale_sums_into(buf[grp & 1][t], rows, scale, sa + r, c0 + static_cast<std::size_t>(r) * ldc + (t % 2) * 16, ldc,
+                      g.accumulate || grp > 0);
+    } else {
+      scale_sums_into(buf[grp & 1][t], rows, scale, sa + r, acc[t], 16, grp > 0);
     }
   };
-  for (int grp = 0; grp < g.shape.groups; ++grp) {
+  auto flush_group = [&](int grp) {
+    flush_one(grp, 0);
+    if constexpr (TwoPanels) flush_one(grp, 1);
+    if constexpr (TwoRowTiles) {
+      flush_one(grp, 2);
+      if constexpr (TwoPanels) flush_one(grp, 3);
+    }
+  };
+  for (int grp = 0; grp < groups; ++grp) {
     _tile_zero(0);
     if constexpr (TwoPanels) _tile_zero(1);
     if constexpr (TwoRowTiles) {
@@ -131,7 +157,23 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     }
     __asm__ volatile("" ::: "memory");
   }
-  if (g.shape.groups > 0) flush_group(g.shape.groups - 1);
+  if (groups > 0) flush_group(groups - 1);
+  if (direct) return;
+  auto write_one = [&](int t) {
+    const int r = t / 2 * kTileRows, rows = t < 2 ? rows0 : rows1;
+    float* c = c0 + static_cast<std::size_t>(r) * ldc + (t % 2) * 16;
+    for (int i = 0; i < rows; ++i) {
+      __m512 v = _mm512_load_ps(acc[t] + i * 16);
+      if (g.accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps(c + i * ldc));
+      _mm512_storeu_ps(c + i * ldc, v);
+    }
+  };
+  write_one(0);
+  if constexpr (TwoPanels) write_one(1);
+  if constexpr (TwoRowTiles) {
+    write_one(2);
+    if constexpr (TwoPanels) write_one(3);
+  }
 }
 
 template <bool TwoRowTiles>
