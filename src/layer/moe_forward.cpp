@@ -97,12 +97,14 @@ const char* MoeForward::phase_name(int i) {
 }
 
 MoeForward::MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool)
-    : w_(weights), isa_(isa), kt_(kernels::kernel_table(isa)), pool_(pool), scratch_(static_cast<std::size_t>(pool.size())) {}
+    : w_(weights), isa_(isa), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(forward_workspace_for(pool)) {}
 
 void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights,
                          float* out, const ForwardSave* save) {
   const MoeShape& s = w_.shape();
   TokenGroups groups = group_tokens_by_expert(ids, tokens, top_k, s.num_experts);
+  // From here to the end the pool's shared buffers are this call's.
+  std::lock_guard<std::mutex> buffers(ws_->in_use);
   const int rows = groups.total();
   const std::size_t hk = static_cast<std::size_t>(w_.up_shape().k_padded);    // x row stride
   const std::size_t ik = static_cast<std::size_t>(w_.down_shape().k_padded);  // h row stride

@@ -19,11 +19,13 @@
 //   combine    out[t] = sum_j w[t,j] y[t,j], slots in order
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "amx/isa.hpp"
 #include "amx/kernel_table.hpp"
 #include "numa/thread_pool.hpp"
+#include "src/layer/forward_workspace.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/lora/lora_view.hpp"
@@ -98,8 +100,10 @@ class MoeForward {
   const kernels::KernelTable& kt_;
   numa::ThreadPool& pool_;
 
-  // Reused across calls: grown to the largest batch seen, never shrunk.
-  std::vector<bf16> xs_, h_;
+  // The pool's shared buffers (forward_workspace.hpp), under their names here.
+  std::shared_ptr<ForwardWorkspace> ws_;
+  std::vector<bf16>& xs_ = ws_->xs;
+  std::vector<bf16>& h_ = ws_->h;
   // Where each expert's rows start in xs_ and h_ (in rows of the block), and whether they are
   // in tile order (then rounded up to whole row tiles).
   std::vector<std::size_t> block_row_;
@@ -109,18 +113,19 @@ class MoeForward {
   // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride), each
   // expert's from qblock_row_[e] on; in tile order (pack_int.hpp) where qtiled_[e], whole row
   // tiles then. Scales stay in TokenGroups order.
-  std::vector<std::int8_t> xq_, hq_;
+  std::vector<std::int8_t>& xq_ = ws_->xq;
+  std::vector<std::int8_t>& hq_ = ws_->hq;
   std::vector<std::size_t> qblock_row_;
   std::vector<char> qtiled_;
   std::vector<float> xq_scale_, hq_scale_;
-  std::vector<float> y_;
+  std::vector<float>& y_ = ws_->y;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
   std::vector<std::array<int, 2>> lora_row_items_;  // (expert, projection): the f32 LoRA form's x A^T
   std::vector<int> lora_packed_;                     // experts whose LoRA takes the packed form
   std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
   std::vector<std::array<LoraTerm, 3>> lora_;
-  std::vector<std::vector<float>> scratch_;  // per worker
+  std::vector<std::vector<float>>& scratch_ = ws_->scratch;  // per worker
   std::array<double, kPhases> phase_seconds_{};
 };
 
