@@ -20,6 +20,8 @@
 //
 // Calls run on the runtime's threads in the runtime's order (tilemoe/runtime.hpp); submit_* are
 // the asynchronous forms: every pointer passed must stay valid until the task has finished.
+// The layers of one runtime share the forward's transient buffers (the largest batch's gathered
+// inputs and per-slot outputs), so a model's layers hold one set between them, not one each.
 #include <cstdint>
 #include <memory>
 #include <string>
