@@ -1,6 +1,6 @@
 #include "src/layer/forward_workspace.hpp"
 
-#include <algorithm>
+#include <iterator>
 #include <map>
 
 namespace tilemoe {
