@@ -8,7 +8,11 @@
 // block on the stack that goes to C once, after the last group.
 //
 // int4: each panel group's codes are first unpacked into int8 blocks in a thread-local buffer
-// (nibble - 8), which stays in L2 while every row block passes over it; groups of 32 are shorter
+// (nibble - 8), which stays in L2 while every row block passes over it. When the group scales are
+// integer multiples of one scale per column (pack_int.hpp), the unpack multiplies each code by
+// its group's multiple and the whole of K is one group, as for int8: on the device (two rounds, one
+// call) that took int4 g128 at 4096 tokens from 73.4-73.8 to 59.6-63.3 ms (gate_up 43.0 -> 33.6-36.4)
+// and at 512 tokens from 10.9-11.0 to 9.6-9.7, level with int8. Otherwise groups of 32 are shorter
 // than a 64-k tile, so the kernel table sends int4 at group 32 to the AVX512-VNNI kernel.
 //
 // A by rows or in tile order (pack_int.hpp), where each A tile load is one contiguous 1 KiB.
@@ -43,6 +47,8 @@ struct Job {
   int b_panel0;
   std::size_t panel_stride;  // bytes between panels in b
   int kblocks, group_blocks;
+  const float* scales;  // [panel][group][16]
+  int groups;
 };
 
 // dst (row stride ld) = (or +=, with add) sa[i] * scale * sums[i] for a tile's rows. The loop
@@ -93,12 +99,12 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   // L1 sets and evicts itself at every group: on the device this block took int4 g128 at 4096
   // tokens from 83-84 to 71-72 ms (g64: 102 to 82). One group (int8) goes straight into C.
   alignas(64) float acc[4][kTileRows * 16];
-  const bool direct = g.shape.groups == 1;
+  const bool direct = job.groups == 1;
   const std::size_t ldc = g.ldc;
   float* const c0 = g.c + static_cast<std::size_t>(row0) * ldc + static_cast<std::size_t>(panel - g.panel_begin) * 16;
   const float* const sa = g.a_scale + row0;
-  const float* const scales = g.b.scales;
-  const int groups = g.shape.groups;
+  const float* const scales = job.scales;
+  const int groups = job.groups;
   // Tile t: rows [16 * (t / 2), +16) x panel panel + t % 2.
   auto flush_one = [&](int grp, int t) {
     const int r = t / 2 * kTileRows, rows = t < 2 ? rows0 : rows1, p = panel + t % 2;
@@ -205,13 +211,48 @@ void unpack_int4_panels(const PackedIntShape& s, const std::uint8_t* codes, int 
   }
 }
 
+// The same with each code times its group's multiple (pack_int.hpp, decompose_int4_scales), so
+// that one scale per column applies to a sum over all of K. VPMULLW multiplies two codes of one
+// column at once: as nibbles n = code + 8, n * m <= 240 never carries into the next byte, and
+// (n * m - 8 * m) mod 256 is code * m in [-128, 112].
+void unpack_int4_panels_scaled(const PackedIntShape& s, const std::uint8_t* codes, const std::uint8_t* multiples, int p0, int p1,
+                               std::uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const std::uint8_t* in = codes + static_cast<std::size_t>(p0) * s.panel_bytes();
+  for (int p = p0; p < p1; ++p) {
+    for (int kb = 0; kb < s.kblocks; ++kb) {
+      __m512i m16 = _mm512_setzero_si512(), m8 = m16;
+      int group = -1;
+      for (int rp = 0; rp < 8; ++rp) {
+        // Quad rows 2rp and 2rp+1 cover k offsets [8 rp, 8 rp + 8): one group (groups are >= 32).
+        const int g = (kb * kIntBlockK + 8 * rp) / s.group;
+        if (g != group) {
+          group = g;
+          const __m512i m = _mm512_cvtepu8_epi32(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(multiples + (static_cast<std::size_t>(p) * s.groups + g) * 16)));
+          m16 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));      // m in both 16-bit halves of a column's 4 bytes
+          m8 = _mm512_mullo_epi32(m, _mm512_set1_epi32(0x08080808));  // 8 m in each of its 4 bytes
+        }
+        const __m512i raw = _mm512_loadu_si512(in + rp * 64);
+        const __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+        _mm512_storeu_si512(out + (2 * rp) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(lo, m16), m8));
+        _mm512_storeu_si512(out + (2 * rp + 1) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(hi, m16), m8));
+      }
+      in += 512;
+      out += 1024;
+    }
+  }
+}
+
 }  // namespace
 
 void gemm_int_amx(const GemmIntArgs& args) {
   if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
   if (!cpu_features().os_amx_permitted) fail(ErrorKind::unsupported, "gemm_int_amx: " + isa_unavailable_reason(Isa::amx_bf16));
   const PackedIntShape& s = args.shape;
-  if (s.group % kIntBlockK != 0) fail(ErrorKind::invalid_argument, "gemm_int_amx: scale groups must be multiples of 64");
+  const bool multiples = s.bits == 4 && args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
+  if (s.group % kIntBlockK != 0 && !multiples)
+    fail(ErrorKind::invalid_argument, "gemm_int_amx: scale groups must be multiples of 64, or decompose into column scales");
   __asm__ volatile("" ::: "memory");
 
   const std::size_t int8_panel_bytes = static_cast<std::size_t>(s.kblocks) * kBlockBytes;
@@ -222,10 +263,17 @@ void gemm_int_amx(const GemmIntArgs& args) {
 
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);
-    Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK};
+    Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
     if (s.bits == 4) {
       unpacked.resize(static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
-      unpack_int4_panels(s, args.b.codes, g0, g1, unpacked.data());
+      if (multiples) {
+        unpack_int4_panels_scaled(s, args.b.codes, args.b.group_multiples, g0, g1, unpacked.data());
+        job.group_blocks = s.kblocks;
+        job.scales = args.b.column_scales;
+        job.groups = 1;
+      } else {
+        unpack_int4_panels(s, args.b.codes, g0, g1, unpacked.data());
+      }
       job.b = unpacked.data();
       job.b_panel0 = g0;
       job.panel_stride = int8_panel_bytes;

@@ -15,10 +15,11 @@ void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
   }
 }
 
-// The same split for integer weights; int4 at group 32 has no tile kernel (a 64-k tile spans two
-// scale groups), so it stays on AVX512-VNNI.
+// The same split for integer weights; int4 at group 32 has no tile kernel unless its scales
+// decompose into column scales (a 64-k tile spans two scale groups), so it stays on AVX512-VNNI.
 void gemm_int_amx_or_avx512(const GemmIntArgs& args) {
-  if (args.m < kAmxMinRows || args.shape.group % kIntBlockK != 0) {
+  const bool multiples = args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
+  if (args.m < kAmxMinRows || (args.shape.group % kIntBlockK != 0 && !multiples)) {
     gemm_int_avx512(args);
   } else {
     gemm_int_amx(args);

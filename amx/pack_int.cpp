@@ -1,6 +1,7 @@
 #include "amx/pack_int.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -73,6 +74,41 @@ void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t
       colsums[(static_cast<std::size_t>(nb) * s.groups + kk / s.group) * 16 + c] += code;
     }
   }
+}
+
+bool decompose_int4_scales(const PackedIntShape& s, const float* scales, float* column_scales, std::uint8_t* group_multiples) {
+  if (s.bits != 4) return false;
+  for (int col = 0; col < s.n_padded; ++col) {
+    const int nb = col / 16, c = col % 16;
+    auto at = [&](int g) { return (static_cast<std::size_t>(nb) * s.groups + g) * 16 + c; };
+    float top = 0.0f;
+    for (int g = 0; g < s.groups; ++g) {
+      const float v = scales[at(g)];
+      if (!(std::isfinite(v) && v >= 0.0f)) return false;  // NaN fails this test too
+      top = std::max(top, v);
+    }
+    column_scales[static_cast<std::size_t>(nb) * 16 + c] = 0.0f;
+    if (top == 0.0f) {
+      for (int g = 0; g < s.groups; ++g) group_multiples[at(g)] = 0;
+      continue;
+    }
+    // The largest group is some multiple of the column scale: try them from the finest down.
+    bool found = false;
+    for (int top_multiple = kInt4MaxGroupMultiple; top_multiple >= 1 && !found; --top_multiple) {
+      const float unit = top / static_cast<float>(top_multiple);
+      if (!(unit > 0.0f) || !std::isnormal(unit)) break;
+      found = true;
+      for (int g = 0; g < s.groups && found; ++g) {
+        const float ratio = scales[at(g)] / unit;
+        const float m = std::nearbyint(ratio);
+        found = m >= 0.0f && m <= static_cast<float>(kInt4MaxGroupMultiple) && std::fabs(ratio - m) <= 1e-5f * std::max(m, 1.0f);
+        if (found) group_multiples[at(g)] = static_cast<std::uint8_t>(m);
+      }
+      if (found) column_scales[static_cast<std::size_t>(nb) * 16 + c] = unit;
+    }
+    if (!found) return false;
+  }
+  return true;
 }
 
 int packed_int_code(const PackedIntShape& s, const std::uint8_t* codes, int col, int kk) {

@@ -48,7 +48,24 @@ struct PackedIntView {
   const std::uint8_t* codes = nullptr;  // code_bytes()
   const float* scales = nullptr;        // scale_count()
   const std::int32_t* colsums = nullptr;
+  // int4 only, optional (both or neither): the group scales as integer multiples of one scale per
+  // column (decompose_int4_scales). The AMX kernel then turns codes into int8 (code * multiple)
+  // and sums all of K in int32 with one scaling per output, as int8 weights do, instead of
+  // scaling every group's sums.
+  const float* column_scales = nullptr;         // panels * 16, at nb*16 + c
+  const std::uint8_t* group_multiples = nullptr;  // scale_count(), at the scales' index
 };
+
+// The largest group multiple: code * multiple stays in int8 (-8 * 16 = -128, 7 * 16 = 112), and
+// (code + 8) * multiple <= 240 fits a byte, which the AMX unpack relies on.
+inline constexpr int kInt4MaxGroupMultiple = 16;
+
+// For int4: finds, per column, one scale s and multiples m_g in [0, 16] with scale_g == s * m_g
+// (to 1e-5 relative) for every group, writing s (panels * 16) and m_g (scale_count()). Returns
+// false, with the outputs unspecified, when some column has none (group scales chosen freely, or
+// not finite); the kernels then scale group by group. The quantizer (quant/quantize.hpp)
+// chooses its int4 scales so that they decompose.
+bool decompose_int4_scales(const PackedIntShape& s, const float* scales, float* column_scales, std::uint8_t* group_multiples);
 
 // Packs Q [n][k] (int8: one code a byte, row stride ld bytes; int4: two's complement nibbles, even
 // k in the low nibble, (k+1)/2 bytes a row at stride ld) with row scales (int8: [n]; int4:

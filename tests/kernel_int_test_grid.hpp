@@ -35,8 +35,14 @@ struct IntWeights {
   std::vector<std::uint8_t> codes;
   std::vector<float> scales;
   std::vector<std::int32_t> colsums;
+  // With `multiples` (int4): every group scale is a row scale times 0..16, so the scales decompose
+  // (decompose_int4_scales) and the view carries the column form the AMX kernel reads.
+  bool multiples = false;
+  std::vector<float> column_scales;
+  std::vector<std::uint8_t> group_multiples;
 
-  IntWeights(std::mt19937& rng, int bits_, int n_, int k_, int group_) : bits(bits_), n(n_), k(k_), group(group_) {
+  IntWeights(std::mt19937& rng, int bits_, int n_, int k_, int group_, bool multiples_ = false)
+      : bits(bits_), n(n_), k(k_), group(group_), multiples(multiples_) {
     shape = packed_int_shape(bits, n, k, group);
     const int lo = bits == 8 ? -127 : -8, hi = bits == 8 ? 127 : 7;
     code.resize(static_cast<std::size_t>(n) * k);
@@ -56,10 +62,31 @@ struct IntWeights {
     const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
     row_scales.resize(static_cast<std::size_t>(n) * source_groups);
     for (float& s : row_scales) s = std::uniform_real_distribution<float>(0.001f, 0.05f)(rng);
+    if (multiples) {
+      for (int r = 0; r < n; ++r) {
+        const float unit = std::uniform_real_distribution<float>(1e-4f, 3e-3f)(rng);
+        for (int g = 0; g < source_groups; ++g)
+          row_scales[static_cast<std::size_t>(r) * source_groups + g] =
+              unit * static_cast<float>(std::uniform_int_distribution<int>(g == 1 ? 0 : 1, kInt4MaxGroupMultiple)(rng));
+      }
+    }
     codes.resize(shape.code_bytes());
     scales.resize(shape.scale_count());
     colsums.resize(shape.scale_count());
     pack_int_weights(shape, q.data(), row_bytes, row_scales.data(), codes.data(), scales.data(), colsums.data());
+    if (multiples) {
+      column_scales.resize(static_cast<std::size_t>(shape.panels) * 16);
+      group_multiples.resize(shape.scale_count());
+      REQUIRE(decompose_int4_scales(shape, scales.data(), column_scales.data(), group_multiples.data()));
+    }
+  }
+  PackedIntView view(const std::uint8_t* packed_codes) const {
+    PackedIntView v{packed_codes, scales.data(), colsums.data()};
+    if (multiples) {
+      v.column_scales = column_scales.data();
+      v.group_multiples = group_multiples.data();
+    }
+    return v;
   }
   float scale_of(int r, int kk) const {
     const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
@@ -94,6 +121,46 @@ inline void check_int_packing() {
         }
 }
 
+// The column form of int4 scales: found for multiples of one scale (zero groups and zero columns
+// included) and equal to them; refused for free scales, NaN and negative scales.
+inline void check_int4_scale_decomposition() {
+  std::mt19937 rng(5);
+  for (int group : {32, 64, 128})
+    for (int n : {1, 17, 40})
+      for (int k : {1, 65, 300}) {
+        INFO("group " << group << " n " << n << " k " << k);
+        IntWeights w(rng, 4, n, k, group, true);
+        const PackedIntShape& s = w.shape;
+        for (int col = 0; col < s.n_padded; ++col)
+          for (int g = 0; g < s.groups; ++g) {
+            const std::size_t at = (static_cast<std::size_t>(col / 16) * s.groups + g) * 16 + col % 16;
+            const float unit = w.column_scales[static_cast<std::size_t>(col / 16) * 16 + col % 16];
+            REQUIRE(w.group_multiples[at] <= kInt4MaxGroupMultiple);
+            REQUIRE(std::fabs(unit * w.group_multiples[at] - w.scales[at]) <= 1e-6f * w.scales[at]);
+          }
+        std::vector<float> cs(static_cast<std::size_t>(s.panels) * 16);
+        std::vector<std::uint8_t> gm(s.scale_count());
+        std::vector<float> scales = w.scales;
+        const bool several = (k + group - 1) / group > 1;  // real groups: a single one always decomposes
+        if (several) {
+          scales[16] = scales[0] > 0 ? scales[0] * 1.37f : 0.0123f;  // column 0, group 1: no longer a multiple
+          if (scales[0] == 0.0f) scales[0] = 0.01f;
+          CHECK_FALSE(decompose_int4_scales(s, scales.data(), cs.data(), gm.data()));
+        }
+        scales = w.scales;
+        scales[0] = std::nanf("");
+        CHECK_FALSE(decompose_int4_scales(s, scales.data(), cs.data(), gm.data()));
+        scales[0] = -0.01f;
+        CHECK_FALSE(decompose_int4_scales(s, scales.data(), cs.data(), gm.data()));
+        IntWeights free_scales(rng, 4, n, k, group);
+        if (several) CHECK_FALSE(decompose_int4_scales(s, free_scales.scales.data(), cs.data(), gm.data()));
+      }
+  PackedIntShape int8 = packed_int_shape(8, 16, 64, 0);
+  std::vector<float> cs(16), scales(int8.scale_count(), 0.5f);
+  std::vector<std::uint8_t> gm(int8.scale_count());
+  CHECK_FALSE(decompose_int4_scales(int8, scales.data(), cs.data(), gm.data()));
+}
+
 struct IntGemmCase {
   int bits, group, m, n, k;
   bool accumulate = false;
@@ -101,18 +168,19 @@ struct IntGemmCase {
   int lda_extra = 0, ldc_extra = 0;
   bool nan_row = false;  // row 0's activation scale is NaN
   bool a_tiles = false;  // A passed in tile order (pack_int.hpp)
+  bool multiples = false;  // int4 scales that decompose, passed in column form too
   std::string describe() const {
     std::ostringstream s;
     s << "bits=" << bits << " group=" << group << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
       << " panels=[" << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " nan_row=" << nan_row << " a_tiles=" << a_tiles;
+      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples;
     return s.str();
   }
 };
 
 inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19937& rng) {
   INFO(tc.describe());
-  IntWeights w(rng, tc.bits, tc.n, tc.k, tc.group);
+  IntWeights w(rng, tc.bits, tc.n, tc.k, tc.group, tc.multiples);
   const PackedIntShape& s = w.shape;
   const int pb = tc.panel_begin, pe = tc.panel_end < 0 ? s.panels : tc.panel_end;
   const int cols = (pe - pb) * 16;
@@ -151,7 +219,7 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
   args.m = tc.m;
   args.a_scale = a_scale.data();
   args.shape = s;
-  args.b = PackedIntView{codes.data(), w.scales.data(), w.colsums.data()};
+  args.b = w.view(codes.data());
   args.panel_begin = pb;
   args.panel_end = pe;
   args.c = c.data();
@@ -200,10 +268,18 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
   for (int bits : {8, 4}) {
     for (int group : {32, 64, 128}) {
       if (bits == 8 && group != 128) continue;
-      if (amx && bits == 4 && group == 32) continue;  // the table sends it to AVX512-VNNI
       for (int m : ms)
         for (int n : ns)
           for (int k : ks) {
+            if (bits == 4) {
+              IntGemmCase multiples{bits, group, m, n, k};
+              multiples.multiples = true;
+              multiples.accumulate = rng() % 2 == 0;
+              multiples.a_tiles = rng() % 2 == 0;
+              check_int_gemm_case(gemm, multiples, rng);
+            }
+            // The AMX kernel has no form for free int4 scales at group 32: the table sends those to AVX512-VNNI.
+            if (amx && bits == 4 && group == 32) continue;
             check_int_gemm_case(gemm, IntGemmCase{bits, group, m, n, k}, rng);
             IntGemmCase tc{bits, group, m, n, k};
             tc.accumulate = rng() % 2 == 0;
@@ -234,6 +310,15 @@ inline void check_int_gemm_large(GemmIntFn gemm, bool amx) {
       check_int_gemm_case(gemm, tc, rng);
       tc.a_tiles = true;
       check_int_gemm_case(gemm, tc, rng);
+      if (bits == 4) {
+        for (int group : {32, 128}) {
+          IntGemmCase mc{bits, group, m, 130, 4100};
+          mc.multiples = true;
+          mc.a_tiles = m % 2 == 0;
+          mc.accumulate = m > 40;
+          check_int_gemm_case(gemm, mc, rng);
+        }
+      }
     }
 }
 
@@ -271,6 +356,7 @@ inline void check_int_kernels(Isa isa) {
   const KernelTable& table = kernel_table(isa);
   const bool amx = isa == Isa::amx_bf16;
   SECTION("int packing") { check_int_packing(); }
+  SECTION("int4 scales in column form") { check_int4_scale_decomposition(); }
   SECTION("int gemm grid") { check_int_gemm_grid(raw_gemm_int(isa), amx); }
   SECTION("int gemm large k") { check_int_gemm_large(raw_gemm_int(isa), amx); }
   SECTION("table int gemm, every group") {

@@ -9,6 +9,7 @@
 
 #include "catch.hpp"
 #include "quantized_dir_util.hpp"
+#include "src/layer/packed_experts.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/quant/quantization_error.hpp"
@@ -380,6 +381,18 @@ TEST_CASE("quantization error of Gaussian weights against bf16", "[quant][error]
   w.down = gaussian_bf16(n, 3);
   auto error_of_type = [&](WeightType type, int group) {
     auto q = quantize_experts(w.view(), type, group, nullptr);
+    if (type == WeightType::int4) {
+      // The quantizer's group scales are multiples of one scale per output channel, so the AMX
+      // kernel takes its one-group path (pack_int.hpp).
+      numa::ThreadPool pool(1, {});
+      const PackedExpertWeights packed = PackedExpertWeights::pack_quantized(q, pool);
+      for (Projection p : kProjections)
+        for (int e = 0; e < s.num_experts; ++e) {
+          INFO(projection_name(p) << " expert " << e << " group " << group);
+          CHECK(packed.packed_int(p, e).column_scales != nullptr);
+          CHECK(packed.packed_int(p, e).group_multiples != nullptr);
+        }
+    }
     QuantizationError sum;
     sum.add_layer(w.view(), q, nullptr);
     std::vector<float> ref, got;

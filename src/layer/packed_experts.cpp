@@ -59,6 +59,11 @@ PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedEx
     p.codes_[i] = numa::NodeBuffer<std::uint8_t>(is.code_bytes() * s.num_experts, node);
     p.scales_[i] = numa::NodeBuffer<float>(is.scale_count() * s.num_experts, node);
     p.colsums_[i] = numa::NodeBuffer<std::int32_t>(is.scale_count() * s.num_experts, node);
+    if (bits == 4) {
+      p.column_scales_[i] = numa::NodeBuffer<float>(static_cast<std::size_t>(is.panels) * 16 * s.num_experts, node);
+      p.group_multiples_[i] = numa::NodeBuffer<std::uint8_t>(is.scale_count() * s.num_experts, node);
+      p.decomposed_[i].assign(static_cast<std::size_t>(s.num_experts), 0);
+    }
   }
   pool.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
     const int e = static_cast<int>(item / 3);
@@ -68,6 +73,10 @@ PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedEx
     const int i = static_cast<int>(proj);
     kernels::pack_int_weights(is, qp.codes_of(e), qp.row_bytes(), qp.scales_of(e), p.codes_[i].data() + is.code_bytes() * e,
                               p.scales_[i].data() + is.scale_count() * e, p.colsums_[i].data() + is.scale_count() * e);
+    if (bits == 4)
+      p.decomposed_[i][static_cast<std::size_t>(e)] = kernels::decompose_int4_scales(
+          is, p.scales_[i].data() + is.scale_count() * e, p.column_scales_[i].data() + static_cast<std::size_t>(is.panels) * 16 * e,
+          p.group_multiples_[i].data() + is.scale_count() * e);
   });
   return p;
 }
@@ -82,13 +91,20 @@ const bf16* PackedExpertWeights::packed(Projection p, int e) const {
 kernels::PackedIntView PackedExpertWeights::packed_int(Projection p, int e) const {
   const kernels::PackedIntShape& is = int_shape(p);
   const int i = static_cast<int>(p);
-  return {codes_[i].data() + is.code_bytes() * e, scales_[i].data() + is.scale_count() * e, colsums_[i].data() + is.scale_count() * e};
+  kernels::PackedIntView v{codes_[i].data() + is.code_bytes() * e, scales_[i].data() + is.scale_count() * e,
+                           colsums_[i].data() + is.scale_count() * e};
+  if (!decomposed_[i].empty() && decomposed_[i][static_cast<std::size_t>(e)] != 0) {
+    v.column_scales = column_scales_[i].data() + static_cast<std::size_t>(is.panels) * 16 * e;
+    v.group_multiples = group_multiples_[i].data() + is.scale_count() * e;
+  }
+  return v;
 }
 
 std::size_t PackedExpertWeights::bytes() const {
   if (type_ == WeightType::bf16) return (gate_.size() + up_.size() + down_.size()) * sizeof(bf16);
   std::size_t total = 0;
-  for (int i = 0; i < 3; ++i) total += codes_[i].size() + (scales_[i].size() + colsums_[i].size()) * 4;
+  for (int i = 0; i < 3; ++i)
+    total += codes_[i].size() + (scales_[i].size() + colsums_[i].size() + column_scales_[i].size()) * 4 + group_multiples_[i].size();
   return total;
 }
 

@@ -2,6 +2,9 @@
 // A layer's expert weights packed once, at load, into the layout the GEMM kernels read, per
 // expert, padded to tiles: gate and up as [I x H], down as [H x I]. Either bf16
 // (amx/pack_bf16.hpp) or int8/int4 codes with their scales (amx/pack_int.hpp).
+#include <array>
+#include <vector>
+
 #include "amx/pack_bf16.hpp"
 #include "amx/pack_int.hpp"
 #include "numa/node_memory.hpp"
@@ -47,6 +50,10 @@ class PackedExpertWeights {
   std::array<numa::NodeBuffer<std::uint8_t>, 3> codes_;
   std::array<numa::NodeBuffer<float>, 3> scales_;
   std::array<numa::NodeBuffer<std::int32_t>, 3> colsums_;
+  // int4: the group scales as multiples of a column scale, where they decompose (per expert).
+  std::array<numa::NodeBuffer<float>, 3> column_scales_;
+  std::array<numa::NodeBuffer<std::uint8_t>, 3> group_multiples_;
+  std::array<std::vector<char>, 3> decomposed_;
 };
 
 }  // namespace tilemoe

@@ -5,6 +5,7 @@
 #include <string>
 #include <type_traits>
 
+#include "amx/pack_int.hpp"
 #include "numa/thread_pool.hpp"
 #include "tilemoe/error.hpp"
 
@@ -91,40 +92,73 @@ void quantize_int8_matrix(const bf16* w, int n, int k, std::size_t ldw, std::int
 void quantize_int4_matrix(const bf16* w, int n, int k, std::size_t ldw, int group, std::int8_t* codes, float* scales) {
   const std::size_t row_bytes = static_cast<std::size_t>(k + 1) / 2;
   const int groups = (k + group - 1) / group;
-  std::vector<float> v(group);
+  std::vector<float> v(static_cast<std::size_t>(k)), amax(static_cast<std::size_t>(groups)), ideal(static_cast<std::size_t>(groups));
+  auto group_error = [&](int g, float scale) {
+    const int k0 = g * group, len = std::min(group, k - k0);
+    const float inv = 1.0f / scale;
+    double err = 0.0;
+    for (int i = k0; i < k0 + len; ++i) {
+      const float e = static_cast<float>(round_clamp(v[static_cast<std::size_t>(i)] * inv, -8, 7)) * scale - v[static_cast<std::size_t>(i)];
+      err += static_cast<double>(e) * e;
+    }
+    return err;
+  };
   for (int r = 0; r < n; ++r) {
+    float row_max = 0.0f;
+    for (int i = 0; i < k; ++i) v[static_cast<std::size_t>(i)] = bf16_to_float(w[ldw * r + i]);
+    // Each group's best scale on its own: the divisor of max|w| with the least squared error.
+    for (int g = 0; g < groups; ++g) {
+      const int k0 = g * group, len = std::min(group, k - k0);
+      float m = 0.0f;
+      for (int i = k0; i < k0 + len; ++i) m = std::max(m, std::fabs(v[static_cast<std::size_t>(i)]));
+      amax[static_cast<std::size_t>(g)] = m;
+      row_max = std::max(row_max, m);
+      float best_scale = 0.0f;
+      double best_err = -1.0;
+      for (float d : kInt4Divisors) {
+        if (m == 0.0f) break;
+        const double err = group_error(g, m / d);
+        if (best_err < 0.0 || err < best_err) {
+          best_err = err;
+          best_scale = m / d;
+        }
+      }
+      ideal[static_cast<std::size_t>(g)] = best_scale;
+    }
+    // Then the nearest of the scales unit * m (m = 1..16) with unit = max|w| of the row / (7 * 16),
+    // which reaches every group's divisors 7 to 10: group scales that are integer multiples of one
+    // column scale let the AMX kernel sum a whole row of K in int32 (pack_int.hpp,
+    // decompose_int4_scales). On Gaussian weights the norm-wise error moves from 0.101 to 0.102 at
+    // group 128 and from 0.087 to 0.089 at group 32. A row too small for a normal unit keeps its
+    // free scales.
+    const float unit = row_max / (7.0f * kernels::kInt4MaxGroupMultiple);
+    float* row_scales = scales + static_cast<std::size_t>(groups) * r;
+    for (int g = 0; g < groups; ++g) {
+      float chosen = ideal[static_cast<std::size_t>(g)];
+      if (chosen > 0.0f && std::isnormal(unit)) {
+        const int centre = std::clamp(static_cast<int>(chosen / unit + 0.5f), 1, kernels::kInt4MaxGroupMultiple);
+        double best_err = -1.0;
+        for (int m = std::max(1, centre - 1); m <= std::min(kernels::kInt4MaxGroupMultiple, centre + 1); ++m) {
+          const float scale = unit * static_cast<float>(m);
+          const double err = group_error(g, scale);
+          if (best_err < 0.0 || err < best_err) {
+            best_err = err;
+            chosen = scale;
+          }
+        }
+      }
+      row_scales[g] = chosen;
+    }
     auto* row = reinterpret_cast<std::uint8_t*>(codes + row_bytes * r);
     std::fill(row, row + row_bytes, std::uint8_t{0});
     for (int g = 0; g < groups; ++g) {
+      if (row_scales[g] == 0.0f) continue;
       const int k0 = g * group, len = std::min(group, k - k0);
-      float amax = 0.0f;
-      for (int i = 0; i < len; ++i) {
-        v[i] = bf16_to_float(w[ldw * r + k0 + i]);
-        amax = std::max(amax, std::fabs(v[i]));
+      const float inv = 1.0f / row_scales[g];
+      for (int kk = k0; kk < k0 + len; ++kk) {
+        const auto nibble = static_cast<std::uint8_t>(round_clamp(v[static_cast<std::size_t>(kk)] * inv, -8, 7) & 0x0f);
+        row[kk / 2] |= (kk & 1) ? static_cast<std::uint8_t>(nibble << 4) : nibble;
       }
-      float best_scale = 0.0f;
-      if (amax > 0.0f) {
-        double best_err = -1.0;
-        for (float d : kInt4Divisors) {
-          const float s = amax / d, inv = 1.0f / s;
-          double err = 0.0;
-          for (int i = 0; i < len; ++i) {
-            const float e = static_cast<float>(round_clamp(v[i] * inv, -8, 7)) * s - v[i];
-            err += static_cast<double>(e) * e;
-          }
-          if (best_err < 0.0 || err < best_err) {
-            best_err = err;
-            best_scale = s;
-          }
-        }
-        const float inv = 1.0f / best_scale;
-        for (int i = 0; i < len; ++i) {
-          const int kk = k0 + i;
-          const auto nibble = static_cast<std::uint8_t>(round_clamp(v[i] * inv, -8, 7) & 0x0f);
-          row[kk / 2] |= (kk & 1) ? static_cast<std::uint8_t>(nibble << 4) : nibble;
-        }
-      }
-      scales[static_cast<std::size_t>(groups) * r + g] = best_scale;
     }
   }
 }
