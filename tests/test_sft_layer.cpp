@@ -2,7 +2,11 @@
 // orders, overflow and underflow), LoRA weights that are the caller's memory, gradient
 // accumulation, bad arguments, and a short training run whose loss curve must track the
 // reference path's. Portable kernels, so it runs everywhere.
+#include <atomic>
 #include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
 
 #include "catch.hpp"
 #include "src/layer/moe_compute.hpp"
@@ -243,4 +247,69 @@ TEST_CASE("50 SGD steps on the runtime's gradients track the reference path's lo
   }
   INFO("loss " << first << " -> " << last);
   CHECK(last < 0.5 * first);
+}
+
+TEST_CASE("layers on one pool share their backward buffers and take turns from several threads", "[sft][workspace]") {
+  // Two layers of different shapes on one pool: their forward and backward buffers are the
+  // pool's (pool_workspace.hpp). Each thread trains its own layer; every step must give the
+  // results of the same step made alone, bit for bit.
+  numa::ThreadPool& pool = pool_for_threads(2);
+  const MoeShape shapes[2] = {kShape, MoeShape{72, 56, 5, 3}};
+  struct Layer {
+    ExpertWeights w;
+    PackedExpertWeights packed;
+    LayerLora lora;
+    std::unique_ptr<MoeSftLayer> sft;
+  };
+  struct Step {
+    int tokens;
+    RandomRouting routing;
+    std::vector<bf16> x;
+    std::vector<float> grad_out, out, grad_input;
+    LayerLora grads;
+  };
+  Layer layers[2];
+  std::vector<Step> steps[2];
+  auto run = [&](int l, const Step& st, std::vector<float>& out, std::vector<float>& dx, LayerLora& grads) {
+    const MoeShape& s = shapes[l];
+    layers[l].sft->forward_sft(st.tokens, s.top_k, st.x.data(), st.routing.expert_ids.data(), st.routing.weights.data(), out.data(), true);
+    layers[l].sft->backward(st.grad_out.data(), dx.data(), lora_grad_view(grads));
+  };
+  for (int l = 0; l < 2; ++l) {
+    const MoeShape& s = shapes[l];
+    Layer& L = layers[l];
+    L.w = random_expert_weights(s, 30 + l);
+    L.packed = PackedExpertWeights::pack(L.w.view(), pool);
+    L.lora = random_lora(s, 4 + l, 8.0f, 40 + l);
+    L.sft = std::make_unique<MoeSftLayer>(L.packed, kernels::Isa::portable, pool, SftLayerOptions{100, 1, 8}, lora_view(L.lora));
+    for (int tokens : {1, 37, 5, 90}) {
+      Step st{tokens, random_routing(tokens, s, 50 + tokens + l), {}, {}, {}, {}, L.lora.zeros_like()};
+      const auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 60 + tokens + l);
+      st.x = to_bf16(x.data(), x.size());
+      st.grad_out = random_activations(x.size(), 70 + tokens + l);
+      st.out.resize(x.size());
+      st.grad_input.resize(x.size());
+      run(l, st, st.out, st.grad_input, st.grads);
+      steps[l].push_back(std::move(st));
+    }
+  }
+  std::atomic<int> mismatches{0};
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  auto hammer = [&](int l) {
+    for (int round = 0; round < 10; ++round)
+      for (const Step& st : steps[l]) {
+        std::vector<float> out(st.out.size()), dx(st.grad_input.size());
+        LayerLora grads = layers[l].lora.zeros_like();
+        run(l, st, out, dx, grads);
+        bool ok = same(out, st.out) && same(dx, st.grad_input);
+        for (Projection p : kProjections) ok = ok && same(grads[p].a, st.grads[p].a) && same(grads[p].b, st.grads[p].b);
+        if (!ok) ++mismatches;
+      }
+  };
+  std::thread other(hammer, 1);
+  hammer(0);
+  other.join();
+  CHECK(mismatches.load() == 0);
 }

@@ -20,8 +20,10 @@
 //
 // Calls run on the runtime's threads in the runtime's order (tilemoe/runtime.hpp); submit_* are
 // the asynchronous forms: every pointer passed must stay valid until the task has finished.
-// The layers of one runtime share the forward's transient buffers (the largest batch's gathered
-// inputs and per-slot outputs), so a model's layers hold one set between them, not one each.
+// The layers of one runtime share the transient buffers of forward and of backward (the largest
+// batch's gathered inputs, per-slot outputs and gradients), so a model's layers hold one set of
+// each between them, not one each. What backward needs of a forward is kept per layer, in its
+// cache stack.
 #include <cstdint>
 #include <memory>
 #include <string>

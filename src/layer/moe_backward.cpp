@@ -87,7 +87,7 @@ const char* MoeBackward::phase_name(int i) {
 }
 
 MoeBackward::MoeBackward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool)
-    : w_(weights), kt_(kernels::kernel_table(isa)), pool_(pool), scratch_(static_cast<std::size_t>(pool.size())) {}
+    : w_(weights), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(backward_workspace_for(pool)) {}
 
 void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
                            bool accumulate) {
@@ -96,6 +96,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   const int tokens = entry.tokens, top_k = entry.top_k;
   const std::int64_t* ids = entry.ids.data();
   TokenGroups groups = group_tokens_by_expert(ids, tokens, top_k, s.num_experts);
+  // From here to the end the pool's shared buffers are this call's.
+  std::lock_guard<std::mutex> buffers(ws_->in_use);
   const int rows = groups.total();
   const std::size_t hidden = static_cast<std::size_t>(s.hidden), inter = static_cast<std::size_t>(s.intermediate);
   const std::size_t slots = static_cast<std::size_t>(tokens) * top_k;

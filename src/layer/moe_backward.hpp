@@ -17,10 +17,12 @@
 // dx, combine.
 #include <array>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "amx/kernel_table.hpp"
 #include "numa/thread_pool.hpp"
+#include "src/layer/backward_workspace.hpp"
 #include "src/layer/forward_cache.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
@@ -51,24 +53,25 @@ class MoeBackward {
  private:
   std::function<void(int nb0, int nb1, int kb, bf16* dst, std::size_t stride)> transposer(Projection p, int e) const;
 
-  struct WorkerScratch {
-    std::vector<float> c, proj;
-    std::vector<bf16> transposed;
-  };
+  using WorkerScratch = BackwardWorkspace::Worker;
 
   const PackedExpertWeights& w_;
   const TransposedExpertWeights* copy_ = nullptr;
   const kernels::KernelTable& kt_;
   numa::ThreadPool& pool_;
 
-  // Reused across calls: grown to the largest batch seen, never shrunk.
-  std::vector<bf16> dy_, dgu_, h_, xs_;
-  std::vector<float> dx_;
-  std::array<std::vector<float>, 3> dp_;  // s·dOut·B per projection, [rows][rank]
-  std::vector<float> partials_;           // split-K partial products (decode)
+  // The pool's shared buffers (backward_workspace.hpp), under their names here.
+  std::shared_ptr<BackwardWorkspace> ws_;
+  std::vector<bf16>& dy_ = ws_->dy;
+  std::vector<bf16>& dgu_ = ws_->dgu;
+  std::vector<bf16>& h_ = ws_->h;
+  std::vector<bf16>& xs_ = ws_->xs;
+  std::vector<float>& dx_ = ws_->dx;
+  std::array<std::vector<float>, 3>& dp_ = ws_->dp;
+  std::vector<float>& partials_ = ws_->partials;
+  std::vector<WorkerScratch>& scratch_ = ws_->scratch;
   std::vector<int> active_, column_split_, split_k_;
   std::vector<std::array<LoraTerm, 3>> terms_;
-  std::vector<WorkerScratch> scratch_;
   std::array<double, kPhases> phase_seconds_{};
 };
 

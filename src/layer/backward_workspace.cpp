@@ -1,0 +1,14 @@
+#include "src/layer/backward_workspace.hpp"
+
+#include "src/layer/pool_workspace.hpp"
+
+namespace tilemoe {
+
+std::shared_ptr<BackwardWorkspace> backward_workspace_for(const numa::ThreadPool& pool) {
+  std::shared_ptr<BackwardWorkspace> ws = pool_workspace<BackwardWorkspace>(pool);
+  std::lock_guard<std::mutex> idle(ws->in_use);
+  if (ws->scratch.size() < static_cast<std::size_t>(pool.size())) ws->scratch.resize(static_cast<std::size_t>(pool.size()));
+  return ws;
+}
+
+}  // namespace tilemoe

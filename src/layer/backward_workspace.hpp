@@ -1,0 +1,34 @@
+#pragma once
+// The large transient buffers of a backward, one set per thread pool (pool_workspace.hpp): the
+// per-row output gradients, dG|dU, h and x copies for the LoRA gradients, per-slot grad_input
+// rows and split-K partials. At 4096 tokens of DeepSeek-V2-Lite they are about 0.6 GB (dY 100 MB,
+// dG|dU 138, h 69, x 100, per-slot dX 201); kept per layer, that was about 16 GB for the 26
+// layers a trainer runs backward through.
+#include <array>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "numa/thread_pool.hpp"
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe {
+
+struct BackwardWorkspace {
+  struct Worker {
+    std::vector<float> c, proj;
+    std::vector<bf16> transposed;
+  };
+  std::mutex in_use;
+  // Grown to the largest batch seen, never shrunk.
+  std::vector<bf16> dy, dgu, h, xs;
+  std::vector<float> dx;
+  std::array<std::vector<float>, 3> dp;  // s·dOut·B per projection, [rows][rank]
+  std::vector<float> partials;           // split-K partial products (decode)
+  std::vector<Worker> scratch;           // per worker of the pool
+};
+
+// The workspace of `pool`, with scratch for each of its workers.
+std::shared_ptr<BackwardWorkspace> backward_workspace_for(const numa::ThreadPool& pool);
+
+}  // namespace tilemoe
