@@ -125,8 +125,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   block_row_.assign(static_cast<std::size_t>(s.num_experts) + 1, 0);
   tiled_.assign(static_cast<std::size_t>(s.num_experts), 0);
   int tile_min_rows = kt_.amx_min_rows == 0 ? 0 : tile_order_min_rows(kt_);
-  // Integer codes: where the AMX-INT8 kernel runs (int4 at group 32 stays on AVX512-VNNI).
-  int qtile_min_rows = quantized && w_.int_shape(Projection::gate).group % kernels::kIntBlockK == 0 ? tile_min_rows : 0;
+  // Integer codes: where the AMX-INT8 kernel runs (int4 at group 32 only with its scales in
+  // column form: otherwise it stays on AVX512-VNNI, which reads rows).
+  const bool any_group = quantized && w_.int_shape(Projection::gate).group % kernels::kIntBlockK == 0;
+  int qtile_min_rows = quantized ? tile_min_rows : 0;
   if (tile_order_override_ >= 0) tile_min_rows = qtile_min_rows = tile_order_override_;
   if (quantized) tile_min_rows = 0;  // their bf16 x and h only feed the LoRA terms
   if (quantized) {
@@ -139,7 +141,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     const int block_rows = tiled_[e] ? (m + kernels::kATileRows - 1) / kernels::kATileRows * kernels::kATileRows : m;
     block_row_[e + 1] = block_row_[e] + static_cast<std::size_t>(block_rows);
     if (!quantized) continue;
-    qtiled_[e] = qtile_min_rows > 0 && m >= qtile_min_rows;
+    qtiled_[e] = qtile_min_rows > 0 && m >= qtile_min_rows && (any_group || w_.int4_column_form(e) || tile_order_override_ >= 0);
     const int qrows = qtiled_[e] ? (m + kernels::kIntATileRows - 1) / kernels::kIntATileRows * kernels::kIntATileRows : m;
     qblock_row_[e + 1] = qblock_row_[e] + static_cast<std::size_t>(qrows);
   }

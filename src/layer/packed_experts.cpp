@@ -100,6 +100,12 @@ kernels::PackedIntView PackedExpertWeights::packed_int(Projection p, int e) cons
   return v;
 }
 
+bool PackedExpertWeights::int4_column_form(int e) const {
+  for (const auto& d : decomposed_)
+    if (d.empty() || d[static_cast<std::size_t>(e)] == 0) return false;
+  return true;
+}
+
 std::size_t PackedExpertWeights::bytes() const {
   if (type_ == WeightType::bf16) return (gate_.size() + up_.size() + down_.size()) * sizeof(bf16);
   std::size_t total = 0;

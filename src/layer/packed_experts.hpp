@@ -37,6 +37,9 @@ class PackedExpertWeights {
   // int8/int4 only.
   const kernels::PackedIntShape& int_shape(Projection p) const { return p == Projection::down ? int_down_ : int_up_; }
   kernels::PackedIntView packed_int(Projection p, int expert) const;
+  // int4: whether all three projections of the expert carry their scales in column form
+  // (pack_int.hpp), which lets the AMX kernel take int4 at any group size.
+  bool int4_column_form(int expert) const;
 
   std::size_t bytes() const;
   std::size_t bytes_per_expert() const { return bytes() / static_cast<std::size_t>(shape_.num_experts); }
