@@ -25,6 +25,7 @@
 #include <cstring>
 #include <vector>
 
+#include "amx/aligned_vector.hpp"
 #include "amx/gemm_int.hpp"
 #include "amx/immintrin_gcc12.hpp"
 #include "amx/isa.hpp"
@@ -257,7 +258,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
 
   const std::size_t int8_panel_bytes = static_cast<std::size_t>(s.kblocks) * kBlockBytes;
   const int group = static_cast<int>(std::max<std::size_t>(2, (kGroupBytes / std::max<std::size_t>(int8_panel_bytes, 1)) & ~std::size_t{1}));
-  thread_local std::vector<std::uint8_t> unpacked;
+  thread_local AlignedVector<std::uint8_t> unpacked;  // B tiles: cache-line aligned
   const int m_full = args.m / kBlockRows * kBlockRows;
   const int tail = args.m - m_full;
 

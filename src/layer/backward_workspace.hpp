@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "amx/aligned_vector.hpp"
 #include "numa/thread_pool.hpp"
 #include "tilemoe/bf16.hpp"
 
@@ -16,15 +17,16 @@ namespace tilemoe {
 
 struct BackwardWorkspace {
   struct Worker {
-    std::vector<float> c, proj;
-    std::vector<bf16> transposed;
+    AlignedVector<float> c, proj;
+    AlignedVector<bf16> transposed;
   };
   std::mutex in_use;
   // Grown to the largest batch seen, never shrunk.
-  std::vector<bf16> dy, dgu, h, xs;
-  std::vector<float> dx;
-  std::array<std::vector<float>, 3> dp;  // s·dOut·B per projection, [rows][rank]
-  std::vector<float> partials;           // split-K partial products (decode)
+  // Cache-line aligned: tile rows are read and written here.
+  AlignedVector<bf16> dy, dgu, h, xs;
+  AlignedVector<float> dx;
+  std::array<AlignedVector<float>, 3> dp;  // s·dOut·B per projection, [rows][rank]
+  AlignedVector<float> partials;           // split-K partial products (decode)
   std::vector<Worker> scratch;           // per worker of the pool
 };
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "amx/aligned_vector.hpp"
 #include "numa/thread_pool.hpp"
 #include "tilemoe/bf16.hpp"
 
@@ -16,10 +17,11 @@ namespace tilemoe {
 struct ForwardWorkspace {
   std::mutex in_use;
   // Grown to the largest batch seen, never shrunk.
-  std::vector<bf16> xs, h;
-  std::vector<std::int8_t> xq, hq;
-  std::vector<float> y;
-  std::vector<std::vector<float>> scratch;  // per worker of the pool
+  // Cache-line aligned: tile rows are read and written here.
+  AlignedVector<bf16> xs, h;
+  AlignedVector<std::int8_t> xq, hq;
+  AlignedVector<float> y;
+  std::vector<AlignedVector<float>> scratch;  // per worker of the pool
 };
 
 // The workspace of `pool`, with a scratch vector per worker.

@@ -36,7 +36,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
 }
 
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
-                       std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
+                       AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
   if (!active_) return;
   if (!packed_) {
     if (v_tiles) {

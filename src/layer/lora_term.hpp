@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "amx/aligned_vector.hpp"
 #include "amx/kernel_table.hpp"
 #include "amx/lora_rows.hpp"
 
@@ -39,7 +40,7 @@ class LoraTerm {
   // `save` is given, the f32 values are also written there ([rows][ld_save]): backward needs them.
   // With v_tiles, V is in tile order (pack_bf16.hpp; ldv is then unused).
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
-               std::vector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
+               AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
 
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.
@@ -54,11 +55,12 @@ class LoraTerm {
   int rank_ = 0, in_ = 0;
   float scale_ = 0;
   kernels::StridedF32 a_, b_;
-  std::vector<float> xa_f32_;  // [rows][rank], when not packed
+  AlignedVector<float> xa_f32_;  // [rows][rank], when not packed
   int rank_panels_ = 0;        // A' packed as n = rank
   int rank_k_padded_ = 0;      // B' packed as k = rank
-  std::vector<bf16> a_packed_, b_packed_, pack_scratch_;
-  std::vector<bf16> xa_;       // bf16(s V A'ᵀ), [rows][rank_k_padded_], when packed
+  AlignedVector<bf16> a_packed_, b_packed_;  // tile operands: cache-line aligned
+  std::vector<bf16> pack_scratch_;
+  AlignedVector<bf16> xa_;  // bf16(s V A'ᵀ), [rows][rank_k_padded_], when packed
 };
 
 // C = V W'ᵀ over panels [p0, p1) of `packed_b` (panel_shift as in fuse_into), plus every active

@@ -19,8 +19,8 @@ void prepare_backward_term(const kernels::KernelTable& kt, const LoraProjectionV
   term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows);
 }
 
-template <typename T>
-void grow(std::vector<T>& v, std::size_t n) {
+template <typename Vector>
+void grow(Vector& v, std::size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
@@ -38,7 +38,7 @@ static_assert(kSplitKMaxRows < kLoraPackRows);  // forward panels per split-K it
 // here) for every k-column of W: c[m][k_padded] = a[:, nb0*16 ..] · W[nb0*16 .. nb1*16, :].
 template <typename Transpose>
 void split_k_partial(const kernels::KernelTable& kt, const Transpose& transpose, const kernels::PackedShape& w, int nb0, int nb1,
-                     const bf16* a, std::size_t lda, int m, std::vector<bf16>& buffer, float* c) {
+                     const bf16* a, std::size_t lda, int m, AlignedVector<bf16>& buffer, float* c) {
   const int panels = nb1 - nb0;
   const std::size_t panel_stride = static_cast<std::size_t>(kernels::transposed_kblocks(panels)) * kernels::kBlockElements;
   grow(buffer, 2 * static_cast<std::size_t>(w.kblocks) * panel_stride);
@@ -237,7 +237,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   });
   pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
-    std::vector<float>& c = scratch_[worker].c;
+    AlignedVector<float>& c = scratch_[worker].c;
     grow(c, static_cast<std::size_t>(m) * down.k_padded);
     const SplitKItem& first = dh_split[dh_first[e]];
     sum_partials(partials_.data() + first.partial, dh_items_per_expert, static_cast<std::size_t>(m) * down.k_padded, m, s.intermediate,
@@ -318,7 +318,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   });
   pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
-    std::vector<float>& c = scratch_[worker].c;
+    AlignedVector<float>& c = scratch_[worker].c;
     const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);
     grow(c, static_cast<std::size_t>(m) * ld);
     const SplitKItem& first = dx_split[dx_first[e]];

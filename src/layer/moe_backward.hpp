@@ -62,13 +62,13 @@ class MoeBackward {
 
   // The pool's shared buffers (backward_workspace.hpp), under their names here.
   std::shared_ptr<BackwardWorkspace> ws_;
-  std::vector<bf16>& dy_ = ws_->dy;
-  std::vector<bf16>& dgu_ = ws_->dgu;
-  std::vector<bf16>& h_ = ws_->h;
-  std::vector<bf16>& xs_ = ws_->xs;
-  std::vector<float>& dx_ = ws_->dx;
-  std::array<std::vector<float>, 3>& dp_ = ws_->dp;
-  std::vector<float>& partials_ = ws_->partials;
+  AlignedVector<bf16>& dy_ = ws_->dy;
+  AlignedVector<bf16>& dgu_ = ws_->dgu;
+  AlignedVector<bf16>& h_ = ws_->h;
+  AlignedVector<bf16>& xs_ = ws_->xs;
+  AlignedVector<float>& dx_ = ws_->dx;
+  std::array<AlignedVector<float>, 3>& dp_ = ws_->dp;
+  AlignedVector<float>& partials_ = ws_->partials;
   std::vector<WorkerScratch>& scratch_ = ws_->scratch;
   std::vector<int> active_, column_split_, split_k_;
   std::vector<std::array<LoraTerm, 3>> terms_;

@@ -84,7 +84,7 @@ class MoeForward {
     std::size_t ld;
     bool tiles;
   };
-  ExpertRows expert_rows(std::vector<bf16>& block, int e, std::size_t ld) {
+  ExpertRows expert_rows(AlignedVector<bf16>& block, int e, std::size_t ld) {
     return {block.data() + block_row_[e] * ld, ld, tiled_[e] != 0};
   }
   // C = A Wᵀ (+ LoRA term) for expert e's m rows over panels [p0, p1); `a` is its bf16 rows of
@@ -102,8 +102,8 @@ class MoeForward {
 
   // The pool's shared buffers (forward_workspace.hpp), under their names here.
   std::shared_ptr<ForwardWorkspace> ws_;
-  std::vector<bf16>& xs_ = ws_->xs;
-  std::vector<bf16>& h_ = ws_->h;
+  AlignedVector<bf16>& xs_ = ws_->xs;
+  AlignedVector<bf16>& h_ = ws_->h;
   // Where each expert's rows start in xs_ and h_ (in rows of the block), and whether they are
   // in tile order (then rounded up to whole row tiles).
   std::vector<std::size_t> block_row_;
@@ -113,19 +113,19 @@ class MoeForward {
   // Integer weights: x and h quantized per row (codes at the int layouts' k_padded stride), each
   // expert's from qblock_row_[e] on; in tile order (pack_int.hpp) where qtiled_[e], whole row
   // tiles then. Scales stay in TokenGroups order.
-  std::vector<std::int8_t>& xq_ = ws_->xq;
-  std::vector<std::int8_t>& hq_ = ws_->hq;
+  AlignedVector<std::int8_t>& xq_ = ws_->xq;
+  AlignedVector<std::int8_t>& hq_ = ws_->hq;
   std::vector<std::size_t> qblock_row_;
   std::vector<char> qtiled_;
   std::vector<float> xq_scale_, hq_scale_;
-  std::vector<float>& y_ = ws_->y;
+  AlignedVector<float>& y_ = ws_->y;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
   std::vector<std::array<int, 2>> lora_row_items_;  // (expert, projection): the f32 LoRA form's x A^T
   std::vector<int> lora_packed_;                     // experts whose LoRA takes the packed form
   std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
   std::vector<std::array<LoraTerm, 3>> lora_;
-  std::vector<std::vector<float>>& scratch_ = ws_->scratch;  // per worker
+  std::vector<AlignedVector<float>>& scratch_ = ws_->scratch;  // per worker
   std::array<double, kPhases> phase_seconds_{};
 };
 
