@@ -16,9 +16,13 @@
 //    row's outputs NaN).
 //  - b is the whole packed matrix of shape `shape`; only panels [panel_begin, panel_end) are read.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns.
+//  - Optional second product in bf16 (a LoRA term stays bf16 on every weight type), with
+//    GemmBf16Args's rules for a2/lda2/k2_padded/packed_b2: C also gets + A2 · W2ᵀ over the same
+//    panels, W2 having the same panel count as b.
 #include <cstddef>
 #include <cstdint>
 
+#include "amx/gemm_bf16.hpp"
 #include "amx/pack_int.hpp"
 
 namespace tilemoe::kernels {
@@ -35,7 +39,17 @@ struct GemmIntArgs {
   std::size_t ldc;
   bool accumulate = false;
   bool a_tiles = false;
+  const bf16* a2 = nullptr;
+  std::size_t lda2 = 0;
+  int k2_padded = 0;
+  const bf16* packed_b2 = nullptr;
+
+  bool has_second() const { return packed_b2 != nullptr && k2_padded > 0; }
 };
+
+// The second product of `args`, added to its C by the bf16 kernel `gemm` (an empty main product,
+// accumulating): for the integer kernels that do not fuse it.
+void add_second_product(const GemmIntArgs& args, GemmBf16Fn gemm);
 
 // The rows of a tile-order A as rows, in a per-thread buffer: for the kernels that read rows.
 GemmIntArgs with_int_a_rows(const GemmIntArgs& args);

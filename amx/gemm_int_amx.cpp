@@ -17,6 +17,11 @@
 //
 // A by rows or in tile order (pack_int.hpp), where each A tile load is one contiguous 1 KiB.
 //
+// The bf16 second product (a LoRA term) runs on the same tiles once a block's integer sums are
+// out of them, with the same configuration (64-byte rows: 32 bf16 or 64 int8), and is added in
+// the last group's flush: C is written once, where a separate bf16 pass would read and write it
+// again.
+//
 // m tail: as in the bf16 kernel, whole 32-row blocks run with a 16/16 tile configuration and the
 // last m % 32 rows with one whose tiles have exactly that many rows.
 #include <algorithm>
@@ -29,6 +34,7 @@
 #include "amx/gemm_int.hpp"
 #include "amx/immintrin_gcc12.hpp"
 #include "amx/isa.hpp"
+#include "amx/pack_bf16.hpp"
 #include "amx/tile_config.hpp"
 #include "tilemoe/error.hpp"
 
@@ -55,19 +61,15 @@ struct Job {
 // dst (row stride ld) = (or +=, with add) sa[i] * scale * sums[i] for a tile's rows. The loop
 // reads only locals besides sums and dst: through the job the compiler had to reload every field
 // after each store (a store to C may alias it), ~20 instructions a row instead of 5.
+// `extra` (16 floats a row, or null) is added too: the bf16 second product's tile.
 __attribute__((always_inline)) inline void scale_sums_into(const std::int32_t* sums, int rows, __m512 scale, const float* sa, float* dst,
-                                                           std::size_t ld, bool add) {
-  if (!add) {
-    for (int i = 0; i < rows; ++i) {
-      const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(sa[i]));
-      _mm512_storeu_ps(dst + i * ld, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f));
-    }
-    return;
-  }
+                                                           std::size_t ld, bool add, const float* extra) {
   for (int i = 0; i < rows; ++i) {
     const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(sa[i]));
-    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f);
-    _mm512_storeu_ps(dst + i * ld, _mm512_add_ps(v, _mm512_loadu_ps(dst + i * ld)));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f);
+    if (extra) v = _mm512_add_ps(v, _mm512_load_ps(extra + i * 16));
+    if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(dst + i * ld));
+    _mm512_storeu_ps(dst + i * ld, v);
   }
 }
 
@@ -91,6 +93,7 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   const std::size_t a_kstep = g.a_tiles ? kBlockBytes : kIntBlockK;
   const std::size_t a_second = g.a_tiles ? static_cast<std::size_t>(job.kblocks) * kBlockBytes : kTileRows * g.lda;
   const std::uint8_t* b0 = job.b + static_cast<std::size_t>(panel - job.b_panel0) * job.panel_stride;
+  const bool second = g.has_second();
   // Two sets of group sums: a group's are scaled (AVX-512) only after the next group's tile
   // products are issued, so that the TMUL works on those while the flush runs (int4 has one
   // group per 128 inputs: 16 flushes of a 2048-long row). The groups still add up in order.
@@ -100,6 +103,9 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   // L1 sets and evicts itself at every group: on the device this block took int4 g128 at 4096
   // tokens from 83-84 to 71-72 ms (g64: 102 to 82). One group (int8) goes straight into C.
   alignas(64) float acc[4][kTileRows * 16];
+  // The bf16 second product (LoRA) of the block, made with the same tile configuration (rows of
+  // 64 bytes: 32 bf16 as 64 int8) once the integer sums are out of the C tiles.
+  alignas(64) float extra[4][kTileRows * 16];
   const bool direct = job.groups == 1;
   const std::size_t ldc = g.ldc;
   float* const c0 = g.c + static_cast<std::size_t>(row0) * ldc + static_cast<std::size_t>(panel - g.panel_begin) * 16;
@@ -110,11 +116,12 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   auto flush_one = [&](int grp, int t) {
     const int r = t / 2 * kTileRows, rows = t < 2 ? rows0 : rows1, p = panel + t % 2;
     const __m512 scale = _mm512_loadu_ps(scales + (static_cast<std::size_t>(p) * groups + grp) * 16);
+    const float* add_extra = second && grp == groups - 1 ? extra[t] : nullptr;
     if (direct) {
       scale_sums_into(buf[grp & 1][t], rows, scale, sa + r, c0 + static_cast<std::size_t>(r) * ldc + (t % 2) * 16, ldc,
-                      g.accumulate || grp > 0);
+                      g.accumulate || grp > 0, add_extra);
     } else {
-      scale_sums_into(buf[grp & 1][t], rows, scale, sa + r, acc[t], 16, grp > 0);
+      scale_sums_into(buf[grp & 1][t], rows, scale, sa + r, acc[t], 16, grp > 0, add_extra);
     }
   };
   auto flush_group = [&](int grp) {
@@ -161,6 +168,40 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     if constexpr (TwoRowTiles) {
       _tile_stored(2, b[2], kTileRowBytes);
       if constexpr (TwoPanels) _tile_stored(3, b[3], kTileRowBytes);
+    }
+    __asm__ volatile("" ::: "memory");
+  }
+  if (second) {
+    const long lda2_bytes = static_cast<long>(g.lda2 * sizeof(bf16));
+    const bf16* a2 = g.a2 + static_cast<std::size_t>(row0) * g.lda2;
+    const int kblocks2 = g.k2_padded / kBlockK;
+    const bf16* b2 = g.packed_b2 + static_cast<std::size_t>(panel) * kblocks2 * kBlockElements;
+    const std::size_t b2_panel = static_cast<std::size_t>(kblocks2) * kBlockElements;
+    _tile_zero(0);
+    if constexpr (TwoPanels) _tile_zero(1);
+    if constexpr (TwoRowTiles) {
+      _tile_zero(2);
+      if constexpr (TwoPanels) _tile_zero(3);
+    }
+    for (int kb = 0; kb < kblocks2; ++kb) {
+      const bf16* ak = a2 + static_cast<std::size_t>(kb) * kBlockK;
+      const bf16* bk = b2 + static_cast<std::size_t>(kb) * kBlockElements;
+      _tile_loadd(4, ak, lda2_bytes);
+      _tile_loadd(6, bk, kTileRowBytes);
+      if constexpr (TwoPanels) _tile_loadd(7, bk + b2_panel, kTileRowBytes);
+      if constexpr (TwoRowTiles) _tile_loadd(5, ak + kTileRows * g.lda2, lda2_bytes);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (TwoPanels) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (TwoRowTiles) {
+        _tile_dpbf16ps(2, 5, 6);
+        if constexpr (TwoPanels) _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, extra[0], kTileRowBytes);
+    if constexpr (TwoPanels) _tile_stored(1, extra[1], kTileRowBytes);
+    if constexpr (TwoRowTiles) {
+      _tile_stored(2, extra[2], kTileRowBytes);
+      if constexpr (TwoPanels) _tile_stored(3, extra[3], kTileRowBytes);
     }
     __asm__ volatile("" ::: "memory");
   }

@@ -183,6 +183,7 @@ void gemm_int_avx512(const GemmIntArgs& tiled_or_rows) {
       for (int p = g0; p < g1; p += kMaxPanels) fns[std::min(kMaxPanels, g1 - p) - 1](args, row, p);
     }
   }
+  add_second_product(args, gemm_bf16_avx512);
 }
 
 void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,

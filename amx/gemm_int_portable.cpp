@@ -22,6 +22,17 @@ GemmIntArgs with_int_a_rows(const GemmIntArgs& args) {
   return by_rows;
 }
 
+void add_second_product(const GemmIntArgs& args, GemmBf16Fn gemm) {
+  if (!args.has_second() || args.m <= 0) return;
+  GemmBf16Args g = gemm_args(nullptr, 0, args.m, 0, nullptr, args.panel_begin, args.panel_end, args.c, args.ldc);
+  g.a2 = args.a2;
+  g.lda2 = args.lda2;
+  g.k2_padded = args.k2_padded;
+  g.packed_b2 = args.packed_b2;
+  g.accumulate = true;
+  gemm(g);
+}
+
 void gemm_int_portable(const GemmIntArgs& args) {
   const GemmIntArgs g = with_int_a_rows(args);
   const PackedIntShape& s = g.shape;
@@ -43,6 +54,7 @@ void gemm_int_portable(const GemmIntArgs& args) {
       }
     }
   }
+  add_second_product(args, gemm_bf16_portable);
 }
 
 void quantize_rows_portable(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,

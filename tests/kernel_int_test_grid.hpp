@@ -169,11 +169,12 @@ struct IntGemmCase {
   bool nan_row = false;  // row 0's activation scale is NaN
   bool a_tiles = false;  // A passed in tile order (pack_int.hpp)
   bool multiples = false;  // int4 scales that decompose, passed in column form too
+  int k2 = 0;              // > 0: a bf16 second product (a LoRA term) of this reduction length
   std::string describe() const {
     std::ostringstream s;
     s << "bits=" << bits << " group=" << group << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
       << " panels=[" << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples;
+      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples << " k2=" << k2;
     return s.str();
   }
 };
@@ -212,7 +213,25 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
     for (std::size_t i = 0; i < tiles.size(); ++i) tiles[i] = static_cast<std::int8_t>(127 - static_cast<int>(i % 7));
     pack_int8_rows_as_tiles(a.data(), lda, tc.m, s.k_padded, tiles.data());
   }
+  // The second product: A2 rows (bf16, zeros in [k2, k2_padded)) and W2 [n][k2] packed as bf16.
+  const int k2_padded = tc.k2 > 0 ? packed_shape(tc.n, tc.k2).k_padded : 0;
+  const std::size_t lda2 = static_cast<std::size_t>(k2_padded + 8);
+  std::vector<bf16> a2(tc.k2 > 0 ? static_cast<std::size_t>(tc.m) * lda2 : 0, bf16{0});
+  std::vector<bf16> w2(static_cast<std::size_t>(tc.n) * std::max(tc.k2, 0));
+  Guarded<bf16> b2(tc.k2 > 0 ? packed_bf16_elements(tc.n, tc.k2) : 1);
+  if (tc.k2 > 0) {
+    for (int i = 0; i < tc.m; ++i)
+      for (int q = 0; q < tc.k2; ++q) a2[i * lda2 + q] = float_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    for (bf16& v : w2) v = float_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    pack_bf16_weights(w2.data(), tc.n, tc.k2, static_cast<std::size_t>(tc.k2), b2.data());
+  }
   GemmIntArgs args{};
+  if (tc.k2 > 0) {
+    args.a2 = a2.data();
+    args.lda2 = lda2;
+    args.k2_padded = k2_padded;
+    args.packed_b2 = b2.data();
+  }
   args.a = tc.a_tiles ? tiles.data() : a.data();
   args.a_tiles = tc.a_tiles;
   args.lda = lda;
@@ -248,6 +267,12 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
       }
       sum = sum * a_scale[i] + (tc.accumulate ? c0[at] : 0.0);
       mag = mag * std::fabs(a_scale[i]) + (tc.accumulate ? std::fabs(c0[at]) : 0.0);
+      if (col < tc.n)
+        for (int q = 0; q < tc.k2; ++q) {
+          const double t = static_cast<double>(bf16_to_float(a2[i * lda2 + q])) * bf16_to_float(w2[static_cast<std::size_t>(col) * tc.k2 + q]);
+          sum += t;
+          mag += std::fabs(t);
+        }
       if (tc.nan_row && i == 0) {
         if (!std::isnan(got)) error << "C[0][" << j << "] = " << got << " but row 0's scale is NaN";
         continue;
@@ -294,6 +319,16 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
             tiled.a_tiles = true;
             tiled.accumulate = rng() % 2 == 0;
             check_int_gemm_case(gemm, tiled, rng);
+            IntGemmCase lora{bits, group, m, n, k};  // with a LoRA term as the second product
+            static const int k2s[] = {1, 16, 33, 64};
+            lora.k2 = k2s[rng() % 4];
+            lora.a_tiles = rng() % 2 == 0;
+            lora.accumulate = rng() % 2 == 0;
+            lora.nan_row = rng() % 5 == 0;
+            lora.multiples = bits == 4 && rng() % 2 == 0;
+            const int lora_panels = packed_int_shape(bits, n, k, group).panels;
+            lora.panel_begin = static_cast<int>(rng() % lora_panels);
+            check_int_gemm_case(gemm, lora, rng);
           }
     }
   }

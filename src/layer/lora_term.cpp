@@ -83,6 +83,16 @@ bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
   return true;
 }
 
+bool LoraTerm::fuse_into(kernels::GemmIntArgs& g, int panel_shift) const {
+  kernels::GemmBf16Args second{};
+  if (!fuse_into(second, panel_shift)) return false;
+  g.a2 = second.a2;
+  g.lda2 = second.lda2;
+  g.k2_padded = second.k2_padded;
+  g.packed_b2 = second.packed_b2;
+  return true;
+}
+
 void LoraTerm::add_f32(const kernels::KernelTable& kt, int rows, int col0, int n, float* c, std::size_t ldc) const {
   if (!active_ || packed_) return;
   kt.lora_expand_rows_add(xa_f32_.data(), static_cast<std::size_t>(rank_), rows, rank_, b_, col0, n, c, ldc);

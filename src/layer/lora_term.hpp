@@ -45,6 +45,7 @@ class LoraTerm {
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.
   bool fuse_into(kernels::GemmBf16Args& g, int panel_shift) const;
+  bool fuse_into(kernels::GemmIntArgs& g, int panel_shift) const;  // the same for integer weights
   // Adds the term, when it is not packed, from f32 to the rows of C at global columns
   // [col0, col0 + n).
   void add_f32(const kernels::KernelTable& kt, int rows, int col0, int n, float* c, std::size_t ldc) const;

@@ -65,9 +65,11 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   gi.panel_end = p1;
   gi.c = c;
   gi.ldc = ldc;
+  // LoRA stays bf16 on every weight type. Packed (16 rows and more), it is the integer kernel's
+  // second product, added as each block of C is written (fused on AMX); from f32, it is added after.
+  const bool fused = term != nullptr && term->fuse_into(gi, 0);
   kt_.gemm_int(gi);
-  if (term == nullptr || !term->active()) return;
-  // LoRA stays bf16 on every weight type: its term alone (an empty main product) added to C.
+  if (term == nullptr || !term->active() || fused) return;
   kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, 0, nullptr, p0, p1, c, ldc);
   g.accumulate = true;
   gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
