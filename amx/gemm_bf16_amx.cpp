@@ -136,10 +136,15 @@ void tile_block(const Job& job, int row0, int panel, bool prefetch_b) {
   }
 }
 
+// Row blocks outside, panel pairs inside: a 32-row block of A (128 KiB at K = 2048) stays in L2
+// while it meets every pair of the group, and the group's weights (kGroupBytes) are re-read from L2
+// by each block. With pairs outside, every pair streamed all of A, which at 384 rows per expert
+// (4096 tokens of DeepSeek-V2-Lite, 1.5 MiB of A) no longer fits L2 beside the weights: on the
+// device, the same process taking turns, 4096 tokens ran 84.6 / 100.2 ms against 93.9 / 110.0.
 template <bool TwoRowTiles>
 void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_end, bool first_pass) {
-  for (int p = p_begin; p < p_end; p += 2) {
-    for (int row = row_begin; row < row_end; row += kBlockRows) {
+  for (int row = row_begin; row < row_end; row += kBlockRows) {
+    for (int p = p_begin; p < p_end; p += 2) {
       const bool prefetch_b = first_pass && row == row_begin;
       if (p + 1 < p_end) {
         tile_block<TwoRowTiles, true>(job, row, p, prefetch_b);

@@ -224,10 +224,13 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   }
 }
 
+// Row blocks outside, panel pairs inside, as in gemm_bf16_amx.cpp: on the device (4096 tokens, the
+// same process taking turns) the gate_up phase went from 37.8 / 34.6 to 34.2 / 34.4 ms for int8
+// and from 41.5 / 45.1 to 35.8 / 35.1 for int4.
 template <bool TwoRowTiles>
 void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end, bool first_pass) {
-  for (int p = p_begin; p < p_end; p += 2) {
-    for (int row = row_begin; row < row_end; row += kBlockRows) {
+  for (int row = row_begin; row < row_end; row += kBlockRows) {
+    for (int p = p_begin; p < p_end; p += 2) {
       const bool prefetch = first_pass && row == row_begin && job.g->shape.bits == 8;
       if (p + 1 < p_end) {
         tile_block<TwoRowTiles, true>(job, row, rows0, rows1, p, prefetch);
