@@ -23,7 +23,7 @@ struct ExpertItem {
 // of rows (re-read for every column chunk) is reused across several tiles; with few rows, small
 // chunks keep decode spread over every core. Given the reduction length k, a short one (a NUMA
 // node's slice of the intermediate size) widens the chunks so that an item's work stays about
-// the same as at k = 1024. `denser` widens them again for weights of fewer bytes than bf16 (2 for
+// the same as at k = 2048. `denser` widens them again for weights of fewer bytes than bf16 (2 for
 // int8, 4 for int4), so that an item streams as many bytes as a bf16 one: at decode an item is
 // mostly the fixed cost of one call and a stream that the prefetchers must pick up.
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
