@@ -1,6 +1,6 @@
 // AMX-INT8 integer GEMM: the prefill path of int8/int4 weights (rows >= kAmxMinRows per expert).
 //
-// Tiles as in gemm_bf16_amx.cpp, 2×2 blocking = 32 rows × 32 columns: tmm0-3 the int32 C tiles,
+// Tiles as in gemm_bf16_amx.cpp (tile_block.hpp), 2×2 blocking = 32 rows × 32 columns: tmm0-3 the int32 C tiles,
 // tmm4/5 two A tiles (16 rows × 64 int8), tmm6/7 two B tiles (one packed int8 block each).
 // TDPBSSD multiplies signed by signed bytes, so no bias is needed here. The C tiles hold the
 // exact int32 sums of one scale group; at each group's end they go through a 4 KiB stack buffer
@@ -35,6 +35,7 @@
 #include "amx/immintrin_gcc12.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "tilemoe/error.hpp"
 
@@ -124,21 +125,9 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
       scale_sums_into(buf[grp & 1][t], rows, scale, sa + r, acc[t], 16, grp > 0, add_extra);
     }
   };
-  auto flush_group = [&](int grp) {
-    flush_one(grp, 0);
-    if constexpr (TwoPanels) flush_one(grp, 1);
-    if constexpr (TwoRowTiles) {
-      flush_one(grp, 2);
-      if constexpr (TwoPanels) flush_one(grp, 3);
-    }
-  };
+  auto flush_group = [&](int grp) { for_each_c_tile<TwoRowTiles, TwoPanels>([&](int t) { flush_one(grp, t); }); };
   for (int grp = 0; grp < groups; ++grp) {
-    _tile_zero(0);
-    if constexpr (TwoPanels) _tile_zero(1);
-    if constexpr (TwoRowTiles) {
-      _tile_zero(2);
-      if constexpr (TwoPanels) _tile_zero(3);
-    }
+    zero_c_tiles<TwoRowTiles, TwoPanels>();
     const int kb_end = std::min(job.kblocks, (grp + 1) * job.group_blocks);
     for (int kb = grp * job.group_blocks; kb < kb_end; ++kb) {
       const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
@@ -149,26 +138,11 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
         prefetch_block_to_l2(bk + kPrefetchBlocks * kBlockBytes);
         if constexpr (TwoPanels) prefetch_block_to_l2(bk + job.panel_stride + kPrefetchBlocks * kBlockBytes);
       }
-      // Loads back to back before the products, as in gemm_bf16_amx.cpp.
-      _tile_loadd(4, ak, lda_bytes);
-      _tile_loadd(6, bk, kTileRowBytes);
-      if constexpr (TwoPanels) _tile_loadd(7, bk + job.panel_stride, kTileRowBytes);
-      if constexpr (TwoRowTiles) _tile_loadd(5, ak + a_second, lda_bytes);
-      _tile_dpbssd(0, 4, 6);
-      if constexpr (TwoPanels) _tile_dpbssd(1, 4, 7);
-      if constexpr (TwoRowTiles) {
-        _tile_dpbssd(2, 5, 6);
-        if constexpr (TwoPanels) _tile_dpbssd(3, 5, 7);
-      }
+      tile_step<TileProduct::int8, TwoRowTiles, TwoPanels>(ak, a_second, lda_bytes, bk, job.panel_stride);
     }
     if (grp > 0) flush_group(grp - 1);
     auto& b = buf[grp & 1];
-    _tile_stored(0, b[0], kTileRowBytes);
-    if constexpr (TwoPanels) _tile_stored(1, b[1], kTileRowBytes);
-    if constexpr (TwoRowTiles) {
-      _tile_stored(2, b[2], kTileRowBytes);
-      if constexpr (TwoPanels) _tile_stored(3, b[3], kTileRowBytes);
-    }
+    store_c_tiles<TwoRowTiles, TwoPanels>([&](int t) { return b[t]; }, kTileRowBytes);
     __asm__ volatile("" ::: "memory");
   }
   if (second) {
@@ -177,32 +151,13 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     const int kblocks2 = g.k2_padded / kBlockK;
     const bf16* b2 = g.packed_b2 + static_cast<std::size_t>(panel) * kblocks2 * kBlockElements;
     const std::size_t b2_panel = static_cast<std::size_t>(kblocks2) * kBlockElements;
-    _tile_zero(0);
-    if constexpr (TwoPanels) _tile_zero(1);
-    if constexpr (TwoRowTiles) {
-      _tile_zero(2);
-      if constexpr (TwoPanels) _tile_zero(3);
-    }
+    zero_c_tiles<TwoRowTiles, TwoPanels>();
     for (int kb = 0; kb < kblocks2; ++kb) {
       const bf16* ak = a2 + static_cast<std::size_t>(kb) * kBlockK;
       const bf16* bk = b2 + static_cast<std::size_t>(kb) * kBlockElements;
-      _tile_loadd(4, ak, lda2_bytes);
-      _tile_loadd(6, bk, kTileRowBytes);
-      if constexpr (TwoPanels) _tile_loadd(7, bk + b2_panel, kTileRowBytes);
-      if constexpr (TwoRowTiles) _tile_loadd(5, ak + kTileRows * g.lda2, lda2_bytes);
-      _tile_dpbf16ps(0, 4, 6);
-      if constexpr (TwoPanels) _tile_dpbf16ps(1, 4, 7);
-      if constexpr (TwoRowTiles) {
-        _tile_dpbf16ps(2, 5, 6);
-        if constexpr (TwoPanels) _tile_dpbf16ps(3, 5, 7);
-      }
+      tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, kTileRows * lda2_bytes, lda2_bytes, bk, b2_panel * sizeof(bf16));
     }
-    _tile_stored(0, extra[0], kTileRowBytes);
-    if constexpr (TwoPanels) _tile_stored(1, extra[1], kTileRowBytes);
-    if constexpr (TwoRowTiles) {
-      _tile_stored(2, extra[2], kTileRowBytes);
-      if constexpr (TwoPanels) _tile_stored(3, extra[3], kTileRowBytes);
-    }
+    store_c_tiles<TwoRowTiles, TwoPanels>([&](int t) { return extra[t]; }, kTileRowBytes);
     __asm__ volatile("" ::: "memory");
   }
   if (groups > 0) flush_group(groups - 1);
@@ -216,12 +171,7 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
       _mm512_storeu_ps(c + i * ldc, v);
     }
   };
-  write_one(0);
-  if constexpr (TwoPanels) write_one(1);
-  if constexpr (TwoRowTiles) {
-    write_one(2);
-    if constexpr (TwoPanels) write_one(3);
-  }
+  for_each_c_tile<TwoRowTiles, TwoPanels>(write_one);
 }
 
 // Row blocks outside, panel pairs inside, as in gemm_bf16_amx.cpp: on the device (4096 tokens, the
