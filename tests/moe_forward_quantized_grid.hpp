@@ -142,8 +142,11 @@ inline void run_quantization_error(kernels::Isa isa) {
 inline void run_quantized_identity_and_nan(kernels::Isa isa, std::vector<int> thread_counts) {
   MoeShape s{96, 72, 8, 3};
   auto w = random_expert_weights(s, 5);
-  LayerLora lora = random_lora(s, 8, 16.0f, 6, 2);
+  const LayerLora with_lora = random_lora(s, 8, 16.0f, 6, 2), none{};
+  // Without LoRA the codes are made from the caller's rows directly (no bf16 copy of x).
+  for (const LayerLora* l : {&with_lora, &none})
   for (const QuantCase& qc : kQuantCases) {
+    const LayerLora& lora = *l;
     for (int tokens : {1, 5, 100}) {
       auto routing = random_routing(tokens, s, 7);
       auto xb = to_bf16(random_activations(static_cast<std::size_t>(tokens) * s.hidden, 8).data(), static_cast<std::size_t>(tokens) * s.hidden);
@@ -155,7 +158,7 @@ inline void run_quantized_identity_and_nan(kernels::Isa isa, std::vector<int> th
         // Codes by rows and in tile order (from 1 and from 16 rows) give the same bits.
         for (int tile_order : {0, 1, 16}) {
           INFO(weight_type_name(qc.type) << " group " << qc.group << ", " << tokens << " tokens, " << threads << " threads, tile order from "
-                                         << tile_order << " rows (0: never)");
+                                         << tile_order << " rows (0: never), " << (lora.empty() ? "no LoRA" : "LoRA"));
           auto y = quantized_forward(isa, q, lora, tokens, routing, xb, pool, tile_order);
           if (first.empty()) {
             first = y;

@@ -163,11 +163,15 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     grow(xq_, qrows * xq_ld, bound * xq_ld);
     grow(hq_, qrows * hq_ld, bound * hq_ld);
   }
+  const bool any_lora = !lora.empty();
+  // Integer weights read x as int8 codes; its bf16 rows feed only the LoRA terms. Without LoRA the
+  // codes come straight from the caller's rows, and the bf16 copy (100 MB at 4096 tokens of
+  // DeepSeek-V2-Lite) is neither written nor allocated.
+  const bool x_rows = !quantized || any_lora;
   const std::size_t block_rows = block_row_[s.num_experts], bound = padded_bound(tile_min_rows);
-  grow(xs_, block_rows * hk, bound * hk);
+  if (x_rows) grow(xs_, block_rows * hk, bound * hk);
   grow(h_, block_rows * ik, bound * ik);
   if (lora_.size() < static_cast<std::size_t>(s.num_experts)) lora_.resize(s.num_experts);
-  const bool any_lora = !lora.empty();
   auto saved_xa = [&](Projection p, int e) -> float* {
     float* base = save ? save->xa[static_cast<int>(p)] : nullptr;
     return base ? base + static_cast<std::size_t>(groups.offsets[e]) * lora[p].rank : nullptr;
@@ -233,17 +237,30 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       return;
     }
     for (int r = 0; r < count; ++r) {
+      bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
+      std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
+    }
+    std::int8_t* codes = quantized ? xq_.data() + qblock_row_[e] * xq_ld : nullptr;
+    if (!x_rows) {
+      for (int r = 0; r < count; ++r) {
+        const bf16* src = x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(pos0 + r)]) * hidden;
+        if (qtiled_[e]) {
+          quantize_rows_as_tiles(src, hidden, row + r, 1, Projection::gate, codes, xq_scale_.data() + pos0 + r);
+        } else {
+          quantize_rows(src, hidden, 1, Projection::gate, codes + static_cast<std::size_t>(row + r) * xq_ld, xq_scale_.data() + pos0 + r);
+        }
+      }
+      return;
+    }
+    for (int r = 0; r < count; ++r) {
       const std::size_t pos = static_cast<std::size_t>(pos0 + r);
       bf16* dst = xs_.data() + (block_row_[e] + row + r) * hk;
       std::memcpy(dst, x + static_cast<std::size_t>(groups.token[pos]) * hidden, hidden * sizeof(bf16));
       std::fill(dst + hidden, dst + hk, bf16(0));
-      bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
-      std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
     }
     if (!quantized) return;
     // The unit's rows, gathered above by rows (their bf16 form stays by rows for integer weights).
     const bf16* rows_in = xs_.data() + (block_row_[e] + row) * hk;
-    std::int8_t* codes = xq_.data() + qblock_row_[e] * xq_ld;
     if (qtiled_[e]) {
       quantize_rows_as_tiles(rows_in, hk, row, count, Projection::gate, codes, xq_scale_.data() + pos0);
     } else {
@@ -308,7 +325,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     int n = std::min(cols, s.intermediate - col0);
     for (Projection p : {Projection::gate, Projection::up}) {
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
-      project_columns(p, e, m, row0, p0, p1, expert_rows(xs_, e, hk), term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n);
+      const ExpertRows xe = x_rows ? expert_rows(xs_, e, hk) : ExpertRows{nullptr, hk, false};
+      project_columns(p, e, m, row0, p0, p1, xe, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n);
     }
     if (save) {
       for (int i = 0; i < m; ++i) {
