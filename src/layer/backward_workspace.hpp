@@ -5,12 +5,11 @@
 // dG|dU 138, h 69, x 100, per-slot dX 201); kept per layer, that was about 16 GB for the 26
 // layers a trainer runs backward through.
 #include <array>
-#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "amx/aligned_vector.hpp"
-#include "numa/thread_pool.hpp"
+#include "src/layer/pool_workspace.hpp"
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe {
@@ -29,8 +28,5 @@ struct BackwardWorkspace {
   AlignedVector<float> partials;           // split-K partial products (decode)
   std::vector<Worker> scratch;           // per worker of the pool
 };
-
-// The workspace of `pool`, with scratch for each of its workers.
-std::shared_ptr<BackwardWorkspace> backward_workspace_for(const numa::ThreadPool& pool);
 
 }  // namespace tilemoe

@@ -4,12 +4,11 @@
 // DeepSeek-V2-Lite that is about 0.4 GB for the whole model instead of 0.4 GB a layer, and each
 // layer's first large batch no longer pays for faulting in its own set (~250 ms on the device).
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "amx/aligned_vector.hpp"
-#include "numa/thread_pool.hpp"
+#include "src/layer/pool_workspace.hpp"
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe {
@@ -23,8 +22,5 @@ struct ForwardWorkspace {
   AlignedVector<float> y;
   std::vector<AlignedVector<float>> scratch;  // per worker of the pool
 };
-
-// The workspace of `pool`, with a scratch vector per worker.
-std::shared_ptr<ForwardWorkspace> forward_workspace_for(const numa::ThreadPool& pool);
 
 }  // namespace tilemoe

@@ -87,7 +87,7 @@ const char* MoeBackward::phase_name(int i) {
 }
 
 MoeBackward::MoeBackward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool)
-    : w_(weights), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(backward_workspace_for(pool)) {}
+    : w_(weights), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(pool_workspace<BackwardWorkspace>(pool)) {}
 
 void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
                            bool accumulate) {

@@ -99,7 +99,7 @@ const char* MoeForward::phase_name(int i) {
 }
 
 MoeForward::MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool)
-    : w_(weights), isa_(isa), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(forward_workspace_for(pool)) {}
+    : w_(weights), isa_(isa), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(pool_workspace<ForwardWorkspace>(pool)) {}
 
 void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights,
                          float* out, const ForwardSave* save) {

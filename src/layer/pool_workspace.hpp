@@ -4,6 +4,7 @@
 // 26-60 MoE layers needs one set per pool, not one per layer. The set lives while any layer holds
 // it; a call locks its `in_use` mutex from its first write to its last read, so that two threads
 // running layers on one pool take turns instead of sharing the buffers.
+#include <cstddef>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -14,7 +15,8 @@
 namespace tilemoe {
 
 // The Workspace of `pool` (default-constructed the first time; Workspace has a std::mutex named
-// in_use): the same object for every caller while any of them holds it.
+// in_use and a vector `scratch` with one entry per worker, sized here): the same object for every
+// caller while any of them holds it.
 template <typename Workspace>
 std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
   static std::mutex registry_mutex;
@@ -28,6 +30,8 @@ std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
     ws = std::make_shared<Workspace>();
     slot = ws;
   }
+  std::lock_guard<std::mutex> idle(ws->in_use);
+  if (ws->scratch.size() < static_cast<std::size_t>(pool.size())) ws->scratch.resize(static_cast<std::size_t>(pool.size()));
   return ws;
 }
 
