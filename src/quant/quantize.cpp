@@ -92,7 +92,7 @@ void quantize_int8_matrix(const bf16* w, int n, int k, std::size_t ldw, std::int
 void quantize_int4_matrix(const bf16* w, int n, int k, std::size_t ldw, int group, std::int8_t* codes, float* scales) {
   const std::size_t row_bytes = static_cast<std::size_t>(k + 1) / 2;
   const int groups = (k + group - 1) / group;
-  std::vector<float> v(static_cast<std::size_t>(k)), amax(static_cast<std::size_t>(groups)), ideal(static_cast<std::size_t>(groups));
+  std::vector<float> v(static_cast<std::size_t>(k)), ideal(static_cast<std::size_t>(groups));
   auto group_error = [&](int g, float scale) {
     const int k0 = g * group, len = std::min(group, k - k0);
     const float inv = 1.0f / scale;
@@ -111,7 +111,6 @@ void quantize_int4_matrix(const bf16* w, int n, int k, std::size_t ldw, int grou
       const int k0 = g * group, len = std::min(group, k - k0);
       float m = 0.0f;
       for (int i = k0; i < k0 + len; ++i) m = std::max(m, std::fabs(v[static_cast<std::size_t>(i)]));
-      amax[static_cast<std::size_t>(g)] = m;
       row_max = std::max(row_max, m);
       float best_scale = 0.0f;
       double best_err = -1.0;
