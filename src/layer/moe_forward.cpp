@@ -113,7 +113,14 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t hidden = static_cast<std::size_t>(s.hidden);
   const std::size_t inter = static_cast<std::size_t>(s.intermediate);
   const std::size_t slots = static_cast<std::size_t>(tokens) * top_k;
-  if (y_.size() < slots * hidden) y_.resize(slots * hidden);
+  // y: one f32 row per routed row, in TokenGroups order, so that the down kernels write their C
+  // straight into it instead of into a scratch block copied to slot-ordered rows (13 % of the down
+  // items' time at 4096 tokens on the device). The row stride covers whole panels plus one cache
+  // line: rows exactly 8 KiB apart (hidden 2048) would put all 16 rows of a C tile in one L1 set.
+  const std::size_t y_ld = (hidden + kernels::kPanelColumns - 1) / kernels::kPanelColumns * kernels::kPanelColumns + kernels::kPanelColumns;
+  if (y_.size() < static_cast<std::size_t>(rows) * y_ld) y_.resize(static_cast<std::size_t>(rows) * y_ld);
+  row_of_slot_.resize(slots);
+  for (int pos = 0; pos < rows; ++pos) row_of_slot_[static_cast<std::size_t>(groups.slot[pos])] = pos;
   const bool quantized = w_.weight_type() != WeightType::bf16;
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
@@ -346,26 +353,20 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   });
   lap(2);
 
-  // down: one f32 row per routing slot
+  // down: straight into y's rows
   items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser);
-  pool_.parallel_for(items.size(), [&](std::size_t item, int worker) {
+  pool_.parallel_for(items.size(), [&](std::size_t item, int) {
     auto [e, p0, p1] = items[item];
-    int m = groups.count(e);
-    int cols = (p1 - p0) * kernels::kPanelColumns;
-    auto& scratch = scratch_[worker];
-    scratch.resize(static_cast<std::size_t>(m) * cols);
-    int col0 = p0 * kernels::kPanelColumns;
-    int n = std::min(cols, s.hidden - col0);
+    const int col0 = p0 * kernels::kPanelColumns;
+    const int n = std::min((p1 - p0) * kernels::kPanelColumns, s.hidden - col0);
     const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
-    project_columns(Projection::down, e, m, static_cast<std::size_t>(groups.offsets[e]), p0, p1, expert_rows(h_, e, ik), term,
-                    scratch.data(), static_cast<std::size_t>(cols), n);
-    for (int i = 0; i < m; ++i)
-      std::memcpy(y_.data() + static_cast<std::size_t>(groups.slot[groups.offsets[e] + i]) * hidden + col0,
-                  scratch.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n) * sizeof(float));
+    const std::size_t row0 = static_cast<std::size_t>(groups.offsets[e]);
+    project_columns(Projection::down, e, groups.count(e), row0, p0, p1, expert_rows(h_, e, ik), term, y_.data() + row0 * y_ld + col0,
+                    y_ld, n);
   });
   lap(3);
 
-  combine_slot_rows(pool_, y_.data(), hidden, tokens, top_k, ids, weights, out);
+  combine_rows(pool_, y_.data(), y_ld, row_of_slot_.data(), hidden, tokens, top_k, ids, weights, out);
   lap(4);
 }
 

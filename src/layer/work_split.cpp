@@ -29,15 +29,16 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
   return items;
 }
 
-void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
-                       const float* weights, float* out) {
+void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, const int* row_of_slot, std::size_t width, int tokens,
+                  int top_k, const std::int64_t* ids, const float* weights, float* out) {
   pool.parallel_for(static_cast<std::size_t>(tokens), [&](std::size_t t, int) {
     float* o = out + t * width;
     std::fill(o, o + width, 0.0f);
     for (int j = 0; j < top_k; ++j) {
       const std::size_t slot = t * top_k + j;
       if (ids[slot] < 0) continue;
-      const float* y = rows + slot * width;
+      const std::size_t row = row_of_slot ? static_cast<std::size_t>(row_of_slot[slot]) : slot;
+      const float* y = rows + row * ld;
       if (weights) {
         const float wt = weights[slot];
         for (std::size_t c = 0; c < width; ++c) o[c] += wt * y[c];
@@ -46,6 +47,11 @@ void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t wi
       }
     }
   }, 4);
+}
+
+void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
+                       const float* weights, float* out) {
+  combine_rows(pool, rows, width, nullptr, width, tokens, top_k, ids, weights, out);
 }
 
 }  // namespace tilemoe

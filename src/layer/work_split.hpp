@@ -33,6 +33,10 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
 // whatever the thread count); weights == nullptr sums the rows unweighted.
 void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
                        const float* weights, float* out);
+// The same sum over rows held in another order: slot t*k + j's row is rows[row_of_slot[t*k + j] * ld]
+// (read only for ids >= 0).
+void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, const int* row_of_slot, std::size_t width, int tokens,
+                  int top_k, const std::int64_t* ids, const float* weights, float* out);
 
 // Adds the time since the previous lap to one phase's total: where the bench's --phases figures
 // come from.
