@@ -6,28 +6,37 @@
 #include "amx/pack_strided.hpp"
 
 namespace tilemoe {
+namespace {
+// B' gets zero rows up to a multiple of 32 outputs: the backward's main products cover whole
+// 32-column slices of Wᵀ, one panel more than ceil(out / 16) when out % 32 is in (0, 16].
+int padded_out_rows(int out) { return (out + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns); }
+}  // namespace
 
 void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out,
-                       float scale, int rows, std::uint64_t held_generation) {
+                       float scale, int rows, std::uint64_t held_generation, bool b_by_item) {
   active_ = rank > 0;
   if (!active_) return;
   a_ = a;
   b_ = b;
   rank_ = rank;
   in_ = in;
+  out_ = out;
   scale_ = scale;
+  pack_ = kt.pack_strided_f32;
   packed_ = rows >= kLoraPackRows;
+  b_by_item_ = false;
   if (!packed_) return;
   if (held_generation != 0 && packed_generation_ == held_generation) return;
   packed_generation_ = 0;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
   rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
-  // B' gets zero rows up to a multiple of 32 outputs: the backward's main products cover whole
-  // 32-column slices of Wᵀ, one panel more than ceil(out / 16) when out % 32 is in (0, 16].
-  const int out_rows = (out + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns);
   a_packed_.resize(kernels::packed_bf16_elements(rank, in));
-  b_packed_.resize(kernels::packed_bf16_elements(out_rows, rank));
   kt.pack_strided_f32(a, rank, in, a_packed_.data(), pack_scratch_);
+  if (b_by_item && held_generation == 0) {
+    b_by_item_ = true;
+    return;
+  }
+  b_packed_.resize(kernels::packed_bf16_elements(padded_out_rows(out), rank));
   // Rows of B' from out on are the zero padding pack_strided_f32 writes for n_padded > out.
   kt.pack_strided_f32(b, out, rank, b_packed_.data(), pack_scratch_);
   const std::size_t b_written = kernels::packed_bf16_elements(out, rank);
@@ -76,15 +85,38 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
 bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
   if (!active_ || !packed_) return false;
   const std::size_t panel_stride = static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns;
+  const bf16* b_packed = b_packed_.data();
+  if (b_by_item_) {
+    // Panels [p0, p1) of B' at their place in a buffer laid out as the whole packed B'; the
+    // panels past `out` (up to the padded row count) are zeros.
+    thread_local AlignedVector<bf16> item_b;
+    thread_local std::vector<bf16> scratch;
+    const int p0 = g.panel_begin + panel_shift, p1 = g.panel_end + panel_shift;
+    const std::size_t need = kernels::packed_bf16_elements(std::max(padded_out_rows(out_), p1 * kernels::kPanelColumns), rank_);
+    if (item_b.size() < need) item_b.resize(need);
+    const int row0 = p0 * kernels::kPanelColumns;
+    const int rows = std::min(out_, p1 * kernels::kPanelColumns) - row0;
+    int written = 0;  // panels from p0 that the packer wrote
+    if (rows > 0) {
+      const kernels::StridedF32 slice{b_.data + static_cast<std::size_t>(row0) * b_.row_stride, b_.row_stride, b_.col_stride};
+      pack_(slice, rows, rank_, item_b.data() + static_cast<std::size_t>(p0) * panel_stride, scratch);
+      written = (rows + kernels::kPanelColumns - 1) / kernels::kPanelColumns;
+    }
+    std::fill(item_b.begin() + static_cast<std::ptrdiff_t>((p0 + written) * panel_stride),
+              item_b.begin() + static_cast<std::ptrdiff_t>(std::max(p0 + written, p1) * panel_stride), bf16{0});
+    b_packed = item_b.data();
+  }
   g.a2 = xa_.data();
   g.lda2 = static_cast<std::size_t>(rank_k_padded_);
   g.k2_padded = rank_k_padded_;
-  g.packed_b2 = b_packed_.data() + static_cast<std::ptrdiff_t>(panel_shift) * static_cast<std::ptrdiff_t>(panel_stride);
+  g.packed_b2 = b_packed + static_cast<std::ptrdiff_t>(panel_shift) * static_cast<std::ptrdiff_t>(panel_stride);
   return true;
 }
 
 bool LoraTerm::fuse_into(kernels::GemmIntArgs& g, int panel_shift) const {
   kernels::GemmBf16Args second{};
+  second.panel_begin = g.panel_begin;  // the panels a b_by_item term packs
+  second.panel_end = g.panel_end;
   if (!fuse_into(second, panel_shift)) return false;
   g.a2 = second.a2;
   g.lda2 = second.lda2;

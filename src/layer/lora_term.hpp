@@ -29,8 +29,13 @@ class LoraTerm {
   // changes under that number, so the packed form is made at the first call that needs it and
   // reused by later ones (the same bits as packing again); 0: the caller's arrays, which may
   // change between calls, packed at every call that needs them.
+  //
+  // b_by_item (for the caller's arrays only): B' is not packed here; each fuse_into packs just the
+  // panels of its GEMM, into a per-thread buffer. A forward item reads each panel of B' once, so
+  // that skips writing the whole packed B' and reading it back: at 512 tokens of
+  // DeepSeek-V2-Lite, r = 16, 10 MB each way per layer call.
   void prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale,
-               int rows, std::uint64_t held_generation = 0);
+               int rows, std::uint64_t held_generation = 0, bool b_by_item = false);
 
   bool active() const { return active_; }
   bool packed() const { return packed_; }
@@ -44,6 +49,8 @@ class LoraTerm {
 
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.
+  // With b_by_item, g's panels of B' are packed into this thread's buffer, which holds them until
+  // the thread's next fuse_into: run g before fusing another term on the same thread.
   bool fuse_into(kernels::GemmBf16Args& g, int panel_shift) const;
   bool fuse_into(kernels::GemmIntArgs& g, int panel_shift) const;  // the same for integer weights
   // Adds the term, when it is not packed, from f32 to the rows of C at global columns
@@ -51,7 +58,9 @@ class LoraTerm {
   void add_f32(const kernels::KernelTable& kt, int rows, int col0, int n, float* c, std::size_t ldc) const;
 
  private:
-  bool active_ = false, packed_ = false;
+  bool active_ = false, packed_ = false, b_by_item_ = false;
+  int out_ = 0;
+  kernels::PackStridedFn pack_ = nullptr;
   std::uint64_t packed_generation_ = 0;  // the held set a_packed_ and b_packed_ hold; 0: none
   int rank_ = 0, in_ = 0;
   float scale_ = 0;

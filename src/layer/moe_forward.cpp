@@ -32,12 +32,13 @@ void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const f
   }
 }
 
-// Forward reads the caller's factors as they are: A [rank][in], B [out][rank].
+// Forward reads the caller's factors as they are: A [rank][in], B [out][rank]; each GEMM item packs
+// its own panels of the caller's B (b_by_item), a held set is packed whole once.
 void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, std::uint64_t held_generation,
                           LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
   term.prepare(kt, {lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
-               lp.out, lp.scale_of(e), rows, held_generation);
+               lp.out, lp.scale_of(e), rows, held_generation, /*b_by_item=*/true);
 }
 
 }  // namespace

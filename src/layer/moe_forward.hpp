@@ -9,8 +9,9 @@
 //              get their rows of x (and later of h) in tile order (pack_bf16.hpp), so that
 //              every A tile load is one contiguous 1 KiB. Experts with few rows get their
 //              LoRA's s * x A^T for gate and up here too, from the caller's x rows.
-//   lora_prep  per expert with more rows: pack its LoRA A and B for the kernels; s * x A^T for
-//              gate and up
+//   lora_prep  per expert with more rows: pack its LoRA A for the kernels; s * x A^T for
+//              gate and up (LoRA B is packed by each GEMM item, its own panels only, unless
+//              the set is held and packed once)
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
 //              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
 //              h = silu(gate) * up in bf16; the item that completes an expert's h then computes
