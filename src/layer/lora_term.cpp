@@ -13,7 +13,7 @@ int padded_out_rows(int out) { return (out + 2 * kernels::kPanelColumns - 1) / (
 }  // namespace
 
 void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out,
-                       float scale, int rows, std::uint64_t held_generation, bool b_by_item) {
+                       float scale, bool packed, std::uint64_t held_generation, bool b_by_item) {
   active_ = rank > 0;
   if (!active_) return;
   a_ = a;
@@ -23,7 +23,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   out_ = out;
   scale_ = scale;
   pack_ = kt.pack_strided_f32;
-  packed_ = rows >= kLoraPackRows;
+  packed_ = packed;
   b_by_item_ = false;
   if (!packed_) return;
   if (held_generation != 0 && packed_generation_ == held_generation) return;

@@ -7,9 +7,10 @@
 // code: dH = dY Wd + (s dY Bd) Ad is the term with A' = Bdᵀ and B' = Adᵀ, and dX likewise for
 // gate and up, so the factors are never copied into another orientation.
 //
-// Two forms, chosen by the number of rows: from kLoraPackRows rows on, A' and B' are packed to
-// bf16 once per call so that the tile kernels fuse B' as extra K steps of the main GEMM (the
-// packing is amortised over the rows); below, the term is computed from the f32 factors.
+// Two forms, chosen by the caller from the number of rows (kLoraPackRows, or kLoraPackRowsAmx
+// where the tile kernels run): from there on, A' and B' are packed to bf16 so that the GEMM
+// kernels fuse B' as extra K steps of the main product (the packing is amortised over the rows);
+// below, the term is computed from the f32 factors.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -21,6 +22,10 @@
 namespace tilemoe {
 
 inline constexpr int kLoraPackRows = 16;
+// On AMX the fused form pays from 8 rows: at 128 tokens of DeepSeek-V2-Lite (about 12 rows an
+// expert), r = 16, the forward took 8.7-9.7 ms against 9.5-10.0 with 16 and 8.9-10.0 with 4 (the
+// device, three rounds in one call). On AVX-512 (2-core Zen 4) 8 was 1.5-2 % slower than 16.
+inline constexpr int kLoraPackRowsAmx = 8;
 
 class LoraTerm {
  public:
@@ -34,8 +39,9 @@ class LoraTerm {
   // panels of its GEMM, into a per-thread buffer. A forward item reads each panel of B' once, so
   // that skips writing the whole packed B' and reading it back: at 512 tokens of
   // DeepSeek-V2-Lite, r = 16, 10 MB each way per layer call.
+  // packed: the form of the rows >= kLoraPackRows(Amx) above, else the f32 form.
   void prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale,
-               int rows, std::uint64_t held_generation = 0, bool b_by_item = false);
+               bool packed, std::uint64_t held_generation = 0, bool b_by_item = false);
 
   bool active() const { return active_; }
   bool packed() const { return packed_; }

@@ -16,7 +16,7 @@ void prepare_backward_term(const kernels::KernelTable& kt, const LoraProjectionV
   if (!lp.active(e)) return term.deactivate();
   const kernels::StridedF32 b{lp.b_of(e), static_cast<std::size_t>(lp.rank), 1};
   const kernels::StridedF32 a{lp.a_of(e), lp.lda(), 1};
-  term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows);
+  term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows >= kLoraPackRows);
 }
 
 template <typename Vector>

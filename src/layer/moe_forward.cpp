@@ -34,12 +34,14 @@ void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const f
 
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank]; each GEMM item packs
 // its own panels of the caller's B (b_by_item), a held set is packed whole once.
-void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, std::uint64_t held_generation,
+void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, bool packed, std::uint64_t held_generation,
                           LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
   term.prepare(kt, {lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
-               lp.out, lp.scale_of(e), rows, held_generation, /*b_by_item=*/true);
+               lp.out, lp.scale_of(e), packed, held_generation, /*b_by_item=*/true);
 }
+
+int lora_pack_rows(const kernels::KernelTable& kt) { return kt.amx_min_rows > 0 ? kLoraPackRowsAmx : kLoraPackRows; }
 
 }  // namespace
 
@@ -201,13 +203,13 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   lora_packed_.clear();
   if (any_lora) {
     for (int e : active_) {
-      if (groups.count(e) >= kLoraPackRows) {
+      if (groups.count(e) >= lora_pack_rows(kt_)) {
         lora_packed_.push_back(e);
         continue;
       }
       for (Projection p : kProjections) {
         LoraTerm& term = lora_[e][static_cast<int>(p)];
-        prepare_forward_term(kt_, lora[p], e, groups.count(e), lora_held_generation_, term);
+        prepare_forward_term(kt_, lora[p], e, /*packed=*/false, lora_held_generation_, term);
         if (p != Projection::down && term.active()) lora_row_items_.push_back({e, static_cast<int>(p)});
       }
     }
@@ -282,7 +284,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       int e = lora_packed_[item / 3];
       Projection p = static_cast<Projection>(item % 3);
       LoraTerm& term = lora_[e][static_cast<int>(p)];
-      prepare_forward_term(kt_, lora[p], e, groups.count(e), lora_held_generation_, term);
+      prepare_forward_term(kt_, lora[p], e, /*packed=*/true, lora_held_generation_, term);
       if (p != Projection::down) {
         const ExpertRows xe = expert_rows(xs_, e, hk);
         term.project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),

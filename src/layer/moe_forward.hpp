@@ -62,7 +62,7 @@ class MoeForward {
   // The LoRA sets of the next calls are held by the layer under this number (a loaded adapter,
   // which nothing changes while it is in use): an expert's factors are packed for the tile
   // kernels once and reused, with the same results. 0: the caller's arrays, packed at every
-  // call (for experts with kLoraPackRows rows or more) because the caller may write them in place.
+  // call (for experts that take the packed form) because the caller may write them in place.
   void set_lora_held(std::uint64_t generation) { lora_held_generation_ = generation; }
   WeightType weight_type() const { return w_.weight_type(); }
 
