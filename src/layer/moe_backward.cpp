@@ -16,7 +16,9 @@ void prepare_backward_term(const kernels::KernelTable& kt, const LoraProjectionV
   if (!lp.active(e)) return term.deactivate();
   const kernels::StridedF32 b{lp.b_of(e), static_cast<std::size_t>(lp.rank), 1};
   const kernels::StridedF32 a{lp.a_of(e), lp.lda(), 1};
-  term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows >= kLoraPackRows);
+  // Each dh / dx item packs its own panels of Aᵀ (b_by_item), as the forward's items do with B.
+  term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows >= kLoraPackRows, 0,
+               /*b_by_item=*/true);
 }
 
 template <typename Vector>
@@ -116,7 +118,13 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   grow(dgu_, rows * gu_ld);
   if (need_h) grow(h_, rows * inter);
   if (need_x) grow(xs_, rows * hidden);
-  grow(dx_, slots * hidden);
+  // dX: one row per routed row in TokenGroups order, written in place by the dx items (as the
+  // forward's y): whole 32-column slices plus one cache line, so rows are not 8 KiB apart.
+  const std::size_t dx_ld = (hidden + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns) +
+                            kernels::kPanelColumns;
+  grow(dx_, static_cast<std::size_t>(rows) * dx_ld);
+  row_of_slot_.resize(slots);
+  for (int pos = 0; pos < rows; ++pos) row_of_slot_[static_cast<std::size_t>(groups.slot[pos])] = pos;
   for (int p = 0; p < 3; ++p) grow(dp_[p], static_cast<std::size_t>(rows) * lora.proj[p].rank);
   active_.clear();
   column_split_.clear();
@@ -277,11 +285,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
 
   // dx: dX = [dG | dU] [Wg ; Wu] (+ both LoRA terms) on 32-column slices of the stacked Wᵀ (or
   // split-K partials over gate's and up's panels, then their sum).
-  auto store_dx = [&](int e, int col0, int n, const float* c, std::size_t ldc) {
-    for (int i = 0; i < groups.count(e); ++i)
-      std::memcpy(dx_.data() + static_cast<std::size_t>(groups.slot[off(e) + i]) * hidden + col0, c + static_cast<std::size_t>(i) * ldc,
-                  static_cast<std::size_t>(n) * sizeof(float));
-  };
+  auto dx_rows = [&](int e) { return dx_.data() + static_cast<std::size_t>(off(e)) * dx_ld; };
   items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2);
   pool_.parallel_for(items.size() + dx_split.size(), [&](std::size_t item, int worker) {
     WorkerScratch& ws = scratch_[worker];
@@ -296,7 +300,6 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.hidden - col0);
     const std::size_t half = static_cast<std::size_t>(tk_gate) * kernels::kBlockElements, panel_stride = 2 * half;
-    grow(ws.c, static_cast<std::size_t>(m) * cols);
     const bf16* wt = nullptr;  // [Wg ; Wu]ᵀ panels [p0, p1)
     if (copy_) {
       wt = copy_->gate_up(e) + static_cast<std::size_t>(p0) * panel_stride;
@@ -311,25 +314,21 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       wt = ws.transposed.data();
     }
     const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld), wt, 0, p1 - p0,
-                                                       ws.c.data(), static_cast<std::size_t>(cols));
+                                                       dx_rows(e) + col0, dx_ld);
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
     gemm_with_lora_terms(kt_, g, terms, 2, p0, n);
-    store_dx(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
   });
-  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
+  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int) {
     const int e = split_k_[item], m = groups.count(e);
-    AlignedVector<float>& c = scratch_[worker].c;
     const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);
-    grow(c, static_cast<std::size_t>(m) * ld);
     const SplitKItem& first = dx_split[dx_first[e]];
-    sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
+    sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, dx_rows(e), dx_ld);
     if (any_lora)
-      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, c.data(), ld);
-    store_dx(e, 0, s.hidden, c.data(), ld);
+      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, dx_rows(e), dx_ld);
   });
   lap(4);
 
-  combine_slot_rows(pool_, dx_.data(), hidden, tokens, top_k, ids, nullptr, grad_input);
+  combine_rows(pool_, dx_.data(), dx_ld, row_of_slot_.data(), hidden, tokens, top_k, ids, nullptr, grad_input);
   lap(5);
 }
 
