@@ -25,7 +25,8 @@ struct ExpertItem {
 // node's slice of the intermediate size) widens the chunks so that an item's work stays about
 // the same as at k = 2048. `denser` widens them again for weights of fewer bytes than bf16 (2 for
 // int8, 4 for int4), so that an item streams as many bytes as a bf16 one: at decode an item is
-// mostly the fixed cost of one call and a stream that the prefetchers must pick up.
+// mostly the fixed cost of one call and a stream that the prefetchers must pick up. (Any other
+// reason to widen, 1 to 4, may be passed the same way.)
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
                                              int k = 0, int denser = 1);
 
