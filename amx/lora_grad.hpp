@@ -5,10 +5,12 @@
 //   rank_major:  g[q][o] += sum_i u[i][q] * v[i][o]   (g: [rank][n], row stride ldg), e.g. dA = dPᵀ X
 //   otherwise:   g[o][q] += sum_i v[i][o] * u[i][q]   (g: [n][rank], row stride ldg), e.g. dB = dYᵀ XA
 //
-// The sum over rows is accumulated in f32 and then added to g (callers zero g first). Nothing
-// outside the [rank][n] or [n][rank] block of g is written, and nothing past row rows-1 / column
-// n-1 / rank-1 of v and u is read. NaN and infinity in v or u propagate (no zero skipping).
-// rows, n or rank of 0 leave g as it is. Pure: no allocation, no threads.
+// The sum over rows is accumulated in f32 and then added to g, or with `overwrite` stored in g
+// (g is then not read: a trainer that does not accumulate gradients saves a pass zeroing them and
+// the read of the zeros). Nothing outside the [rank][n] or [n][rank] block of g is written, and
+// nothing past row rows-1 / column n-1 / rank-1 of v and u is read. NaN and infinity in v or u
+// propagate (no zero skipping). rows, n or rank of 0 leave g as it is, in both modes. Pure: no
+// allocation, no threads.
 #include <cstddef>
 
 #include "tilemoe/bf16.hpp"
@@ -16,12 +18,12 @@
 namespace tilemoe::kernels {
 
 using LoraGradOuterFn = void (*)(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                                 int rank, float* g, std::size_t ldg, bool rank_major);
+                                 int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite);
 
 void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                              int rank, float* g, std::size_t ldg, bool rank_major);
+                              int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite);
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW/VL).
 void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                            int rank, float* g, std::size_t ldg, bool rank_major);
+                            int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite);
 
 }  // namespace tilemoe::kernels

@@ -26,8 +26,8 @@ inline __m512 load_bf16(const bf16* p, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-inline void add_masked(float* p, __mmask16 mask, __m512 v) {
-  _mm512_mask_storeu_ps(p, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, p), v));
+inline void add_masked(float* p, __mmask16 mask, __m512 v, bool overwrite) {
+  _mm512_mask_storeu_ps(p, mask, overwrite ? v : _mm512_add_ps(_mm512_maskz_loadu_ps(mask, p), v));
 }
 
 struct Args {
@@ -39,6 +39,7 @@ struct Args {
   float* g;
   std::size_t ldg;
   bool rank_major;
+  bool overwrite;
 };
 
 // The tile q0..q0+Q-1 × o0..o0+16B-1 (o clipped to n).
@@ -72,7 +73,7 @@ void tile(const Args& a, int q0, int o0) {
     for (int q = 0; q < Q; ++q)
 #pragma GCC unroll 2
       for (int b = 0; b < B; ++b) {
-        if (mask[b] != 0) add_masked(a.g + static_cast<std::size_t>(q0 + q) * a.ldg + o0 + 16 * b, mask[b], acc[q][b]);
+        if (mask[b] != 0) add_masked(a.g + static_cast<std::size_t>(q0 + q) * a.ldg + o0 + 16 * b, mask[b], acc[q][b], a.overwrite);
       }
     return;
   }
@@ -85,7 +86,7 @@ void tile(const Args& a, int q0, int o0) {
     transpose16(x);  // x[o] now holds the Q sums of column o0 + 16b + o
     const int count = a.n - o0 - 16 * b;
     for (int o = 0; o < 16 && o < count; ++o) {
-      add_masked(a.g + static_cast<std::size_t>(o0 + 16 * b + o) * a.ldg + q0, qmask, x[o]);
+      add_masked(a.g + static_cast<std::size_t>(o0 + 16 * b + o) * a.ldg + q0, qmask, x[o], a.overwrite);
     }
   }
 }
@@ -108,9 +109,9 @@ constexpr auto kTiles2 = make_tiles<2>(std::make_integer_sequence<int, kMaxQ / 2
 }  // namespace
 
 void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                            int rank, float* g, std::size_t ldg, bool rank_major) {
+                            int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0 || n <= 0) return;
-  const Args a{v, ldv, u, ldu, rows, n, g, ldg, rank_major};
+  const Args a{v, ldv, u, ldu, rows, n, g, ldg, rank_major, overwrite};
   for (int q0 = 0; q0 < rank; q0 += kMaxQ) {
     const int q = rank - q0 < kMaxQ ? rank - q0 : kMaxQ;
     const bool two = q <= kMaxQ / 2;

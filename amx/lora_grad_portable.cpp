@@ -8,7 +8,8 @@
 namespace tilemoe::kernels {
 
 void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                              int rank, float* g, std::size_t ldg, bool rank_major) {
+                              int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite) {
+  if (rows <= 0) return;
   constexpr int kChunk = 256;
   float sum[kChunk];
   for (int q = 0; q < rank; ++q) {
@@ -23,7 +24,7 @@ void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, st
       for (int o = 0; o < len; ++o) {
         const std::size_t at = rank_major ? static_cast<std::size_t>(q) * ldg + o0 + o
                                           : static_cast<std::size_t>(o0 + o) * ldg + q;
-        g[at] += sum[o];
+        g[at] = overwrite ? sum[o] : g[at] + sum[o];
       }
     }
   }

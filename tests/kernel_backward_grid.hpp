@@ -171,9 +171,10 @@ inline void check_transposed_gemm(const BackwardKernels& kern) {
 
 // g (+)= the outer products, against a double reference: rows, n and rank tails, both layouts,
 // padded strides. `also` (optional): a second kernel that must agree within the tolerance.
-inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int rows, int n, int rank, bool rank_major,
+// overwrite: g's block starts as NaN, which must not be read (g = the sums); otherwise g += them.
+inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int rows, int n, int rank, bool rank_major, bool overwrite,
                                  std::mt19937& rng) {
-  INFO("rows=" << rows << " n=" << n << " rank=" << rank << " rank_major=" << rank_major);
+  INFO("rows=" << rows << " n=" << n << " rank=" << rank << " rank_major=" << rank_major << " overwrite=" << overwrite);
   const std::size_t ldv = n + 3, ldu = rank + 2;
   const int g_rows = rank_major ? rank : n, g_cols = rank_major ? n : rank;
   const std::size_t ldg = g_cols + 5;
@@ -185,10 +186,11 @@ inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int r
   for (std::size_t e = 0; e < v.size(); ++e) v[e] = e % ldv < static_cast<std::size_t>(n) ? random_bf16(rng) : kBf16Nan;
   for (std::size_t e = 0; e < u.size(); ++e) u[e] = e % ldu < static_cast<std::size_t>(rank) ? uniform(rng) : NAN;
   std::vector<float> g0(g_count);
-  for (std::size_t e = 0; e < g_count; ++e) g[e] = g0[e] = e % ldg < static_cast<std::size_t>(g_cols) ? uniform(rng) : kPadding;
+  for (std::size_t e = 0; e < g_count; ++e)
+    g[e] = g0[e] = e % ldg < static_cast<std::size_t>(g_cols) ? (overwrite ? NAN : uniform(rng)) : kPadding;
   std::vector<float> g_also(g0);
-  fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g.data(), ldg, rank_major);
-  if (also != nullptr) also(v.data(), ldv, u.data(), ldu, rows, n, rank, g_also.data(), ldg, rank_major);
+  fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g.data(), ldg, rank_major, overwrite);
+  if (also != nullptr) also(v.data(), ldv, u.data(), ldu, rows, n, rank, g_also.data(), ldg, rank_major, overwrite);
 
   std::ostringstream error;
   for (std::size_t e = 0; e < g_count && error.tellp() == 0; ++e) {
@@ -198,7 +200,7 @@ inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int r
     }
     const int row = static_cast<int>(e / ldg), col = static_cast<int>(e % ldg);
     const int q = rank_major ? row : col, o = rank_major ? col : row;
-    double sum = g0[e], scale = std::fabs(g0[e]);
+    double sum = overwrite ? 0.0 : g0[e], scale = std::fabs(sum);
     for (int i = 0; i < rows; ++i) {
       const double t = double(u[i * ldu + q]) * bf16_to_float(v[i * ldv + o]);
       sum += t, scale += std::fabs(t);
@@ -217,20 +219,23 @@ inline void check_lora_grad_grid(LoraGradOuterFn fn, LoraGradOuterFn also) {
   for (int rows : {1, 2, 3, 7, 16, 17, 50})
     for (int n : {1, 15, 16, 17, 33, 100})
       for (int rank : {1, 5, 8, 16, 17, 33, 64})
-        for (bool rank_major : {true, false}) check_lora_grad_case(fn, also, rows, n, rank, rank_major, rng);
+        for (bool rank_major : {true, false})
+          for (bool overwrite : {false, true}) check_lora_grad_case(fn, also, rows, n, rank, rank_major, overwrite, rng);
 }
 
-// A NaN in v poisons its column o, a NaN in u its q; nothing else. Empty sizes change nothing.
+// A NaN in v poisons its column o, a NaN in u its q; nothing else. Empty sizes change nothing, also
+// when overwriting.
 inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn) {
   const int rows = 3, n = 40, rank = 12;
   std::vector<bf16> v(rows * n, float_to_bf16(0.5f));
   std::vector<float> u(rows * rank, 0.0f);  // zero multipliers must not hide the NaN
   v[1 * n + 37] = kBf16Nan;
   u[2 * rank + 3] = NAN;
-  for (bool rank_major : {true, false}) {
-    INFO("rank_major=" << rank_major);
+  for (bool rank_major : {true, false})
+  for (bool overwrite : {false, true}) {
+    INFO("rank_major=" << rank_major << " overwrite=" << overwrite);
     std::vector<float> g(n * rank, 1.0f);
-    fn(v.data(), n, u.data(), rank, rows, n, rank, g.data(), rank_major ? n : rank, rank_major);
+    fn(v.data(), n, u.data(), rank, rows, n, rank, g.data(), rank_major ? n : rank, rank_major, overwrite);
     for (int q = 0; q < rank; ++q)
       for (int o = 0; o < n; ++o) {
         const float got = rank_major ? g[q * n + o] : g[o * rank + q];
@@ -238,9 +243,9 @@ inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn) {
         CHECK(std::isnan(got) == (q == 3 || o == 37));
       }
     std::vector<float> untouched(n * rank, 2.0f);
-    fn(v.data(), n, u.data(), rank, 0, n, rank, untouched.data(), rank_major ? n : rank, rank_major);
-    fn(v.data(), n, u.data(), rank, rows, n, 0, untouched.data(), rank_major ? n : rank, rank_major);
-    fn(v.data(), n, u.data(), rank, rows, 0, rank, untouched.data(), rank_major ? n : rank, rank_major);
+    fn(v.data(), n, u.data(), rank, 0, n, rank, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
+    fn(v.data(), n, u.data(), rank, rows, n, 0, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
+    fn(v.data(), n, u.data(), rank, rows, 0, rank, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
     CHECK(untouched == std::vector<float>(n * rank, 2.0f));
   }
 }

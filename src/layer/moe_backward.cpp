@@ -177,13 +177,16 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   }, 16);
   lap(0);
 
-  // lora_prep: gradients zeroed unless accumulating; the terms prepared; down's dP and dB.
+  // lora_prep: unless accumulating, the gradients that no product writes are zeroed (experts
+  // without tokens or without LoRA; the others are stored by the products, which then overwrite);
+  // the terms prepared; down's dP and dB.
+  const bool overwrite = !accumulate;
   if (any_lora) {
-    if (!accumulate) {
+    if (overwrite) {
       pool_.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
         const int e = static_cast<int>(item / 3), p = static_cast<int>(item % 3);
         const auto& lp = lora.proj[p];
-        if (lp.rank == 0) return;
+        if (lp.rank == 0 || (groups.count(e) > 0 && lp.active(e))) return;
         const LoraProjectionGrad& g = grads[p];
         if (g.a)
           for (int i = 0; i < lp.rank; ++i) std::fill_n(g.a_of(e, lp.rank, lp.in) + i * g.lda(lp.in), lp.in, 0.0f);
@@ -201,7 +204,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       term.project(kt_, dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
       if (grads[2].b)
         kt_.lora_grad_outer(dy_.data() + off(e) * hk, hk, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
-                            grads[2].b_of(e, static_cast<int>(r), s.hidden), r, false);
+                            grads[2].b_of(e, static_cast<int>(r), s.hidden), r, false, overwrite);
     });
   }
   lap(1);
@@ -270,7 +273,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       if (p == 2) {
         if (need_h)
           kt_.lora_grad_outer(h_.data() + off(e) * inter, inter, dp_[2].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
-                              grads[2].a_of(e, static_cast<int>(r), s.intermediate), grads[2].lda(s.intermediate), true);
+                              grads[2].a_of(e, static_cast<int>(r), s.intermediate), grads[2].lda(s.intermediate), true, overwrite);
         return;
       }
       const bf16* d_out = dgu_.data() + off(e) * gu_ld + (p == 1 ? ik : 0);
@@ -278,10 +281,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), scratch_[worker].proj, dp, r);
       if (grads[p].b)
         kt_.lora_grad_outer(d_out, gu_ld, entry.xa[p].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
-                            grads[p].b_of(e, static_cast<int>(r), s.intermediate), r, false);
+                            grads[p].b_of(e, static_cast<int>(r), s.intermediate), r, false, overwrite);
       if (grads[p].a)
         kt_.lora_grad_outer(xs_.data() + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
-                            grads[p].a_of(e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true);
+                            grads[p].a_of(e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
     });
   }
   lap(3);
