@@ -162,7 +162,7 @@ void OnednnMoeBaseline::forward(int tokens, int top_k, const bf16* x, const std:
       std::memcpy(s.ys.data() + static_cast<std::size_t>(groups.slot[first + i]) * hidden, s.y.data() + i * hidden, hidden * sizeof(float));
     }, 16);
   }
-  combine_slot_rows(pool, s.ys.data(), hidden, tokens, top_k, ids, weights, out);
+  combine_rows(pool, s.ys.data(), hidden, nullptr, hidden, tokens, top_k, ids, weights, out);
 }
 
 }  // namespace tilemoe::cli

@@ -102,7 +102,6 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   std::lock_guard<std::mutex> buffers(ws_->in_use);
   const int rows = groups.total();
   const std::size_t hidden = static_cast<std::size_t>(s.hidden), inter = static_cast<std::size_t>(s.intermediate);
-  const std::size_t slots = static_cast<std::size_t>(tokens) * top_k;
 
   // Wd is packed with panels over hidden and k-blocks over intermediate; Wg, Wu the other way.
   const kernels::PackedShape down = w_.down_shape(), gate_up = w_.up_shape();
@@ -119,12 +118,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   if (need_h) grow(h_, rows * inter);
   if (need_x) grow(xs_, rows * hidden);
   // dX: one row per routed row in TokenGroups order, written in place by the dx items (as the
-  // forward's y): whole 32-column slices plus one cache line, so rows are not 8 KiB apart.
-  const std::size_t dx_ld = (hidden + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns) +
-                            kernels::kPanelColumns;
+  // forward's y), whose products cover whole 32-column slices.
+  const std::size_t dx_ld = padded_row_stride(hidden, 2 * kernels::kPanelColumns);
   grow(dx_, static_cast<std::size_t>(rows) * dx_ld);
-  row_of_slot_.resize(slots);
-  for (int pos = 0; pos < rows; ++pos) row_of_slot_[static_cast<std::size_t>(groups.slot[pos])] = pos;
   for (int p = 0; p < 3; ++p) grow(dp_[p], static_cast<std::size_t>(rows) * lora.proj[p].rank);
   active_.clear();
   column_split_.clear();
@@ -334,7 +330,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   });
   lap(4);
 
-  combine_rows(pool_, dx_.data(), dx_ld, row_of_slot_.data(), hidden, tokens, top_k, ids, nullptr, grad_input);
+  combine_rows(pool_, dx_.data(), dx_ld, groups.row_of_slot.data(), hidden, tokens, top_k, ids, nullptr, grad_input);
   lap(5);
 }
 

@@ -67,7 +67,6 @@ class MoeBackward {
   AlignedVector<bf16>& h_ = ws_->h;
   AlignedVector<bf16>& xs_ = ws_->xs;
   AlignedVector<float>& dx_ = ws_->dx;
-  std::vector<int> row_of_slot_;  // dx_'s row (TokenGroups order) of each routing slot with an id >= 0
   std::array<AlignedVector<float>, 3>& dp_ = ws_->dp;
   AlignedVector<float>& partials_ = ws_->partials;
   std::vector<WorkerScratch>& scratch_ = ws_->scratch;

@@ -115,15 +115,11 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t ik = static_cast<std::size_t>(w_.down_shape().k_padded);  // h row stride
   const std::size_t hidden = static_cast<std::size_t>(s.hidden);
   const std::size_t inter = static_cast<std::size_t>(s.intermediate);
-  const std::size_t slots = static_cast<std::size_t>(tokens) * top_k;
   // y: one f32 row per routed row, in TokenGroups order, so that the down kernels write their C
   // straight into it instead of into a scratch block copied to slot-ordered rows (13 % of the down
-  // items' time at 4096 tokens on the device). The row stride covers whole panels plus one cache
-  // line: rows exactly 8 KiB apart (hidden 2048) would put all 16 rows of a C tile in one L1 set.
-  const std::size_t y_ld = (hidden + kernels::kPanelColumns - 1) / kernels::kPanelColumns * kernels::kPanelColumns + kernels::kPanelColumns;
+  // items' time at 4096 tokens on the device).
+  const std::size_t y_ld = padded_row_stride(hidden, kernels::kPanelColumns);
   if (y_.size() < static_cast<std::size_t>(rows) * y_ld) y_.resize(static_cast<std::size_t>(rows) * y_ld);
-  row_of_slot_.resize(slots);
-  for (int pos = 0; pos < rows; ++pos) row_of_slot_[static_cast<std::size_t>(groups.slot[pos])] = pos;
   const bool quantized = w_.weight_type() != WeightType::bf16;
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
@@ -369,7 +365,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   });
   lap(3);
 
-  combine_rows(pool_, y_.data(), y_ld, row_of_slot_.data(), hidden, tokens, top_k, ids, weights, out);
+  combine_rows(pool_, y_.data(), y_ld, groups.row_of_slot.data(), hidden, tokens, top_k, ids, weights, out);
   lap(4);
 }
 

@@ -18,7 +18,7 @@
 //              s * h A_down^T (and, for integer weights, h quantized per row)
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA), one f32 row per routed row
 //              in TokenGroups order, written by the kernels in place
-//   combine    out[t] = sum_j w[t,j] y[row of slot (t,j)], slots in order
+//   combine    out[t] = sum_j w[t,j] y[groups.row_of_slot[(t,j)]], slots in order
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -121,7 +121,6 @@ class MoeForward {
   std::vector<char> qtiled_;
   std::vector<float> xq_scale_, hq_scale_;
   AlignedVector<float>& y_ = ws_->y;
-  std::vector<int> row_of_slot_;  // y's row (TokenGroups order) of each routing slot with an id >= 0
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
   std::vector<std::array<int, 2>> lora_row_items_;  // (expert, projection): the f32 LoRA form's x A^T

@@ -49,9 +49,4 @@ void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, con
   }, 4);
 }
 
-void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
-                       const float* weights, float* out) {
-  combine_rows(pool, rows, width, nullptr, width, tokens, top_k, ids, weights, out);
-}
-
 }  // namespace tilemoe

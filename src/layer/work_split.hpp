@@ -30,14 +30,17 @@ struct ExpertItem {
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
                                              int k = 0, int denser = 1);
 
-// out[t] = sum_j w[t,j] * rows[t*k + j] over slots with ids >= 0, in slot order (the same sum
-// whatever the thread count); weights == nullptr sums the rows unweighted.
-void combine_slot_rows(numa::ThreadPool& pool, const float* rows, std::size_t width, int tokens, int top_k, const std::int64_t* ids,
-                       const float* weights, float* out);
-// The same sum over rows held in another order: slot t*k + j's row is rows[row_of_slot[t*k + j] * ld]
-// (read only for ids >= 0).
+// out[t] = sum_j w[t,j] * row(t*k + j) over slots with ids >= 0, in slot order (the same sum
+// whatever the thread count); weights == nullptr sums the rows unweighted. Slot s's row starts at
+// rows + r * ld with r = row_of_slot[s] (TokenGroups::row_of_slot: rows grouped by expert), or
+// r = s when row_of_slot is null (one row per slot).
 void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, const int* row_of_slot, std::size_t width, int tokens,
                   int top_k, const std::int64_t* ids, const float* weights, float* out);
+
+// The row stride of f32 rows that tile kernels write in place, `width` columns rounded up to a
+// multiple of `columns` (what the kernels write) plus one cache line: rows exactly 8 KiB apart
+// (width 2048) would put all 16 rows of a C tile store in one L1 set.
+inline std::size_t padded_row_stride(std::size_t width, std::size_t columns) { return (width + columns - 1) / columns * columns + 16; }
 
 // Adds the time since the previous lap to one phase's total: where the bench's --phases figures
 // come from.

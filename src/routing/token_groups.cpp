@@ -22,6 +22,7 @@ TokenGroups group_tokens_by_expert(const std::int64_t* ids, int tokens, int top_
   for (int e = 0; e < num_experts; ++e) g.offsets[e + 1] += g.offsets[e];
   g.token.resize(g.offsets.back());
   g.slot.resize(g.offsets.back());
+  g.row_of_slot.assign(n, -1);
   std::vector<int> cursor(g.offsets.begin(), g.offsets.end() - 1);
   for (std::size_t i = 0; i < n; ++i) {
     std::int64_t e = ids[i];
@@ -29,6 +30,7 @@ TokenGroups group_tokens_by_expert(const std::int64_t* ids, int tokens, int top_
     int pos = cursor[e]++;
     g.token[pos] = static_cast<int>(i / top_k);
     g.slot[pos] = static_cast<int>(i);
+    g.row_of_slot[i] = pos;
   }
   return g;
 }

@@ -11,6 +11,7 @@ struct TokenGroups {
   std::vector<int> offsets;  // [E + 1]: expert e serves entries [offsets[e], offsets[e + 1])
   std::vector<int> token;    // token index of each entry
   std::vector<int> slot;     // flat routing slot t * k + j of each entry
+  std::vector<int> row_of_slot;  // [tokens * k]: the entry of each slot, -1 for ids < 0 (the inverse of slot)
 
   int count(int e) const { return offsets[e + 1] - offsets[e]; }
   int total() const { return offsets.back(); }
