@@ -215,7 +215,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // Twice the forward's columns per item: a dh item then streams 512 KiB of Wdᵀ at 16-63 rows, as
   // a forward gate_up item does (gate and up). On the device (512 tokens, r=16, weight copy) the
   // phase went from 5.9 / 6.4 to 5.3 / 5.7 ms; twice the columns for dx was not clearly faster.
-  std::vector<ExpertItem> items = split_expert_columns(column_split_, groups, 2 * down.kblocks, 2, 0, /*widen=*/2);
+  std::vector<ExpertItem> items = split_expert_columns(column_split_, groups, 2 * down.kblocks, 2, 0, /*widen=*/2, kt_.few_row_item_panels);
   pool_.parallel_for(items.size() + dh_split.size(), [&](std::size_t item, int worker) {
     WorkerScratch& ws = scratch_[worker];
     if (item >= items.size()) {
@@ -288,7 +288,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // dx: dX = [dG | dU] [Wg ; Wu] (+ both LoRA terms) on 32-column slices of the stacked Wᵀ (or
   // split-K partials over gate's and up's panels, then their sum).
   auto dx_rows = [&](int e) { return dx_.data() + static_cast<std::size_t>(off(e)) * dx_ld; };
-  items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2);
+  items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 0, 1, kt_.few_row_item_panels);
   pool_.parallel_for(items.size() + dx_split.size(), [&](std::size_t item, int worker) {
     WorkerScratch& ws = scratch_[worker];
     if (item >= items.size()) {

@@ -294,7 +294,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const int up_panels = w_.up_shape().panels;
   // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
   const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
-  std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser);
+  std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels);
   // Once all of an expert's h is written, the down projection's LoRA needs s h A_down^T and
   // integer weights need h's int8 codes. The gate_up item that finishes the expert's last columns
   // does that, so no phase (and no barrier) waits for it: which worker does it varies, what it
@@ -353,7 +353,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   lap(2);
 
   // down: straight into y's rows
-  items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser);
+  items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser,
+                               kt_.few_row_item_panels);
   pool_.parallel_for(items.size(), [&](std::size_t item, int) {
     auto [e, p0, p1] = items[item];
     const int col0 = p0 * kernels::kPanelColumns;

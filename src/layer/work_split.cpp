@@ -9,7 +9,7 @@ namespace {
 // per expert (512 tokens of DeepSeek-V2-Lite) twice as many bytes per item took the forward's
 // down phase from 6.0-6.3 to 5.1-5.6 ms and the backward (whose items gather one 1 KiB block
 // from every panel of W per 32 columns) from 30.2 to 26.1 ms on the device.
-int panels_per_item(int rows) { return rows >= 64 ? 8 : rows >= 16 ? 4 : 1; }
+int panels_per_item(int rows, int few_row_panels) { return rows >= 64 ? 8 : rows >= 16 ? 4 : few_row_panels; }
 // The reduction length the chunk sizes above are for: a shorter one widens the items so that each
 // streams about as many bytes. DeepSeek-V2-Lite's down projection (k = 1408) gets twice the
 // columns of gate and up (k = 2048): on the device (cases taking turns) its phase went from
@@ -19,11 +19,11 @@ constexpr int kItemReduction = 2048;
 }  // namespace
 
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k,
-                                             int denser) {
+                                             int denser, int few_row_panels) {
   std::vector<ExpertItem> items;
   const int widen = (k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1) * std::clamp(denser, 1, 4);
   for (int e : active) {
-    const int step = std::max(unit, panels_per_item(groups.count(e)) * widen / unit * unit);
+    const int step = std::max(unit, panels_per_item(groups.count(e), std::max(1, few_row_panels)) * widen / unit * unit);
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
   }
   return items;

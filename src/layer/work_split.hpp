@@ -26,9 +26,11 @@ struct ExpertItem {
 // the same as at k = 2048. `denser` widens them again for weights of fewer bytes than bf16 (2 for
 // int8, 4 for int4), so that an item streams as many bytes as a bf16 one: at decode an item is
 // mostly the fixed cost of one call and a stream that the prefetchers must pick up. (Any other
-// reason to widen, 1 to 4, may be passed the same way.)
+// reason to widen, 1 to 4, may be passed the same way.) `few_row_panels` is the chunk, before
+// widening, for experts of under 16 rows (KernelTable::few_row_item_panels: 1 where small
+// chunks are best, more where the kernel blocks several panels per pass).
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
-                                             int k = 0, int denser = 1);
+                                             int k = 0, int denser = 1, int few_row_panels = 1);
 
 // out[t] = sum_j w[t,j] * row(t*k + j) over slots with ids >= 0, in slot order (the same sum
 // whatever the thread count); weights == nullptr sums the rows unweighted. Slot s's row starts at

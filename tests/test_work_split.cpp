@@ -1,0 +1,78 @@
+// How a layer's GEMM work is cut into items: every panel of every active expert exactly once, in
+// order, in whole units; chunk widths from the expert's row count, the reduction length, the weight
+// density and the kernel table's width for experts of few rows.
+#include <map>
+#include <vector>
+
+#include "catch.hpp"
+#include "src/layer/work_split.hpp"
+#include "src/routing/token_groups.hpp"
+
+using namespace tilemoe;
+
+namespace {
+
+// Expert e gets rows[e] routed rows (top-1, one token each).
+TokenGroups groups_with_rows(const std::vector<int>& rows) {
+  std::vector<std::int64_t> ids;
+  for (std::size_t e = 0; e < rows.size(); ++e) ids.insert(ids.end(), static_cast<std::size_t>(rows[e]), static_cast<std::int64_t>(e));
+  return group_tokens_by_expert(ids.data(), static_cast<int>(ids.size()), 1, static_cast<int>(rows.size()));
+}
+
+// The chunk width of each expert's items (all but its last), and a check that they tile [0, panels).
+std::map<int, int> widths(const std::vector<ExpertItem>& items, const std::vector<int>& active, int panels, int unit) {
+  std::map<int, int> width;
+  std::map<int, int> next;  // the panel each expert's next item must start at
+  for (int e : active) next[e] = 0;
+  for (const ExpertItem& it : items) {
+    REQUIRE(next.count(it.expert) == 1);
+    CHECK(it.p0 == next[it.expert]);
+    CHECK(it.p1 > it.p0);
+    CHECK(it.p1 <= panels);
+    CHECK(it.p0 % unit == 0);
+    if (it.p1 < panels) {
+      CHECK((it.p1 - it.p0) % unit == 0);
+      if (width.count(it.expert) == 0) width[it.expert] = it.p1 - it.p0;
+      CHECK(width[it.expert] == it.p1 - it.p0);
+    }
+    next[it.expert] = it.p1;
+  }
+  for (int e : active) CHECK(next[e] == panels);
+  return width;
+}
+
+}  // namespace
+
+TEST_CASE("work split: items tile every active expert's panels", "[work_split]") {
+  const std::vector<int> rows = {1, 0, 3, 15, 16, 40, 63, 64, 200};
+  const TokenGroups g = groups_with_rows(rows);
+  const std::vector<int> active = {0, 2, 3, 4, 5, 6, 7, 8};
+  for (int panels : {1, 5, 88, 89, 128})
+    for (int unit : {1, 2})
+      for (int few : {1, 4}) {
+        INFO("panels " << panels << " unit " << unit << " few_row_panels " << few);
+        widths(split_expert_columns(active, g, panels, unit, 0, 1, few), active, panels, unit);
+      }
+}
+
+TEST_CASE("work split: chunk widths by rows, reduction, density and the few-row width", "[work_split]") {
+  const std::vector<int> rows = {1, 15, 16, 63, 64};
+  const TokenGroups g = groups_with_rows(rows);
+  const std::vector<int> active = {0, 1, 2, 3, 4};
+  const int panels = 256;
+  // Defaults (k = 2048 or not given): 1 panel under 16 rows, 4 from 16, 8 from 64.
+  std::map<int, int> w = widths(split_expert_columns(active, g, panels), active, panels, 1);
+  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 4}, {3, 4}, {4, 8}});
+  // A kernel that blocks 4 panels widens only the experts of few rows.
+  w = widths(split_expert_columns(active, g, panels, 1, 2048, 1, 4), active, panels, 1);
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 4}, {3, 4}, {4, 8}});
+  // A short reduction (k = 1408 -> twice) and int8 density (twice) multiply every width.
+  w = widths(split_expert_columns(active, g, panels, 1, 1408, 2, 4), active, panels, 1);
+  CHECK(w == std::map<int, int>{{0, 16}, {1, 16}, {2, 16}, {3, 16}, {4, 32}});
+  // Whole units of 2 panels: the few-row width 1 rounds up to one unit.
+  w = widths(split_expert_columns(active, g, panels, 2), active, panels, 2);
+  CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 4}, {3, 4}, {4, 8}});
+  // A width below 1 is taken as 1.
+  w = widths(split_expert_columns(active, g, panels, 1, 0, 1, 0), active, panels, 1);
+  CHECK(w.at(0) == 1);
+}
