@@ -81,7 +81,7 @@ void project_by_rows(const float* vf, int in, int in16, StridedF32 a, int rank, 
 
 // t[q][j] = src[j][q] for j < n, q < rank, in 16 x 16 blocks through registers. The element by
 // element copy it replaces took most of the expand's time: 6-14 ns a column at rank 16 against
-// 1.4-5.6 with this, one row, 64-256 columns, on Zen 4 (at decode the forward expands about
+// 1.4-5.6 with this, one row, 64-256 columns, on Zen 5 (at decode the forward expands about
 // 29,000 columns of V2-Lite's LoRA B per layer call). Columns [n, round16(n)) of t get zeros;
 // src is not read past row n - 1 or column rank - 1.
 void transpose_rows_to(const float* src, std::size_t lds, int n, int rank, float* t, std::size_t ldt) {
