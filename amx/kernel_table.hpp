@@ -41,10 +41,11 @@ struct KernelTable {
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.
   int amx_min_rows;
-  // The fewest panels a layer's GEMM item should cover for an expert of few rows (under 16). The
-  // AVX-512 kernels block 4 panels per pass; an item of one panel leaves 3/4 of that block empty
-  // (one thread, K = 2048, 12 rows, weights in L2: 130 against 300 GFLOP/s on Zen 5). On AMX,
-  // where those rows run on tiles, one panel is what the device measured best.
+  // The panels a layer's GEMM item should cover for an expert of 4-15 rows. The AVX-512 kernels
+  // block 4 rows x 4 panels per pass; an item of one panel leaves 3/4 of that block empty (one
+  // thread, K = 2048, 12 rows, weights in L2: 130 against 300 GFLOP/s on Zen 5). On AMX, where
+  // those rows run on tiles, one panel is what the device measured best. (Decode's 1-3 rows keep
+  // 1-panel items everywhere: work_split.cpp.)
   int few_row_item_panels;
 };
 

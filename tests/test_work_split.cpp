@@ -56,23 +56,23 @@ TEST_CASE("work split: items tile every active expert's panels", "[work_split]")
 }
 
 TEST_CASE("work split: chunk widths by rows, reduction, density and the few-row width", "[work_split]") {
-  const std::vector<int> rows = {1, 15, 16, 63, 64};
+  const std::vector<int> rows = {1, 3, 4, 15, 16, 63, 64};
   const TokenGroups g = groups_with_rows(rows);
-  const std::vector<int> active = {0, 1, 2, 3, 4};
+  const std::vector<int> active = {0, 1, 2, 3, 4, 5, 6};
   const int panels = 256;
   // Defaults (k = 2048 or not given): 1 panel under 16 rows, 4 from 16, 8 from 64.
   std::map<int, int> w = widths(split_expert_columns(active, g, panels), active, panels, 1);
-  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 4}, {3, 4}, {4, 8}});
-  // A kernel that blocks 4 panels widens only the experts of few rows.
+  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 4}, {5, 4}, {6, 8}});
+  // A kernel that blocks 4 panels widens the experts of 4-15 rows; decode's 1-3 keep 1 panel.
   w = widths(split_expert_columns(active, g, panels, 1, 2048, 1, 4), active, panels, 1);
-  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 4}, {3, 4}, {4, 8}});
+  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 4}, {3, 4}, {4, 4}, {5, 4}, {6, 8}});
   // A short reduction (k = 1408 -> twice) and int8 density (twice) multiply every width.
   w = widths(split_expert_columns(active, g, panels, 1, 1408, 2, 4), active, panels, 1);
-  CHECK(w == std::map<int, int>{{0, 16}, {1, 16}, {2, 16}, {3, 16}, {4, 32}});
-  // Whole units of 2 panels: the few-row width 1 rounds up to one unit.
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 16}, {3, 16}, {4, 16}, {5, 16}, {6, 32}});
+  // Whole units of 2 panels: a width of 1 rounds up to one unit.
   w = widths(split_expert_columns(active, g, panels, 2), active, panels, 2);
-  CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 4}, {3, 4}, {4, 8}});
+  CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}, {4, 4}, {5, 4}, {6, 8}});
   // A width below 1 is taken as 1.
   w = widths(split_expert_columns(active, g, panels, 1, 0, 1, 0), active, panels, 1);
-  CHECK(w.at(0) == 1);
+  CHECK(w.at(2) == 1);
 }

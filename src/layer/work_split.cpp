@@ -9,7 +9,9 @@ namespace {
 // per expert (512 tokens of DeepSeek-V2-Lite) twice as many bytes per item took the forward's
 // down phase from 6.0-6.3 to 5.1-5.6 ms and the backward (whose items gather one 1 KiB block
 // from every panel of W per 32 columns) from 30.2 to 26.1 ms on the device.
-int panels_per_item(int rows, int few_row_panels) { return rows >= 64 ? 8 : rows >= 16 ? 4 : few_row_panels; }
+// 4-15 rows: the kernel table's width (KernelTable::few_row_item_panels). 1-3 rows (decode): 1 panel,
+// the most items, so that every core of a many-core machine has weights to stream.
+int panels_per_item(int rows, int few_row_panels) { return rows >= 64 ? 8 : rows >= 16 ? 4 : rows >= 4 ? few_row_panels : 1; }
 // The reduction length the chunk sizes above are for: a shorter one widens the items so that each
 // streams about as many bytes. DeepSeek-V2-Lite's down projection (k = 1408) gets twice the
 // columns of gate and up (k = 2048): on the device (cases taking turns) its phase went from

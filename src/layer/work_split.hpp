@@ -27,8 +27,8 @@ struct ExpertItem {
 // int8, 4 for int4), so that an item streams as many bytes as a bf16 one: at decode an item is
 // mostly the fixed cost of one call and a stream that the prefetchers must pick up. (Any other
 // reason to widen, 1 to 4, may be passed the same way.) `few_row_panels` is the chunk, before
-// widening, for experts of under 16 rows (KernelTable::few_row_item_panels: 1 where small
-// chunks are best, more where the kernel blocks several panels per pass).
+// widening, for experts of 4-15 rows (KernelTable::few_row_item_panels: 1 where small chunks are
+// best, more where the kernel blocks several panels per pass); 1-3 rows always get 1 panel.
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
                                              int k = 0, int denser = 1, int few_row_panels = 1);
 
