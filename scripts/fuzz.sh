@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fuzzes every file tilemoe reads (safetensors, config.json, PEFT adapters, convert-lora files,
+# checkpoints, quantized directories) with libFuzzer under ASan + UBSan: tests/fuzz/fuzz_loaders.cpp.
+#   scripts/fuzz.sh [seconds, default 600] [jobs, default 1]
+# Needs clang (Debian's clang-14 has libFuzzer) and the Release build's tilemoe (scripts/setup.sh
+# test), which writes the seed files. Everything goes to .fuzz/; findings to .fuzz/crashes/, each
+# replayed by running .fuzz/fuzz_loaders on it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-600}"
+jobs="${2:-1}"
+out=.fuzz
+command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 1; }
+[ -x build/tilemoe ] || { echo "fuzz.sh: build/tilemoe not found: run scripts/setup.sh test first" >&2; exit 1; }
+mkdir -p "$out/obj" "$out/corpus" "$out/work" "$out/crashes"
+
+flags=(-g -O1 -std=c++20 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -I. -Iinclude)
+sources=(src/io/*.cpp src/model/*.cpp src/lora/*.cpp src/quant/*.cpp numa/thread_pool.cpp numa/topology.cpp numa/node_memory.cpp
+         tests/fuzz/fuzz_loaders.cpp)
+printf '%s\n' "${sources[@]}" |
+  xargs -P "$(nproc)" -I{} sh -c 'o="$1/obj/$(echo "$2" | tr / _).o"; s="$2"; shift 2; [ "$o" -nt "$s" ] || clang++ "$@" -c "$s" -o "$o"' \
+    _ "$out" {} "${flags[@]}"
+clang++ -fsanitize=fuzzer,address,undefined "$out"/obj/*.o -o "$out/fuzz_loaders" -lpthread -lhwloc -lnuma
+
+# Seeds: each target's selector byte (tests/fuzz/fuzz_loaders.cpp, enum Target) and a valid file.
+fx=tests/data/original_moe_tiny
+seed() { { printf "\\$(printf %03o "$1")"; cat "$2"; } > "$out/corpus/seed_$1_$(echo "$2" | tr / _)"; }
+rm -rf "$out/seed_dir" && mkdir -p "$out/seed_dir"
+build/tilemoe convert-lora --adapter "$fx/adapter" --model "$fx/model" --output "$out/seed_dir/lora.safetensors" > /dev/null
+build/tilemoe quantize --model "$fx/model" --output "$out/seed_dir/quantized" --weights int8 > /dev/null
+seed 0 "$fx/adapter/adapter_model.safetensors"
+for c in tests/data/*/model/config.json; do seed 1 "$c"; done
+seed 2 "$fx/adapter/adapter_config.json"
+seed 3 "$fx/adapter/adapter_model.safetensors"
+seed 4 "$out/seed_dir/lora.safetensors"
+seed 5 "$fx/model/model.safetensors"
+seed 6 "$out/seed_dir/quantized/quantization.json"
+seed 7 "$(ls "$out"/seed_dir/quantized/layer_*.safetensors | head -1)"
+
+parallel=()
+[ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
+"$out/fuzz_loaders" -max_total_time="$secs" "${parallel[@]}" -max_len=800000 -timeout=30 -rss_limit_mb=4096 \
+  -artifact_prefix="$out/crashes/" "$out/work" "$out/corpus"
