@@ -17,8 +17,11 @@ mkdir -p "$out/obj" "$out/corpus" "$out/work" "$out/crashes"
 flags=(-g -O1 -std=c++20 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -I. -Iinclude)
 sources=(src/io/*.cpp src/model/*.cpp src/lora/*.cpp src/quant/*.cpp numa/thread_pool.cpp numa/topology.cpp numa/node_memory.cpp
          tests/fuzz/fuzz_loaders.cpp)
+# Every object is rebuilt: one kept because it is newer than its .cpp may predate a header it
+# includes, and a stale object linked beside fresh ones gives false findings.
+rm -f "$out"/obj/*.o
 printf '%s\n' "${sources[@]}" |
-  xargs -P "$(nproc)" -I{} sh -c 'o="$1/obj/$(echo "$2" | tr / _).o"; s="$2"; shift 2; [ "$o" -nt "$s" ] || clang++ "$@" -c "$s" -o "$o"' \
+  xargs -P "$(nproc)" -I{} sh -c 'o="$1/obj/$(echo "$2" | tr / _).o"; s="$2"; shift 2; clang++ "$@" -c "$s" -o "$o"' \
     _ "$out" {} "${flags[@]}"
 clang++ -fsanitize=fuzzer,address,undefined "$out"/obj/*.o -o "$out/fuzz_loaders" -lpthread -lhwloc -lnuma
 
