@@ -1,6 +1,10 @@
 // Kernels that run on any x86-64: the portable GEMM and epilogue, packing, ISA selection.
+#include <algorithm>
 #include <cstdlib>
+#include <numeric>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "amx/isa.hpp"
 #include "amx/kernel_table.hpp"
@@ -57,6 +61,35 @@ TEST_CASE("packing follows the documented VNNI layout, pads with zeros and unpac
         if (back[at] != (kk < static_cast<std::size_t>(k) ? w[at] : bf16{0x4242})) FAIL("unpack at " << col << "," << kk);
       }
   }
+}
+
+TEST_CASE("store_row_tile writes scattered rows as pack_rows_as_tiles does, zero-padded, other rows untouched") {
+  std::mt19937 rng(11);
+  for (int n : {1, 31, 32, 33, 100, 2048, 2047})
+    for (int extra_blocks : {0, 2})
+      for (int count : {1, 7, 16}) {
+        const int k_padded = (n + kBlockK - 1) / kBlockK * kBlockK + extra_blocks * kBlockK;
+        // Source rows scattered through one buffer, in a shuffled order.
+        std::vector<bf16> pool(static_cast<std::size_t>(20) * (n + 5));
+        for (auto& v : pool) v = float_to_bf16(static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 64.0f);
+        std::vector<int> pick(20);
+        std::iota(pick.begin(), pick.end(), 0);
+        std::shuffle(pick.begin(), pick.end(), rng);
+        std::vector<const bf16*> src;
+        std::vector<bf16> rows(static_cast<std::size_t>(count) * k_padded, bf16{0});
+        for (int r = 0; r < count; ++r) {
+          src.push_back(pool.data() + static_cast<std::size_t>(pick[r]) * (n + 5));
+          std::copy_n(src.back(), n, rows.data() + static_cast<std::size_t>(r) * k_padded);
+        }
+        std::vector<bf16> expect(tiled_rows_elements(16, k_padded), float_to_bf16(-7.0f));
+        pack_rows_as_tiles(rows.data(), static_cast<std::size_t>(k_padded), count, k_padded, expect.data());
+        std::vector<bf16> got(expect.size(), float_to_bf16(-7.0f));
+        store_row_tile(src.data(), count, n, k_padded, got.data());
+        INFO("n " << n << ", k_padded " << k_padded << ", rows " << count);
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) differ += bf16_to_float(got[i]) != bf16_to_float(expect[i]);
+        CHECK(differ == 0);
+      }
 }
 
 TEST_CASE("f32 weights are packed rounded to nearest even") {

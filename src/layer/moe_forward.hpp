@@ -4,20 +4,22 @@
 // never on the thread count, so the output is bit-identical for any number of threads.
 //
 // Phases (each a parallel_for):
-//   gather     x rows of every (token, slot) into one bf16 block, grouped by expert (and, for
-//              int8/int4 weights, quantized to int8 per row). Experts that run on AMX tiles
-//              get their rows of x (and later of h) in tile order (pack_bf16.hpp), so that
-//              every A tile load is one contiguous 1 KiB. Experts with few rows get their
-//              LoRA's s * x A^T for gate and up here too, from the caller's x rows.
-//   lora_prep  per expert with more rows: pack its LoRA A for the kernels; s * x A^T for
-//              gate and up (LoRA B is packed by each GEMM item, its own panels only, unless
-//              the set is held and packed once)
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
 //              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
 //              h = silu(gate) * up in bf16; the item that completes an expert's h then computes
-//              s * h A_down^T (and, for integer weights, h quantized per row)
+//              s * h A_down^T (and, for integer weights, h quantized per row). Ahead of each
+//              expert's items, its prep items, which they wait for (item_countdowns.hpp) while the
+//              other cores stream weights, instead of phases of their own:
+//              - gather units: up to 16 x rows of (token, slot) pairs into one bf16 block grouped
+//                by expert (and, for int8/int4 weights, quantized to int8 per row). Experts that
+//                run on AMX tiles get their rows of x (and later of h) in tile order
+//                (pack_bf16.hpp), so that every A tile load is one contiguous 1 KiB.
+//              - the LoRA's s * x A^T for gate and up: from the caller's x rows for experts with
+//                few rows, which read the f32 factors as they are; from the gathered x, with the
+//                factors packed for the kernels, for the others.
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA), one f32 row per routed row
-//              in TokenGroups order, written by the kernels in place
+//              in TokenGroups order, written by the kernels in place; few-row experts' s * h
+//              A_down^T are items ahead of theirs
 //   combine    out[t] = sum_j w[t,j] y[groups.row_of_slot[(t,j)]], slots in order
 #include <array>
 #include <cstdint>
@@ -28,6 +30,7 @@
 #include "amx/kernel_table.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/layer/forward_workspace.hpp"
+#include "src/layer/item_countdowns.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/lora/lora_view.hpp"
@@ -72,9 +75,9 @@ class MoeForward {
   // ISA. 0: never; -1: default.
   void set_tile_order_min_rows(int rows) { tile_order_override_ = rows; }
 
-  // Seconds spent in each phase since construction (gather, lora_prep, gate_up, down,
-  // combine): what the bench's --phases prints to show where time goes.
-  static constexpr int kPhases = 5;
+  // Seconds spent in each phase since construction (gate_up, down, combine): what the bench's
+  // --phases prints to show where time goes.
+  static constexpr int kPhases = 3;
   static const char* phase_name(int i);
   const std::array<double, kPhases>& phase_seconds() const { return phase_seconds_; }
   void reset_phase_seconds() { phase_seconds_ = {}; }
@@ -90,9 +93,11 @@ class MoeForward {
     return {block.data() + block_row_[e] * ld, ld, tiled_[e] != 0};
   }
   // C = A Wᵀ (+ LoRA term) for expert e's m rows over panels [p0, p1); `a` is its bf16 rows of
-  // x or h, whose quantized twin (rows from row0, TokenGroups order) integer weights read.
+  // x or h, whose quantized twin (rows from row0, TokenGroups order) integer weights read. A term
+  // in the f32 form is added after the product; with `ready`, once its counter e is zero (another
+  // item of the phase computes its x Aᵀ). A packed term must be ready before the call.
   void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term, float* c,
-                       std::size_t ldc, int n);
+                       std::size_t ldc, int n, ItemCountdowns* ready = nullptr);
   void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
   // The same into rows [row0, row0 + rows) of codes held in tile order.
   void quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row0, int rows, Projection p, std::int8_t* tiles, float* scales);
@@ -123,8 +128,9 @@ class MoeForward {
   AlignedVector<float>& y_ = ws_->y;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
-  std::vector<std::array<int, 2>> lora_row_items_;  // (expert, projection): the f32 LoRA form's x A^T
-  std::vector<int> lora_packed_;                     // experts whose LoRA takes the packed form
+  std::vector<std::array<int, 2>> lora_prep_;  // (expert, projection): gate_up's prep items
+  std::vector<int> lora_down_prep_;            // experts whose down LoRA has the f32 form
+  ItemCountdowns ready_;  // per expert: prep items not yet done (gate_up: and gather units alone)
   std::vector<std::array<int, 2>> gather_units_;  // (expert, first row): up to 16 rows each
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<AlignedVector<float>>& scratch_ = ws_->scratch;  // per worker

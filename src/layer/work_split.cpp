@@ -1,6 +1,7 @@
 #include "src/layer/work_split.hpp"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace tilemoe {
 
@@ -29,6 +30,41 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
   }
   return items;
+}
+
+std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
+                                      std::size_t lead, const std::vector<std::array<int, 2>>& trail) {
+  std::unordered_map<int, std::pair<std::size_t, std::size_t>> span;  // expert -> its first and last item
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto [it, fresh] = span.try_emplace(items[i].expert, i, i);
+    if (!fresh) it->second.second = i;
+  }
+  // (before item, rank, id): rank orders prep (0) before trailing items (1) at one place.
+  struct Place {
+    std::size_t before;
+    int rank;
+    std::uint32_t id;
+  };
+  std::vector<Place> at;
+  at.reserve(prep.size() + trail.size());
+  for (std::size_t j = 0; j < prep.size(); ++j) {
+    const auto f = span.find(prep[j][0]);
+    const std::size_t i = f == span.end() ? items.size() + lead : f->second.first;
+    at.push_back({i > lead ? i - lead : 0, 0, static_cast<std::uint32_t>(j)});
+  }
+  for (std::size_t t = 0; t < trail.size(); ++t) {
+    const auto f = span.find(trail[t][0]);
+    at.push_back({f == span.end() ? items.size() : f->second.second + 1, 1, static_cast<std::uint32_t>(prep.size() + items.size() + t)});
+  }
+  std::stable_sort(at.begin(), at.end(), [](const Place& a, const Place& b) { return a.before != b.before ? a.before < b.before : a.rank < b.rank; });
+  std::vector<std::uint32_t> order;
+  order.reserve(prep.size() + items.size() + trail.size());
+  std::size_t next = 0;
+  for (std::size_t i = 0; i <= items.size(); ++i) {
+    for (; next < at.size() && at[next].before <= i; ++next) order.push_back(at[next].id);
+    if (i < items.size()) order.push_back(static_cast<std::uint32_t>(prep.size() + i));
+  }
+  return order;
 }
 
 void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, const int* row_of_slot, std::size_t width, int tokens,

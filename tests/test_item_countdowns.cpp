@@ -1,0 +1,187 @@
+// Items of one parallel_for that wait for earlier items (src/layer/item_countdowns.hpp): every
+// waiting item sees what the items it waited for wrote, on pools of 1 to 16 threads (more threads
+// than this machine has cores: the waits must yield), in the order lead_items gives; a failing
+// item stops the items waiting for it, and its own exception is the one that comes out.
+// Catch's assertions are not thread-safe: items only record what they saw.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "catch.hpp"
+#include "numa/thread_pool.hpp"
+#include "src/layer/item_countdowns.hpp"
+#include "src/layer/work_split.hpp"
+
+using namespace tilemoe;
+
+namespace {
+
+// A hang must fail the run, not stall it.
+template <class Body>
+void within_two_minutes(Body body) {
+  auto* done = new std::future<void>(std::async(std::launch::async, std::move(body)));
+  if (done->wait_for(std::chrono::seconds(120)) != std::future_status::ready) FAIL("items waited forever");
+  std::unique_ptr<std::future<void>> owner(done);
+  owner->get();
+}
+
+// Experts with random item counts (some with none), prep items for a random subset, in
+// lead_items order. Each prep item writes its expert's value after a short spin; every item of an
+// expert with prep items waits and then reads the value.
+void run_case(int threads, std::size_t lead, unsigned seed) {
+  std::mt19937 rng(seed);
+  const int experts = 1 + static_cast<int>(rng() % 12);
+  std::vector<ExpertItem> items;
+  std::vector<std::array<int, 2>> prep;
+  for (int e = 0; e < experts; ++e) {
+    const int n = static_cast<int>(rng() % 20);
+    for (int i = 0; i < n; ++i) items.push_back({e, i, i + 1});
+    const int preps = static_cast<int>(rng() % 4);
+    for (int p = 0; p < preps; ++p) prep.push_back({e, p});
+  }
+  const std::vector<std::uint32_t> order = lead_items(prep, items, lead);
+  REQUIRE(order.size() == prep.size() + items.size());
+
+  numa::ThreadPool pool(threads, {});
+  ItemCountdowns ready;
+  ready.reset(static_cast<std::size_t>(experts));
+  for (const auto& p : prep) ready.expect(static_cast<std::size_t>(p[0]));
+  std::vector<int> value(static_cast<std::size_t>(experts), 0);
+  std::vector<int> preps_of(static_cast<std::size_t>(experts), 0);
+  for (const auto& p : prep) ++preps_of[static_cast<std::size_t>(p[0])];
+  std::vector<int> seen(items.size(), -1);
+  within_two_minutes([&] {
+    ready.parallel_for(pool, order.size(), [&](std::size_t slot, int) {
+      const std::size_t i = order[slot];
+      if (i < prep.size()) {
+        const int e = prep[i][0];
+        volatile int spin = 0;
+        while (spin < 20000) spin = spin + 1;
+        std::atomic_ref<int>(value[static_cast<std::size_t>(e)]).fetch_add(1, std::memory_order_relaxed);
+        ready.count_down(static_cast<std::size_t>(e));
+        return;
+      }
+      const int e = items[i - prep.size()].expert;
+      ready.wait(static_cast<std::size_t>(e));
+      seen[i - prep.size()] = std::atomic_ref<int>(value[static_cast<std::size_t>(e)]).load(std::memory_order_relaxed);
+    });
+  });
+  for (std::size_t i = 0; i < items.size(); ++i) CHECK(seen[i] == preps_of[static_cast<std::size_t>(items[i].expert)]);
+}
+
+}  // namespace
+
+TEST_CASE("lead_items puts every prep item ahead of its expert's items, lead items early where it can") {
+  std::vector<ExpertItem> items;
+  for (int e : {3, 1, 4}) // experts in the order the phase lists them, not sorted
+    for (int i = 0; i < 10; ++i) items.push_back({e, i, i + 1});
+  const std::vector<std::array<int, 2>> prep = {{3, 0}, {3, 1}, {1, 0}, {4, 2}, {7, 0}};  // expert 7 has no items
+  for (std::size_t lead : {0u, 1u, 4u, 15u, 100u}) {
+    const std::vector<std::uint32_t> order = lead_items(prep, items, lead);
+    REQUIRE(order.size() == prep.size() + items.size());
+    std::vector<int> pos(order.size(), -1);
+    for (std::size_t s = 0; s < order.size(); ++s) {
+      REQUIRE(order[s] < order.size());
+      CHECK(pos[order[s]] == -1);
+      pos[order[s]] = static_cast<int>(s);
+    }
+    // Items keep their order; prep items keep theirs.
+    for (std::size_t i = 1; i < items.size(); ++i) CHECK(pos[prep.size() + i] > pos[prep.size() + i - 1]);
+    for (std::size_t j = 1; j < prep.size(); ++j) CHECK(pos[j] > pos[j - 1]);
+    for (std::size_t j = 0; j < prep.size(); ++j) {
+      int first = -1;  // index of the expert's first item
+      for (std::size_t i = 0; i < items.size() && first < 0; ++i)
+        if (items[i].expert == prep[j][0]) first = static_cast<int>(i);
+      if (first < 0) {
+        CHECK(pos[j] > pos[prep.size() + items.size() - 1]);  // at the end
+        continue;
+      }
+      // Items before it: first - lead, or none.
+      int items_before = 0;
+      for (std::size_t i = 0; i < items.size(); ++i) items_before += pos[prep.size() + i] < pos[j];
+      CHECK(items_before == std::max(0, first - static_cast<int>(lead)));
+    }
+  }
+}
+
+TEST_CASE("lead_items puts trailing items right after their expert's last item") {
+  std::vector<ExpertItem> items;
+  for (int e : {2, 0, 5})
+    for (int i = 0; i < 6; ++i) items.push_back({e, i, i + 1});
+  const std::vector<std::array<int, 2>> prep = {{0, 0}, {5, 0}};
+  const std::vector<std::array<int, 2>> trail = {{2, 1}, {0, 1}, {0, 2}, {9, 0}};  // expert 9 has no items
+  const std::vector<std::uint32_t> order = lead_items(prep, items, 3, trail);
+  const std::size_t n = prep.size() + items.size() + trail.size();
+  REQUIRE(order.size() == n);
+  std::vector<int> pos(n, -1);
+  for (std::size_t s = 0; s < n; ++s) pos[order[s]] = static_cast<int>(s);
+  for (int p : pos) CHECK(p >= 0);
+  auto item_pos = [&](std::size_t i) { return pos[prep.size() + i]; };
+  auto trail_pos = [&](std::size_t t) { return pos[prep.size() + items.size() + t]; };
+  CHECK(trail_pos(0) == item_pos(5) + 1);   // after expert 2's last item
+  CHECK(trail_pos(1) > item_pos(11));       // after expert 0's last item,
+  CHECK(trail_pos(2) == trail_pos(1) + 1);  // in their own order,
+  CHECK(trail_pos(1) < item_pos(12));       // and before the next expert's first item
+  CHECK(trail_pos(3) == static_cast<int>(n) - 1);
+  // The prep item of expert 5 (first item 12) comes 3 items before it.
+  int items_before = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) items_before += item_pos(i) < pos[1];
+  CHECK(items_before == 9);
+}
+
+TEST_CASE("items that wait see the writes of the items they waited for, on any pool size") {
+  for (int threads : {1, 2, 3, 16})
+    for (std::size_t lead : {0u, 1u, 8u})
+      for (unsigned seed = 1; seed <= 6; ++seed) run_case(threads, lead, seed * 7919u + static_cast<unsigned>(threads));
+}
+
+TEST_CASE("a failing item stops the items waiting for it, and its exception is the one thrown") {
+  for (int threads : {1, 2, 8}) {
+    numa::ThreadPool pool(threads, {});
+    ItemCountdowns ready;
+    std::vector<std::array<int, 2>> prep = {{0, 0}, {1, 0}};
+    std::vector<ExpertItem> items;
+    for (int e = 0; e < 2; ++e)
+      for (int i = 0; i < 40; ++i) items.push_back({e, i, i + 1});
+    const std::vector<std::uint32_t> order = lead_items(prep, items, 4);
+    for (int run = 0; run < 2; ++run) {  // the object is reusable after a failure
+      ready.reset(2);
+      ready.expect(0);
+      ready.expect(1);
+      std::atomic<int> waited_items{0};
+      bool threw = false;
+      within_two_minutes([&] {
+        try {
+          ready.parallel_for(pool, order.size(), [&](std::size_t slot, int) {
+            const std::size_t i = order[slot];
+            if (i == 1) throw std::runtime_error("prep of expert 1 failed");
+            if (i == 0) return ready.count_down(0);
+            const int e = items[i - prep.size()].expert;
+            ready.wait(static_cast<std::size_t>(e));
+            ++waited_items;
+          });
+        } catch (const std::runtime_error& e) {
+          threw = std::string(e.what()) == "prep of expert 1 failed";
+        }
+      });
+      CHECK(threw);
+      CHECK(waited_items.load() <= 40);  // no item of expert 1 got past its wait
+    }
+    // And a call without failures runs after it.
+    ready.reset(1);
+    ready.expect(0);
+    std::atomic<int> done{0};
+    within_two_minutes([&] {
+      ready.parallel_for(pool, 10, [&](std::size_t i, int) {
+        if (i == 0) return ready.count_down(0);
+        ready.wait(0);
+        ++done;
+      });
+    });
+    CHECK(done.load() == 9);
+  }
+}
