@@ -276,16 +276,13 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
   const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
   std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels);
-  // The LoRA's prep items run in this phase, each some items ahead of the first GEMM item of its
-  // expert, which waits for them (ready_, counted per expert): a packed expert's items before
-  // their product, f32-form ones before adding the term. Few-row experts project the caller's x
-  // rows; packed ones pack their three factors and project the gathered x.
-  // Ahead of them, the expert's gather units, whose rows the items (and a packed term's x Aᵀ)
-  // read: with a phase of their own, the gather took 1.0-1.5 ms of a 12-15 ms forward at 512
-  // tokens on the device, each 16-row unit 75-100 us whatever the copy's form (tile order or
-  // rows, streaming stores, prefetches), while the same units ran 3x faster in the fine-tuning
-  // step's forward. Counters: ready_[e] for everything an item of e waits for, ready_[E + e] for
-  // the gather units alone (what a packed term's prep waits for).
+  // Each expert's prep items run in this phase, some items ahead of its first GEMM item: its gather
+  // units, then its LoRA's (few-row experts project the caller's x rows; packed ones pack their
+  // three factors and project the gathered x). The GEMM items wait for them (item_countdowns.hpp)
+  // while other cores stream weights: ready_[e] counts everything an item of e waits for,
+  // ready_[E + e] the gather units alone (what the product, and a packed term's x Aᵀ, read). With
+  // a phase of its own the gather took 1.0-1.5 ms of a 12-15 ms forward at 512 tokens on the
+  // device (each 16-row unit 75-100 us, whatever the copy's form), and the lora_prep phase 0.4-0.6.
   const std::size_t lead = 2 * static_cast<std::size_t>(pool_.size());
   const std::size_t experts = static_cast<std::size_t>(s.num_experts);
   ready_.reset(2 * experts);
@@ -312,8 +309,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   }
   const std::vector<std::uint32_t> order = lead_items(prep, items, lead);
   const std::size_t prep_count = prep.size();
-  auto run_prep = [&](const std::array<int, 2>& prep, int worker) {
-    const auto [e, pi] = prep;
+  auto run_prep = [&](const std::array<int, 2>& lora_item, int worker) {
+    const auto [e, pi] = lora_item;
     const Projection p = static_cast<Projection>(pi);
     LoraTerm& term = lora_[e][pi];
     const int m = groups.count(e);
