@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A/B timing on the AMX device machine: a base commit and the working tree, built side by side in
+# one device call and benched in turn, b n n b b n, so that neither build always runs second (the
+# second of two processes ran up to 5 % faster with identical code). Machines of one kind differ
+# by up to 40 % in bandwidth: compare only within one call.
+#
+#   here:    bash scripts/device-ab.sh prepare [BASE_COMMIT]     (default HEAD; writes build-ab/base,
+#                                                                  which git ignores)
+#   device:  bash scripts/device-ab.sh run [ROUNDS] -- BENCH ARGS  (carry .devdeps and build-ab;
+#            and .ktk with KT=1)
+#
+# Environment for `run`: TESTS=1 runs the working tree's whole suite first (AMX tests shown);
+# KT=1 also builds kt-kernel's harness (.ktk, ../shared/anchors/ktkernel) and runs it after
+# round 3 and at the end with KT_ARGS (default: --qlens 1,512 --sft-qlens 512); STEP=1 adds a
+# fine-tuning step at 512 tokens (weight copy) to every round. Logs go to $OUT.
+set -o pipefail
+cd "$(dirname "$0")/.."
+what="${1:-}"; shift || true
+if [ "$what" = prepare ]; then
+  base="${1:-HEAD}"
+  rm -rf build-ab/base && mkdir -p build-ab/base || exit 1
+  git archive "$base" | tar -x -C build-ab/base || exit 1
+  echo "build-ab/base holds $(git rev-parse --short "$base")"
+  exit 0
+fi
+if [ "$what" != run ]; then
+  echo "usage: $0 prepare [BASE_COMMIT] | run [ROUNDS] -- BENCH ARGS" >&2
+  exit 2
+fi
+rounds="b n n b b n"
+if [ "${1:-}" != "--" ] && [ -n "${1:-}" ]; then rounds="$1"; shift; fi
+[ "${1:-}" = "--" ] && shift
+[ -d build-ab/base ] || { echo "no build-ab/base: run '$0 prepare' here and carry build-ab" >&2; exit 1; }
+OUT="${OUT:-/tmp/tilemoe-ab}"; mkdir -p "$OUT"
+lscpu | head -20
+mkdir -p /opt/deps && for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
+export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
+if [ ! -f /usr/include/hwloc.h ]; then
+  export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=/opt/deps
+  export CPATH=/opt/deps/usr/include LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
+fi
+t0=$(date +%s)
+tests=OFF; [ "${TESTS:-0}" = 1 ] && tests=ON
+( cmake -S build-ab/base -B /tmp/ab-base -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
+    > "$OUT/base-configure.txt" 2>&1 && cmake --build /tmp/ab-base -j 6 --target tilemoe_cli > "$OUT/base-build.txt" 2>&1 ) &
+base_job=$!
+[ "${KT:-0}" = 1 ] && { bash .ktk/build.sh > "$OUT/kt-build.txt" 2>&1 & }
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_PYTHON=OFF -DTILEMOE_BUILD_TESTS=$tests > "$OUT/configure.txt" 2>&1 ||
+  { tail "$OUT/configure.txt"; exit 1; }
+cmake --build build -j 16 > "$OUT/build.txt" 2>&1 || { grep -E "error" "$OUT/build.txt" | head -30; exit 1; }
+wait "$base_job" || { tail -20 "$OUT/base-build.txt"; exit 1; }
+wait
+echo "built in $(( $(date +%s) - t0 )) s"
+if [ "$tests" = ON ]; then
+  (cd build && ctest -j 4 -R amx --output-on-failure 2>&1 | tee "$OUT/ctest-amx.txt" | tail -12)
+  (cd build && ctest -j 4 --output-on-failure 2>&1 | tee "$OUT/ctest.txt" | grep -E "tests passed|\(Failed\)|Timeout")
+fi
+kt() {
+  echo "== kt-kernel"
+  # shellcheck disable=SC2086
+  .ktk/bench ${KT_ARGS:---qlens 1,512 --sft-qlens 512} 2>&1 | tee -a "$OUT/kt-bench.txt" | grep -E "^ +[0-9]"
+}
+i=0
+for r in $rounds; do
+  i=$((i + 1))
+  bin=/tmp/ab-base/tilemoe; [ "$r" = n ] && bin=build/tilemoe
+  echo "== round $i: $r"
+  "$bin" bench --shape v2-lite --phases "$@" 2>&1 | tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases|merge"
+  if [ "${STEP:-0}" = 1 ]; then
+    "$bin" bench --shape v2-lite --tokens 512 --lora-rank 16 --backward --backward-weight-copy --phases 2>&1 |
+      tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases"
+  fi
+  [ "${KT:-0}" = 1 ] && [ "$i" = 3 ] && kt
+done
+[ "${KT:-0}" = 1 ] && kt
+echo "done in $(( $(date +%s) - t0 )) s"
