@@ -45,15 +45,16 @@ tests=OFF; [ "${TESTS:-0}" = 1 ] && tests=ON
     > "$OUT/base-configure.txt" 2>&1 && cmake --build /tmp/ab-base -j 6 --target tilemoe_cli > "$OUT/base-build.txt" 2>&1 ) &
 base_job=$!
 [ "${KT:-0}" = 1 ] && { bash .ktk/build.sh > "$OUT/kt-build.txt" 2>&1 & }
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_PYTHON=OFF -DTILEMOE_BUILD_TESTS=$tests > "$OUT/configure.txt" 2>&1 ||
+# Its own build folders, so that the repository's build/ keeps its configuration.
+cmake -S . -B /tmp/ab-new -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_PYTHON=OFF -DTILEMOE_BUILD_TESTS=$tests > "$OUT/configure.txt" 2>&1 ||
   { tail "$OUT/configure.txt"; exit 1; }
-cmake --build build -j 16 > "$OUT/build.txt" 2>&1 || { grep -E "error" "$OUT/build.txt" | head -30; exit 1; }
+cmake --build /tmp/ab-new -j 16 > "$OUT/build.txt" 2>&1 || { grep -E "error" "$OUT/build.txt" | head -30; exit 1; }
 wait "$base_job" || { tail -20 "$OUT/base-build.txt"; exit 1; }
 wait
 echo "built in $(( $(date +%s) - t0 )) s"
 if [ "$tests" = ON ]; then
-  (cd build && ctest -j 4 -R amx --output-on-failure 2>&1 | tee "$OUT/ctest-amx.txt" | tail -12)
-  (cd build && ctest -j 4 --output-on-failure 2>&1 | tee "$OUT/ctest.txt" | grep -E "tests passed|\(Failed\)|Timeout")
+  (cd /tmp/ab-new && ctest -j 4 -R amx --output-on-failure 2>&1 | tee "$OUT/ctest-amx.txt" | tail -12)
+  (cd /tmp/ab-new && ctest -j 4 --output-on-failure 2>&1 | tee "$OUT/ctest.txt" | grep -E "tests passed|\(Failed\)|Timeout")
 fi
 kt() {
   echo "== kt-kernel"
@@ -63,7 +64,7 @@ kt() {
 i=0
 for r in $rounds; do
   i=$((i + 1))
-  bin=/tmp/ab-base/tilemoe; [ "$r" = n ] && bin=build/tilemoe
+  bin=/tmp/ab-base/tilemoe; [ "$r" = n ] && bin=/tmp/ab-new/tilemoe
   echo "== round $i: $r"
   "$bin" bench --shape v2-lite --phases "$@" 2>&1 | tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases|merge"
   if [ "${STEP:-0}" = 1 ]; then
