@@ -195,31 +195,40 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   PhaseClock clock(phase_seconds_);
   auto lap = [&](int phase) { clock.lap(phase); };
 
-  // Gather units: rows grouped by expert, 16 at a time (one row tile for an expert in tile order);
-  // zero K padding so the kernels may read whole k-blocks. They run in the gate_up phase.
-  gather_units_.clear();
-  for (int e : active_)
-    for (int r = 0; r < groups.count(e); r += kernels::kATileRows) gather_units_.push_back({e, r});
-  // The LoRA terms. Experts with few rows (decode) take the form that reads the f32 factors as they
-  // are, prepared here (nothing is packed); experts with more rows pack their factors, which their
-  // prep items of the gate_up phase do.
-  lora_prep_.clear();
+  // The gate_up phase's prep items, each expert's in a row: its gather units (rows grouped by
+  // expert, 16 at a time: one row tile for an expert in tile order; zero K padding so the kernels
+  // may read whole k-blocks), then its LoRA's. Experts with few rows (decode) take the LoRA form
+  // that reads the f32 factors as they are, prepared here (nothing is packed), and project the
+  // caller's x rows; experts with more rows pack their factors and project the gathered x, which
+  // their prep items do. ready_ counts them per expert (see the gate_up phase).
+  const std::size_t experts = static_cast<std::size_t>(s.num_experts);
+  prep_.clear();
   lora_down_prep_.clear();
-  if (any_lora) {
-    for (int e : active_) {
-      if (groups.count(e) >= lora_pack_rows(kt_)) {
-        for (int p = 0; p < 3; ++p) lora_prep_.push_back({e, p});
-        continue;
+  ready_.reset(2 * experts);
+  for (int e : active_) {
+    const std::size_t ei = static_cast<std::size_t>(e);
+    for (int r = 0; r < groups.count(e); r += kernels::kATileRows) {
+      prep_.push_back({e, -1 - r});
+      ready_.expect(ei);
+      ready_.expect(experts + ei);
+    }
+    if (!any_lora) continue;
+    if (groups.count(e) >= lora_pack_rows(kt_)) {
+      for (int p = 0; p < 3; ++p) {
+        prep_.push_back({e, p});
+        ready_.expect(ei);
       }
-      for (Projection p : kProjections) {
-        LoraTerm& term = lora_[e][static_cast<int>(p)];
-        prepare_forward_term(kt_, lora[p], e, /*packed=*/false, lora_held_generation_, term);
-        if (!term.active()) continue;
-        if (p == Projection::down) {
-          lora_down_prep_.push_back(e);
-        } else {
-          lora_prep_.push_back({e, static_cast<int>(p)});
-        }
+      continue;
+    }
+    for (Projection p : kProjections) {
+      LoraTerm& term = lora_[e][static_cast<int>(p)];
+      prepare_forward_term(kt_, lora[p], e, /*packed=*/false, lora_held_generation_, term);
+      if (!term.active()) continue;
+      if (p == Projection::down) {
+        lora_down_prep_.push_back(e);
+      } else {
+        prep_.push_back({e, static_cast<int>(p)});
+        ready_.expect(ei);
       }
     }
   }
@@ -276,39 +285,15 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
   const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
   std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels);
-  // Each expert's prep items run in this phase, some items ahead of its first GEMM item: its gather
-  // units, then its LoRA's (few-row experts project the caller's x rows; packed ones pack their
-  // three factors and project the gathered x). The GEMM items wait for them (item_countdowns.hpp)
-  // while other cores stream weights: ready_[e] counts everything an item of e waits for,
-  // ready_[E + e] the gather units alone (what the product, and a packed term's x Aᵀ, read). With
-  // a phase of its own the gather took 1.0-1.5 ms of a 12-15 ms forward at 512 tokens on the
-  // device (each 16-row unit 75-100 us, whatever the copy's form), and the lora_prep phase 0.4-0.6.
+  // Each expert's prep items (above) run in this phase, some items ahead of its first GEMM item.
+  // The GEMM items wait for them (item_countdowns.hpp) while other cores stream weights: ready_[e]
+  // counts everything an item of e waits for, ready_[E + e] the gather units alone (what the
+  // product, and a packed term's x Aᵀ, read). With a phase of its own the gather took 1.0-1.5 ms
+  // of a 12-15 ms forward at 512 tokens on the device (each 16-row unit 75-100 us, whatever the
+  // copy's form), and the lora_prep phase 0.4-0.6.
   const std::size_t lead = 2 * static_cast<std::size_t>(pool_.size());
-  const std::size_t experts = static_cast<std::size_t>(s.num_experts);
-  ready_.reset(2 * experts);
-  std::vector<std::array<int, 2>> prep;  // (expert, projection), or (expert, -1 - first row) for a gather unit
-  prep.reserve(gather_units_.size() + lora_prep_.size());
-  {
-    std::size_t next_lora = 0;
-    for (std::size_t u = 0; u < gather_units_.size(); ++u) {
-      const auto [e, row] = gather_units_[u];
-      prep.push_back({e, -1 - row});
-      ready_.expect(static_cast<std::size_t>(e));
-      ready_.expect(experts + static_cast<std::size_t>(e));
-      // After an expert's last unit, its LoRA prep items (both lists are in active_ order).
-      if (u + 1 < gather_units_.size() && gather_units_[u + 1][0] == e) continue;
-      for (; next_lora < lora_prep_.size() && lora_prep_[next_lora][0] == e; ++next_lora) {
-        prep.push_back(lora_prep_[next_lora]);
-        ready_.expect(static_cast<std::size_t>(e));
-      }
-    }
-    for (; next_lora < lora_prep_.size(); ++next_lora) {  // none: every expert with LoRA items has rows
-      prep.push_back(lora_prep_[next_lora]);
-      ready_.expect(static_cast<std::size_t>(lora_prep_[next_lora][0]));
-    }
-  }
-  const std::vector<std::uint32_t> order = lead_items(prep, items, lead);
-  const std::size_t prep_count = prep.size();
+  const std::vector<std::uint32_t> order = lead_items(prep_, items, lead);
+  const std::size_t prep_count = prep_.size();
   auto run_prep = [&](const std::array<int, 2>& lora_item, int worker) {
     const auto [e, pi] = lora_item;
     const Projection p = static_cast<Projection>(pi);
@@ -359,12 +344,12 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   ready_.parallel_for(pool_, order.size(), [&](std::size_t slot, int worker) {
     const std::size_t item = order[slot];
     if (item < prep_count) {
-      const auto [e, code] = prep[item];
+      const auto [e, code] = prep_[item];
       if (code < 0) {
         gather_unit(e, -1 - code);
         ready_.count_down(experts + static_cast<std::size_t>(e));
       } else {
-        run_prep(prep[item], worker);
+        run_prep(prep_[item], worker);
       }
       ready_.count_down(static_cast<std::size_t>(e));
       return;
