@@ -108,31 +108,6 @@ TEST_CASE("lead_items puts every prep item ahead of its expert's items, lead ite
   }
 }
 
-TEST_CASE("lead_items puts trailing items right after their expert's last item") {
-  std::vector<ExpertItem> items;
-  for (int e : {2, 0, 5})
-    for (int i = 0; i < 6; ++i) items.push_back({e, i, i + 1});
-  const std::vector<std::array<int, 2>> prep = {{0, 0}, {5, 0}};
-  const std::vector<std::array<int, 2>> trail = {{2, 1}, {0, 1}, {0, 2}, {9, 0}};  // expert 9 has no items
-  const std::vector<std::uint32_t> order = lead_items(prep, items, 3, trail);
-  const std::size_t n = prep.size() + items.size() + trail.size();
-  REQUIRE(order.size() == n);
-  std::vector<int> pos(n, -1);
-  for (std::size_t s = 0; s < n; ++s) pos[order[s]] = static_cast<int>(s);
-  for (int p : pos) CHECK(p >= 0);
-  auto item_pos = [&](std::size_t i) { return pos[prep.size() + i]; };
-  auto trail_pos = [&](std::size_t t) { return pos[prep.size() + items.size() + t]; };
-  CHECK(trail_pos(0) == item_pos(5) + 1);   // after expert 2's last item
-  CHECK(trail_pos(1) > item_pos(11));       // after expert 0's last item,
-  CHECK(trail_pos(2) == trail_pos(1) + 1);  // in their own order,
-  CHECK(trail_pos(1) < item_pos(12));       // and before the next expert's first item
-  CHECK(trail_pos(3) == static_cast<int>(n) - 1);
-  // The prep item of expert 5 (first item 12) comes 3 items before it.
-  int items_before = 0;
-  for (std::size_t i = 0; i < items.size(); ++i) items_before += item_pos(i) < pos[1];
-  CHECK(items_before == 9);
-}
-
 TEST_CASE("items that wait see the writes of the items they waited for, on any pool size") {
   for (int threads : {1, 2, 3, 16})
     for (std::size_t lead : {0u, 1u, 8u})

@@ -203,7 +203,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // their prep items do. ready_ counts them per expert (see the gate_up phase).
   const std::size_t experts = static_cast<std::size_t>(s.num_experts);
   prep_.clear();
-  lora_down_prep_.clear();
+  down_prep_.clear();
   ready_.reset(2 * experts);
   for (int e : active_) {
     const std::size_t ei = static_cast<std::size_t>(e);
@@ -225,7 +225,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       prepare_forward_term(kt_, lora[p], e, /*packed=*/false, lora_held_generation_, term);
       if (!term.active()) continue;
       if (p == Projection::down) {
-        lora_down_prep_.push_back(e);
+        down_prep_.push_back({e, static_cast<int>(Projection::down)});
       } else {
         prep_.push_back({e, static_cast<int>(p)});
         ready_.expect(ei);
@@ -395,16 +395,12 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser,
                                kt_.few_row_item_panels);
   ready_.reset(static_cast<std::size_t>(s.num_experts));
-  std::vector<std::array<int, 2>> down_prep;
-  for (int e : lora_down_prep_) {
-    down_prep.push_back({e, static_cast<int>(Projection::down)});
-    ready_.expect(static_cast<std::size_t>(e));
-  }
-  const std::vector<std::uint32_t> down_order = lead_items(down_prep, items, lead);
+  for (const auto& [e, p] : down_prep_) ready_.expect(static_cast<std::size_t>(e));
+  const std::vector<std::uint32_t> down_order = lead_items(down_prep_, items, lead);
   ready_.parallel_for(pool_, down_order.size(), [&](std::size_t slot, int worker) {
     const std::size_t item = down_order[slot];
-    if (item < down_prep.size()) {
-      const int e = down_prep[item][0];
+    if (item < down_prep_.size()) {
+      const int e = down_prep_[item][0];
       const ExpertRows he = expert_rows(h_, e, ik);
       lora_[e][static_cast<int>(Projection::down)].project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker],
                                                            saved_xa(Projection::down, e),
@@ -412,7 +408,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       ready_.count_down(static_cast<std::size_t>(e));
       return;
     }
-    auto [e, p0, p1] = items[item - down_prep.size()];
+    auto [e, p0, p1] = items[item - down_prep_.size()];
     const int col0 = p0 * kernels::kPanelColumns;
     const int n = std::min((p1 - p0) * kernels::kPanelColumns, s.hidden - col0);
     const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;

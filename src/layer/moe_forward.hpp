@@ -130,7 +130,7 @@ class MoeForward {
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
   // gate_up's prep items: (expert, projection) of a LoRA's, (expert, -1 - first row) of a gather unit
   std::vector<std::array<int, 2>> prep_;
-  std::vector<int> lora_down_prep_;            // experts whose down LoRA has the f32 form
+  std::vector<std::array<int, 2>> down_prep_;  // (expert, down) of experts whose down LoRA has the f32 form
   ItemCountdowns ready_;  // per expert: prep items not yet done (gate_up: and gather units alone)
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<AlignedVector<float>>& scratch_ = ws_->scratch;  // per worker

@@ -32,46 +32,30 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
 }
 
 std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
-                                      std::size_t lead, const std::vector<std::array<int, 2>>& trail) {
-  // Each expert's first and last item, indexed by expert id (a flat table: this runs before every
-  // phase of a decode step, where a hash map cost about 2 us a call).
+                                      std::size_t lead) {
+  // Each expert's first item, indexed by expert id (a flat table: this runs before two phases of
+  // every decode step, where a hash map cost about 2 us a call).
   int max_expert = -1;
   for (const ExpertItem& it : items) max_expert = std::max(max_expert, it.expert);
   constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-  std::vector<std::pair<std::size_t, std::size_t>> span(static_cast<std::size_t>(max_expert + 1), {kNone, kNone});
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    auto& sp = span[static_cast<std::size_t>(items[i].expert)];
-    if (sp.first == kNone) sp.first = i;
-    sp.second = i;
-  }
-  auto span_of = [&](int e) -> const std::pair<std::size_t, std::size_t>* {
-    if (e < 0 || e > max_expert || span[static_cast<std::size_t>(e)].first == kNone) return nullptr;
-    return &span[static_cast<std::size_t>(e)];
-  };
-  // (before item, rank, id): rank orders prep (0) before trailing items (1) at one place.
-  struct Place {
-    std::size_t before;
-    int rank;
-    std::uint32_t id;
-  };
-  std::vector<Place> at;
-  at.reserve(prep.size() + trail.size());
+  std::vector<std::size_t> first(static_cast<std::size_t>(max_expert + 1), kNone);
+  for (std::size_t i = items.size(); i-- > 0;) first[static_cast<std::size_t>(items[i].expert)] = i;
+  // (before item, prep item): the place of each prep item.
+  std::vector<std::pair<std::size_t, std::uint32_t>> at;
+  at.reserve(prep.size());
   for (std::size_t j = 0; j < prep.size(); ++j) {
-    const auto* sp = span_of(prep[j][0]);
-    const std::size_t i = sp ? sp->first : items.size() + lead;
-    at.push_back({i > lead ? i - lead : 0, 0, static_cast<std::uint32_t>(j)});
+    const int e = prep[j][0];
+    const bool has_items = e >= 0 && e <= max_expert && first[static_cast<std::size_t>(e)] != kNone;
+    const std::size_t i = has_items ? first[static_cast<std::size_t>(e)] : items.size() + lead;
+    at.push_back({i > lead ? i - lead : 0, static_cast<std::uint32_t>(j)});
   }
-  for (std::size_t t = 0; t < trail.size(); ++t) {
-    const auto* sp = span_of(trail[t][0]);
-    at.push_back({sp ? sp->second + 1 : items.size(), 1, static_cast<std::uint32_t>(prep.size() + items.size() + t)});
-  }
-  const auto earlier = [](const Place& a, const Place& b) { return a.before != b.before ? a.before < b.before : a.rank < b.rank; };
+  const auto earlier = [](const auto& a, const auto& b) { return a.first < b.first; };
   if (!std::is_sorted(at.begin(), at.end(), earlier)) std::stable_sort(at.begin(), at.end(), earlier);
   std::vector<std::uint32_t> order;
-  order.reserve(prep.size() + items.size() + trail.size());
+  order.reserve(prep.size() + items.size());
   std::size_t next = 0;
   for (std::size_t i = 0; i <= items.size(); ++i) {
-    for (; next < at.size() && at[next].before <= i; ++next) order.push_back(at[next].id);
+    for (; next < at.size() && at[next].first <= i; ++next) order.push_back(at[next].second);
     if (i < items.size()) order.push_back(static_cast<std::uint32_t>(prep.size() + i));
   }
   return order;

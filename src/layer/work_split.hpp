@@ -33,15 +33,13 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
                                              int k = 0, int denser = 1, int few_row_panels = 1);
 
 // The order of a phase whose `items` wait for prep items (prep[j][0] is the expert prep item j is
-// for): indices into a joint list, j for prep item j, prep.size() + i for items[i], and
-// prep.size() + items.size() + t for trailing item t. A prep item comes `lead` items before the
-// first item of its expert (at the start if there are fewer), so that it is taken, and mostly
-// done, before the items that wait for it (a prep item of an expert without items goes last). A
-// trailing item (trail[t][0] its expert) comes right after its expert's last item (last if none):
-// work that nothing in the phase waits for, spread over it. Prep items come before every item of
-// their expert: a phase run in this order cannot deadlock (item_countdowns.hpp).
+// for): indices into a joint list, j for prep item j and prep.size() + i for items[i]. A prep item
+// comes `lead` items before the first item of its expert (at the start if there are fewer), so
+// that it is taken, and mostly done, before the items that wait for it (a prep item of an expert
+// without items goes last). Prep items come before every item of their expert: a phase run in
+// this order cannot deadlock (item_countdowns.hpp).
 std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
-                                      std::size_t lead, const std::vector<std::array<int, 2>>& trail = {});
+                                      std::size_t lead);
 
 // out[t] = sum_j w[t,j] * row(t*k + j) over slots with ids >= 0, in slot order (the same sum
 // whatever the thread count); weights == nullptr sums the rows unweighted. Slot s's row starts at
