@@ -74,18 +74,22 @@ TEST_CASE("tasks run in submission order, submitted from two threads, synced fro
   Runtime rt;
   std::vector<int> order;  // touched only by tasks, which never overlap
   std::atomic<int> ready{0};
+  // Catch's assertions are not thread-safe: each producer keeps its tickets, checked after the join.
+  std::vector<Runtime::Ticket> tickets[3];
   auto producer = [&](int who) {
     ++ready;
     while (ready.load() < 2) std::this_thread::yield();
-    std::vector<Runtime::Ticket> tickets;
-    for (int i = 0; i < 200; ++i) tickets.push_back(rt.submit([&order, who, i] { order.push_back(who * 1000 + i); }));
-    for (std::size_t i = 1; i < tickets.size(); ++i) REQUIRE(tickets[i] > tickets[i - 1]);
+    for (int i = 0; i < 200; ++i) tickets[who].push_back(rt.submit([&order, who, i] { order.push_back(who * 1000 + i); }));
     rt.sync();
   };
   std::thread a(producer, 1), b(producer, 2);
   a.join();
   b.join();
   rt.sync();
+  for (int who = 1; who <= 2; ++who) {
+    REQUIRE(tickets[who].size() == 200);
+    for (std::size_t i = 1; i < tickets[who].size(); ++i) CHECK(tickets[who][i] > tickets[who][i - 1]);
+  }
   REQUIRE(order.size() == 400);
   int last[3] = {-1, -1, -1};
   for (int v : order) {
