@@ -27,8 +27,6 @@
 // (~4-4.5 TFLOP/s at m >= 64, K = 2048, N = 1408, 16 threads): sweeping K in chunks of 4-16
 // k-blocks shared by all row blocks (partial sums kept in C), copying A into tile order in a
 // stack buffer, stream loads (TILELOADDT1) for B, and 256 KiB - 1 MiB panel groups.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +37,7 @@
 #include "amx/pack_bf16.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
+#include "amx/tile_intrinsics.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
@@ -142,7 +141,7 @@ Operand make_operand(const bf16* a, std::size_t lda, bool tiles, const bf16* pac
 
 void gemm_bf16_amx(const GemmBf16Args& args) {
   if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
-  if (!cpu_features().os_amx_permitted) {
+  if (!tile_instructions_usable()) {
     // A tile instruction without the permission would kill the process with SIGILL.
     fail(ErrorKind::unsupported, "gemm_bf16_amx: " + isa_unavailable_reason(Isa::amx_bf16));
   }
@@ -184,7 +183,7 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
 }
 
 void release_amx_tiles() {
-  if (!cpu_features().os_amx_permitted) return;
+  if (!tile_instructions_usable()) return;
   _tile_release();
 }
 

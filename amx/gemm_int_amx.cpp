@@ -32,7 +32,7 @@
 
 #include "amx/aligned_vector.hpp"
 #include "amx/gemm_int.hpp"
-#include "amx/immintrin_gcc12.hpp"
+#include "amx/tile_intrinsics.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
 #include "amx/tile_block.hpp"
@@ -243,7 +243,7 @@ void unpack_int4_panels_scaled(const PackedIntShape& s, const std::uint8_t* code
 
 void gemm_int_amx(const GemmIntArgs& args) {
   if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
-  if (!cpu_features().os_amx_permitted) fail(ErrorKind::unsupported, "gemm_int_amx: " + isa_unavailable_reason(Isa::amx_bf16));
+  if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "gemm_int_amx: " + isa_unavailable_reason(Isa::amx_bf16));
   const PackedIntShape& s = args.shape;
   const bool multiples = s.bits == 4 && args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
   if (s.group % kIntBlockK != 0 && !multiples)

@@ -56,6 +56,8 @@ void request_amx_permission(CpuFeatures& f) {
   f.os_amx_permitted = true;
 }
 
+std::string avx512_reason(const CpuFeatures& f);
+
 CpuFeatures detect() {
   CpuFeatures f;
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -88,6 +90,9 @@ CpuFeatures detect() {
     f.os_amx = (xcr0 & (kXcr0Xtilecfg | kXcr0Xtiledata)) == (kXcr0Xtilecfg | kXcr0Xtiledata);
   }
   if (f.amx_tile && f.os_amx) request_amx_permission(f);
+#if defined(TILEMOE_AMX_EMULATION)
+  f.amx_emulated = avx512_reason(f).empty();
+#endif
   return f;
 }
 
@@ -119,6 +124,7 @@ std::string amx_reason(const CpuFeatures& f) {
   // The AMX table sends small batches to the AVX-512 kernel, so AMX needs AVX-512 too.
   std::string r = avx512_reason(f);
   if (!r.empty()) return r + " (the AMX path needs AVX-512 as well)";
+  if (f.amx_emulated) return {};
   r = join_missing("CPU has no ", {{f.amx_tile, "AMX-TILE"}, {f.amx_bf16, "AMX-BF16"}, {f.amx_int8, "AMX-INT8"}});
   if (!r.empty()) return r;
   if (!f.os_amx) return "the OS has not enabled AMX tile state (XCR0 bits 17/18; Linux >= 5.16 needed)";
@@ -163,7 +169,7 @@ std::optional<Isa> parse_isa(std::string_view name) {
 }
 
 Isa best_available_isa() {
-  if (isa_available(Isa::amx_bf16)) return Isa::amx_bf16;
+  if (isa_available(Isa::amx_bf16) && !cpu_features().amx_emulated) return Isa::amx_bf16;
   if (isa_available(Isa::avx512_bf16)) return Isa::avx512_bf16;
   return Isa::portable;
 }

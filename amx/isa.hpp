@@ -19,10 +19,20 @@ struct CpuFeatures {
   bool os_amx = false;            // XCR0 has XTILECFG and XTILEDATA state enabled
   bool os_amx_permitted = false;  // Linux granted this process XTILEDATA (arch_prctl)
   std::string amx_permission_error;  // why the permission request failed, when it did
+  // A TILEMOE_AMX_EMULATION build (tests only) on a CPU with the AVX-512 the AMX table also uses:
+  // the AMX kernels run on tile_emulation's software model, whatever the CPU has.
+  bool amx_emulated = false;
 };
 
 // Detected once (thread-safe); requests AMX tile permission once when the CPU and OS have AMX.
 const CpuFeatures& cpu_features();
+
+// Whether the AMX kernels may issue tile instructions now (permitted, or emulated): the check
+// they make on every call, cheaper than isa_available.
+inline bool tile_instructions_usable() {
+  const CpuFeatures& f = cpu_features();
+  return f.os_amx_permitted || f.amx_emulated;
+}
 
 bool isa_available(Isa isa);
 // "" when available; otherwise what is missing, in words a user can act on.
@@ -30,7 +40,8 @@ std::string isa_unavailable_reason(Isa isa);
 const char* isa_name(Isa isa);  // "portable", "avx512", "amx"
 // Accepts "portable", "avx512", "avx512_bf16", "amx", "amx_bf16".
 std::optional<Isa> parse_isa(std::string_view name);
-Isa best_available_isa();  // amx > avx512 > portable
+// amx > avx512 > portable; an emulated AMX (a test build) runs only when asked for by name.
+Isa best_available_isa();
 
 // The ISA a run uses. `requested` is "auto", empty, or an ISA name; when it is empty or "auto"
 // the environment variable TILEMOE_ISA (if set and not "auto") decides, else the best available.

@@ -1,4 +1,4 @@
-#include <immintrin.h>
+#include "amx/tile_intrinsics.hpp"
 
 #include "amx/gemm_bf16.hpp"
 #include "amx/peak_probe.hpp"

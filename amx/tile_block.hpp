@@ -8,7 +8,7 @@
 // Only for translation units built for AMX.
 #include <cstddef>
 
-#include "amx/immintrin_gcc12.hpp"
+#include "amx/tile_intrinsics.hpp"
 
 namespace tilemoe::kernels {
 

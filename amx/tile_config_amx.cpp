@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "amx/immintrin_gcc12.hpp"
+#include "amx/tile_intrinsics.hpp"
 
 namespace tilemoe::kernels {
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything from a fresh Debian 12 clone:
 #   scripts/setup.sh demo   install, build, run `tilemoe demo` (a DeepSeek-V2-Lite-shaped layer)
-#   scripts/setup.sh test   install, build, run every test, then again under ASan + UBSan, and the
-#                           async API's test under ThreadSanitizer
+#   scripts/setup.sh test   install, build, run every test, then again under ASan + UBSan with the
+#                           AMX kernels on emulated tiles, and the async API's test under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-demo}"
@@ -27,7 +27,9 @@ case "$mode" in
     build build -DCMAKE_BUILD_TYPE=Release
     (cd build && ctest --output-on-failure -j "$jobs")
     # Sanitizers: -O1 keeps them fast enough for the fixture and kernel grids.
-    build build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEMOE_SANITIZE=ON
+    # The AMX kernels run there on the software tiles (README, "The AMX path without AMX"): their
+    # tests run instead of SKIPPED, and every tile load and store is checked against its buffer.
+    build build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEMOE_SANITIZE=ON -DTILEMOE_AMX_EMULATION=ON
     (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        ctest --output-on-failure -j "$jobs")
     # ThreadSanitizer: only the async API's test, where threads meet (submits, syncs, the queue).

@@ -18,5 +18,11 @@ int main(int argc, char** argv) {
                 isa ? isa_unavailable_reason(*isa).c_str() : "unknown ISA name");
     return 77;
   }
+#if defined(TILEMOE_REQUIRE_REAL_TILES)
+  if (cpu_features().amx_emulated) {
+    std::printf("SKIPPED: this build emulates the AMX tiles (TILEMOE_AMX_EMULATION); the test needs the real ones\n");
+    return 77;
+  }
+#endif
   return Catch::Session().run(argc, argv);
 }

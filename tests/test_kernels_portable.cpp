@@ -128,14 +128,24 @@ TEST_CASE("availability and reasons agree with the detected features") {
   const CpuFeatures& f = cpu_features();
   CHECK(&f == &cpu_features());
   if (isa_available(Isa::amx_bf16)) {
-    CHECK(f.os_amx_permitted);
+    CHECK((f.os_amx_permitted || f.amx_emulated));
+    CHECK(tile_instructions_usable());
     CHECK(isa_available(Isa::avx512_bf16));
-    CHECK(best_available_isa() == Isa::amx_bf16);
+    // An emulated AMX is never the automatic choice.
+    CHECK(best_available_isa() == (f.amx_emulated ? Isa::avx512_bf16 : Isa::amx_bf16));
   } else {
     CHECK_FALSE(isa_unavailable_reason(Isa::amx_bf16).empty());
+    CHECK_FALSE(tile_instructions_usable());
     CHECK(best_available_isa() != Isa::amx_bf16);
   }
-  if (!f.amx_tile || !f.amx_bf16) CHECK(isa_unavailable_reason(Isa::amx_bf16).find("AMX") != std::string::npos);
+#if defined(TILEMOE_AMX_EMULATION)
+  CHECK(f.amx_emulated == isa_available(Isa::avx512_bf16));
+#else
+  CHECK_FALSE(f.amx_emulated);
+#endif
+  if ((!f.amx_tile || !f.amx_bf16) && !f.amx_emulated) {
+    CHECK(isa_unavailable_reason(Isa::amx_bf16).find("AMX") != std::string::npos);
+  }
 }
 
 namespace {

@@ -40,7 +40,11 @@ void print_text(kernels::Isa chosen, const Measured& m) {
               f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.avx512_vnni, f.fma, f.amx_tile, f.amx_bf16, f.amx_int8);
   for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::portable}) {
     std::string why = isa_unavailable_reason(isa);
-    std::printf("  %-9s %s\n", isa_name(isa), why.empty() ? "available" : ("unavailable: " + why).c_str());
+    const bool emulated = isa == Isa::amx_bf16 && f.amx_emulated;
+    std::printf("  %-9s %s\n", isa_name(isa),
+                !why.empty() ? ("unavailable: " + why).c_str()
+                : emulated   ? "available, emulated in software (a TILEMOE_AMX_EMULATION test build; chosen only by name)"
+                             : "available");
   }
   std::printf("chosen: %s (override with --isa or TILEMOE_ISA)\n", isa_name(chosen));
   const auto& t = numa::system_topology();
@@ -61,6 +65,7 @@ void print_json(kernels::Isa chosen, const Measured& m) {
   for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::portable}) {
     std::string why = isa_unavailable_reason(isa);
     isas[isa_name(isa)] = why.empty() ? json{{"available", true}} : json{{"available", false}, {"reason", why}};
+    if (isa == Isa::amx_bf16 && f.amx_emulated) isas[isa_name(isa)]["emulated"] = true;
   }
   const auto& t = numa::system_topology();
   json nodes = json::array();

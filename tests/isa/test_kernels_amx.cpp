@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "amx/kernel_table.hpp"
+#include "amx/tile_emulation.hpp"
 #include "kernel_test_grid.hpp"
 
 using namespace tilemoe;
@@ -43,8 +44,12 @@ void load_foreign_tile_config() {
     cfg[16 + 2 * t] = 8;
     cfg[48 + t] = 2;
   }
+#if defined(TILEMOE_AMX_EMULATION)
+  tile_emulation::load_config(cfg);
+#else
   // The test is built without -mamx-tile; the assembler knows the instruction anyway.
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg) : "memory");
+#endif
 }
 
 }  // namespace
