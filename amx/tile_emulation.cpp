@@ -22,6 +22,7 @@ struct TileUnit {
 };
 
 thread_local TileUnit unit;
+thread_local TileCounts tally;
 
 [[noreturn]] void fault(const std::string& what) {
   std::fprintf(stderr, "tilemoe tile emulation: %s (the AMX instruction would fault here)\n", what.c_str());
@@ -112,6 +113,7 @@ void load_config(const void* config) {
     return;
   }
   unit.configured = true;
+  ++tally.configs;
   std::memcpy(unit.config, cfg, sizeof unit.config);
   unit.config[1] = 0;  // start_row is the restart point of an interrupted load: none is pending
   for (int t = 0; t < kTiles; ++t) {
@@ -133,6 +135,8 @@ void release() { unit = TileUnit{}; }
 
 void load(int t, const void* base, long stride) {
   check_usable(t, "TILELOADD");
+  ++tally.loads[t];
+  tally.load_bytes += static_cast<std::uint64_t>(unit.rows[t] * unit.colsb[t]);
   const auto* src = static_cast<const std::uint8_t*>(base);
   for (int r = 0; r < unit.rows[t]; ++r) std::memcpy(unit.data[t][r], src + r * stride, static_cast<std::size_t>(unit.colsb[t]));
   zero_outside(t);
@@ -140,17 +144,21 @@ void load(int t, const void* base, long stride) {
 
 void store(int t, void* base, long stride) {
   check_usable(t, "TILESTORED");
+  ++tally.stores[t];
+  tally.store_bytes += static_cast<std::uint64_t>(unit.rows[t] * unit.colsb[t]);
   auto* dst = static_cast<std::uint8_t*>(base);
   for (int r = 0; r < unit.rows[t]; ++r) std::memcpy(dst + r * stride, unit.data[t][r], static_cast<std::size_t>(unit.colsb[t]));
 }
 
 void zero(int t) {
   check_usable(t, "TILEZERO");
+  ++tally.zeros[t];
   std::memset(unit.data[t], 0, sizeof unit.data[t]);
 }
 
 void dot_bf16(int c, int a, int b) {
   check_product(c, a, b, "TDPBF16PS");
+  ++tally.dots;
   const int pairs = unit.colsb[a] / 4, columns = unit.colsb[c] / 4;
   for (int m = 0; m < unit.rows[c]; ++m) {
     float acc[kMaxRowBytes / 4];
@@ -171,6 +179,7 @@ void dot_bf16(int c, int a, int b) {
 
 void dot_s8(int c, int a, int b) {
   check_product(c, a, b, "TDPBSSD");
+  ++tally.dots;
   const int quads = unit.colsb[a] / 4, columns = unit.colsb[c] / 4;
   for (int m = 0; m < unit.rows[c]; ++m) {
     std::uint32_t acc[kMaxRowBytes / 4];  // unsigned: the hardware's int32 sums wrap
@@ -193,5 +202,9 @@ const std::uint8_t* tile_bytes(int t) {
   check_index(t, "tile_bytes");
   return &unit.data[t][0][0];
 }
+
+TileCounts counts() { return tally; }
+
+void reset_counts() { tally = TileCounts{}; }
 
 }  // namespace tilemoe::kernels::tile_emulation

@@ -38,4 +38,16 @@ void dot_s8(int c, int a, int b);                     // TDPBSSD   c += a . b
 // The bytes of one tile as the model holds them (kMaxRows rows of kMaxRowBytes), for tests.
 const std::uint8_t* tile_bytes(int tile);
 
+// What this thread's kernels asked of the tile unit since reset_counts: the kernels' traffic as a
+// contract that tests pin down (tests/isa/test_tile_traffic_amx.cpp), since a lost reuse of a
+// tile costs time, not correctness.
+struct TileCounts {
+  std::uint64_t configs = 0;  // LDTILECFG with palette 1
+  std::uint64_t loads[kTiles] = {}, stores[kTiles] = {}, zeros[kTiles] = {};
+  std::uint64_t dots = 0;  // TDPBF16PS and TDPBSSD
+  std::uint64_t load_bytes = 0, store_bytes = 0;
+};
+TileCounts counts();
+void reset_counts();
+
 }  // namespace tilemoe::kernels::tile_emulation

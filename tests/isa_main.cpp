@@ -24,5 +24,11 @@ int main(int argc, char** argv) {
     return 77;
   }
 #endif
+#if defined(TILEMOE_REQUIRE_EMULATED_TILES)
+  if (!cpu_features().amx_emulated) {
+    std::printf("SKIPPED: the test counts tile instructions, which only the emulated tiles of a TILEMOE_AMX_EMULATION build can\n");
+    return 77;
+  }
+#endif
   return Catch::Session().run(argc, argv);
 }
