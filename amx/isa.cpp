@@ -161,6 +161,12 @@ const char* isa_name(Isa isa) {
   return "unknown";
 }
 
+std::string isa_label(Isa isa) {
+  std::string label = isa_name(isa);
+  if (isa == Isa::amx_bf16 && cpu_features().amx_emulated) label += " (emulated tiles)";
+  return label;
+}
+
 std::optional<Isa> parse_isa(std::string_view name) {
   if (name == "portable") return Isa::portable;
   if (name == "avx512" || name == "avx512_bf16") return Isa::avx512_bf16;

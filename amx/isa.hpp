@@ -38,6 +38,9 @@ bool isa_available(Isa isa);
 // "" when available; otherwise what is missing, in words a user can act on.
 std::string isa_unavailable_reason(Isa isa);
 const char* isa_name(Isa isa);  // "portable", "avx512", "amx"
+// isa_name, with " (emulated tiles)" for the AMX of a TILEMOE_AMX_EMULATION build: for what
+// people read (demo, bench), so that no emulated figure passes for an AMX one.
+std::string isa_label(Isa isa);
 // Accepts "portable", "avx512", "avx512_bf16", "amx", "amx_bf16".
 std::optional<Isa> parse_isa(std::string_view name);
 // amx > avx512 > portable; an emulated AMX (a test build) runs only when asked for by name.

@@ -138,6 +138,8 @@ TEST_CASE("availability and reasons agree with the detected features") {
     CHECK_FALSE(tile_instructions_usable());
     CHECK(best_available_isa() != Isa::amx_bf16);
   }
+  CHECK(isa_label(Isa::avx512_bf16) == "avx512");
+  CHECK(isa_label(Isa::amx_bf16) == (f.amx_emulated ? "amx (emulated tiles)" : "amx"));
 #if defined(TILEMOE_AMX_EMULATION)
   CHECK(f.amx_emulated == isa_available(Isa::avx512_bf16));
 #else

@@ -242,9 +242,9 @@ void add_bench_command(CLI::App& app, int& status) {
     const double product_peak = weight_type == WeightType::bf16 ? peak : 2 * peak;
     if (!a->json) {
       std::printf("tilemoe bench: shape %s (hidden %d, intermediate %d, %d experts, top-%d), isa %s, %d threads\n", a->shape.c_str(),
-                  s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_name(isa), pool.size());
+                  s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_label(isa).c_str(), pool.size());
       std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n",
-                  topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_name(isa), peak / 1e12);
+                  topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_label(isa).c_str(), peak / 1e12);
       std::printf("weights: %s%s, %d layers x %.2f GB packed per case (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n",
                   a->weights.c_str(), weight_type == WeightType::int4 ? (" group " + std::to_string(a->group_size)).c_str() : "", layers,
                   layer_bytes / 1e9, gen_s, quantize_s, pack_s);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "amx/isa.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_sft_layer.hpp"
 #include "src/layer/synthetic_layer.hpp"
@@ -103,7 +104,8 @@ void add_demo_command(CLI::App& app, int& status) {
       std::vector<double> ra(grads64[p].a.begin(), grads64[p].a.end()), rb(grads64[p].b.begin(), grads64[p].b.end());
       lora_err = std::max({lora_err, rel_error(grads[p].a, ra), rel_error(grads[p].b, rb)});
     }
-    std::printf("  implementation: %s\n", backend.c_str());
+    const auto isa = kernels::parse_isa(backend);
+    std::printf("  implementation: %s\n", isa ? kernels::isa_label(*isa).c_str() : backend.c_str());
     std::printf("  forward:  %8.2f ms   rel. error vs float64 reference %.2e\n", fwd_ms, rel_error(y, y64));
     std::printf("  backward: %8.2f ms   grad_input rel. error %.2e, worst LoRA gradient rel. error %.2e\n", bwd_ms,
                 rel_error(dx, dx64), lora_err);
