@@ -32,11 +32,11 @@
 
 #include "amx/aligned_vector.hpp"
 #include "amx/gemm_int.hpp"
-#include "amx/tile_intrinsics.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
+#include "amx/tile_intrinsics.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {

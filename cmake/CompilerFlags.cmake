@@ -18,7 +18,8 @@ if(TILEMOE_TSAN)
 endif()
 
 set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c)
-set(TILEMOE_AMX_FLAGS ${TILEMOE_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mamx-int8)
+set(TILEMOE_AMX_TILE_FLAGS -mamx-tile -mamx-bf16 -mamx-int8)
+set(TILEMOE_AMX_FLAGS ${TILEMOE_AVX512_FLAGS} ${TILEMOE_AMX_TILE_FLAGS})
 if(TILEMOE_AMX_EMULATION)
   # Without the AMX flags, a tile intrinsic the emulation does not cover fails to compile instead
   # of running a real tile instruction on a CPU without AMX.
