@@ -128,3 +128,26 @@ TEST_CASE("the model's TDPBF16PS matches the hardware's on random and edge value
   // additions is the hardware's.
   WARN("TDPBF16PS: " << differing << " of " << total << " results differ in their bits from the model");
 }
+
+TEST_CASE("the model reads back configurations as STTILECFG does") {
+  for (const Shape& s : kShapes) {
+    INFO("m " << s.m << ", A bytes " << s.k_bytes << ", C bytes " << s.n_bytes);
+    const Config cfg(s.m, s.k_bytes, s.n_bytes);
+    alignas(64) std::uint8_t hw[64], model[64];
+    _tile_loadconfig(cfg.bytes);
+    _tile_storeconfig(hw);
+    _tile_release();
+    emu::load_config(cfg.bytes);
+    emu::store_config(model);
+    emu::release();
+    CHECK(std::memcmp(hw, model, 64) == 0);
+  }
+  alignas(64) std::uint8_t hw[64], model[64];
+  std::memset(hw, 0xff, 64);
+  std::memset(model, 0xff, 64);
+  _tile_release();
+  _tile_storeconfig(hw);  // no palette loaded: all zero
+  emu::release();
+  emu::store_config(model);
+  CHECK(std::memcmp(hw, model, 64) == 0);
+}
