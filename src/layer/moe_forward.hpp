@@ -15,8 +15,9 @@
 //                run on AMX tiles get their rows of x (and later of h) in tile order
 //                (pack_bf16.hpp), so that every A tile load is one contiguous 1 KiB.
 //              - the LoRA's s * x A^T for gate and up: from the caller's x rows for experts with
-//                few rows, which read the f32 factors as they are; from the gathered x, with the
-//                factors packed for the kernels, for the others.
+//                few rows, which read the f32 factors as they are; for the others, the factors
+//                packed for the kernels, and x A^T from the gathered x computed by whichever of
+//                the expert's gather units and packings ends last.
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA), one f32 row per routed row
 //              in TokenGroups order, written by the kernels in place; few-row experts' s * h
 //              A_down^T are items ahead of theirs
@@ -128,6 +129,9 @@ class MoeForward {
   AlignedVector<float>& y_ = ws_->y;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
+  // per expert of the packed LoRA form: gather units and factor packings not yet done (atomic_ref);
+  // the prep item that ends them computes the expert's x Aᵀ of gate and up
+  std::vector<int> xa_inputs_left_;
   // gate_up's prep items: (expert, projection) of a LoRA's, (expert, -1 - first row) of a gather unit
   std::vector<std::array<int, 2>> prep_;
   std::vector<std::array<int, 2>> down_prep_;  // (expert, down) of experts whose down LoRA has the f32 form
