@@ -130,6 +130,14 @@ void LoraTerm::add_f32(const kernels::KernelTable& kt, int rows, int col0, int n
   kt.lora_expand_rows_add(xa_f32_.data(), static_cast<std::size_t>(rank_), rows, rank_, b_, col0, n, c, ldc);
 }
 
+void prefetch_f32_range(const float* p, std::size_t count) {
+  if (count == 0) return;
+  const char* first = reinterpret_cast<const char*>(p);
+  const char* last = reinterpret_cast<const char*>(p + count) - 1;
+  for (const char* q = first; q < last; q += 64) __builtin_prefetch(q);
+  __builtin_prefetch(last);
+}
+
 void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
                           int panel_shift, int n) {
   const LoraTerm* fused = nullptr;

@@ -27,6 +27,10 @@ inline constexpr int kLoraPackRows = 16;
 // device, three rounds in one call). On AVX-512 (2-core Zen 4) 8 was 1.5-2 % slower than 16.
 inline constexpr int kLoraPackRowsAmx = 8;
 
+// Asks for the cache lines of count floats from p: the few KiB of LoRA factors an item is about
+// to read, so that their memory latency overlaps other work. Only a hint.
+void prefetch_f32_range(const float* p, std::size_t count);
+
 class LoraTerm {
  public:
   void deactivate() { active_ = false; }
