@@ -108,6 +108,40 @@ TEST_CASE("lead_items puts every prep item ahead of its expert's items, lead ite
   }
 }
 
+TEST_CASE("lead_items with a lead for each prep item places each at its own distance") {
+  std::vector<ExpertItem> items;
+  for (int e : {2, 0, 5})
+    for (int i = 0; i < 12; ++i) items.push_back({e, i, i + 1});
+  // Expert 0's first item is 12, expert 5's 24; (e, kind): kind 1 gets the longer lead.
+  const std::vector<std::array<int, 2>> prep = {{0, 0}, {0, 1}, {5, 0}, {5, 1}, {5, 1}, {2, 1}, {9, 1}};
+  for (std::size_t lead : {0u, 3u, 8u, 20u}) {
+    const auto lead_of = [&](std::size_t j) { return prep[j][1] == 1 ? 2 * lead + 1 : lead; };
+    const std::vector<std::uint32_t> order = lead_items(prep, items, lead_of);
+    REQUIRE(order.size() == prep.size() + items.size());
+    std::vector<int> pos(order.size(), -1);
+    for (std::size_t s = 0; s < order.size(); ++s) {
+      REQUIRE(order[s] < order.size());
+      CHECK(pos[order[s]] == -1);
+      pos[order[s]] = static_cast<int>(s);
+    }
+    for (std::size_t i = 1; i < items.size(); ++i) CHECK(pos[prep.size() + i] > pos[prep.size() + i - 1]);
+    for (std::size_t j = 0; j < prep.size(); ++j) {
+      int first = -1;
+      for (std::size_t i = 0; i < items.size() && first < 0; ++i)
+        if (items[i].expert == prep[j][0]) first = static_cast<int>(i);
+      int items_before = 0;
+      for (std::size_t i = 0; i < items.size(); ++i) items_before += pos[prep.size() + i] < pos[j];
+      if (first < 0) {
+        CHECK(items_before == static_cast<int>(items.size()));
+        continue;
+      }
+      CHECK(items_before == std::max(0, first - static_cast<int>(lead_of(j))));
+    }
+    // Prep items placed before the same item keep their order (here the two of expert 5, kind 1).
+    CHECK(pos[3] < pos[4]);
+  }
+}
+
 TEST_CASE("items that wait see the writes of the items they waited for, on any pool size") {
   for (int threads : {1, 2, 3, 16})
     for (std::size_t lead : {0u, 1u, 8u})

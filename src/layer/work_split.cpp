@@ -33,6 +33,11 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
 
 std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
                                       std::size_t lead) {
+  return lead_items(prep, items, [lead](std::size_t) { return lead; });
+}
+
+std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
+                                      const std::function<std::size_t(std::size_t j)>& lead_of) {
   // Each expert's first item, indexed by expert id (a flat table: this runs before two phases of
   // every decode step, where a hash map cost about 2 us a call).
   int max_expert = -1;
@@ -45,6 +50,7 @@ std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& pre
   at.reserve(prep.size());
   for (std::size_t j = 0; j < prep.size(); ++j) {
     const int e = prep[j][0];
+    const std::size_t lead = lead_of(j);
     const bool has_items = e >= 0 && e <= max_expert && first[static_cast<std::size_t>(e)] != kNone;
     const std::size_t i = has_items ? first[static_cast<std::size_t>(e)] : items.size() + lead;
     at.push_back({i > lead ? i - lead : 0, static_cast<std::uint32_t>(j)});

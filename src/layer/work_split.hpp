@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "numa/thread_pool.hpp"
@@ -40,6 +41,10 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
 // this order cannot deadlock (item_countdowns.hpp).
 std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
                                       std::size_t lead);
+// The same with a lead of its own for each prep item j. Prep items whose places tie keep their
+// order; one placed earlier may pass another, so no prep item may wait for another.
+std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
+                                      const std::function<std::size_t(std::size_t j)>& lead_of);
 
 // out[t] = sum_j w[t,j] * row(t*k + j) over slots with ids >= 0, in slot order (the same sum
 // whatever the thread count); weights == nullptr sums the rows unweighted. Slot s's row starts at
