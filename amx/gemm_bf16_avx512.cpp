@@ -98,8 +98,10 @@ constexpr const BlockFn* kBlocks[kMaxRows] = {kBlocksForRows<1>, kBlocksForRows<
 }  // namespace
 
 void gemm_bf16_avx512(const GemmBf16Args& args) {
+  // Sized by the main product's weights, as in the AMX kernel: a LoRA's few k-blocks of B
+  // would otherwise make the groups one panel narrower.
   const std::size_t panel_bytes =
-      static_cast<std::size_t>(args.k_padded + (args.packed_b2 != nullptr ? args.k2_padded : 0)) *
+      static_cast<std::size_t>(args.k_padded > 0 ? args.k_padded : (args.packed_b2 != nullptr ? args.k2_padded : 0)) *
       kPanelColumns * sizeof(bf16);
   const int group = static_cast<int>(
       std::max<std::size_t>(kMaxPanels, panel_bytes == 0 ? kMaxPanels : kGroupBytes / panel_bytes));
