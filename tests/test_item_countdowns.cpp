@@ -73,6 +73,34 @@ void run_case(int threads, std::size_t lead, unsigned seed) {
   for (std::size_t i = 0; i < items.size(); ++i) CHECK(seen[i] == preps_of[static_cast<std::size_t>(items[i].expert)]);
 }
 
+// Where each entry of a lead_items order sits (index into the joint list -> place), after checking
+// that the order holds every prep item and item exactly once.
+std::vector<int> places_in(const std::vector<std::uint32_t>& order, std::size_t prep_count, std::size_t item_count) {
+  REQUIRE(order.size() == prep_count + item_count);
+  std::vector<int> pos(order.size(), -1);
+  for (std::size_t s = 0; s < order.size(); ++s) {
+    REQUIRE(order[s] < order.size());
+    CHECK(pos[order[s]] == -1);
+    pos[order[s]] = static_cast<int>(s);
+  }
+  for (std::size_t i = 1; i < item_count; ++i) CHECK(pos[prep_count + i] > pos[prep_count + i - 1]);  // items keep their order
+  return pos;
+}
+
+// The index of expert e's first item, or -1.
+int first_item_of(const std::vector<ExpertItem>& items, int e) {
+  for (std::size_t i = 0; i < items.size(); ++i)
+    if (items[i].expert == e) return static_cast<int>(i);
+  return -1;
+}
+
+// How many items come before prep item j.
+int items_before(const std::vector<int>& pos, std::size_t prep_count, std::size_t item_count, std::size_t j) {
+  int n = 0;
+  for (std::size_t i = 0; i < item_count; ++i) n += pos[prep_count + i] < pos[j];
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("lead_items puts every prep item ahead of its expert's items, lead items early where it can") {
@@ -82,28 +110,16 @@ TEST_CASE("lead_items puts every prep item ahead of its expert's items, lead ite
   const std::vector<std::array<int, 2>> prep = {{3, 0}, {3, 1}, {1, 0}, {4, 2}, {7, 0}};  // expert 7 has no items
   for (std::size_t lead : {0u, 1u, 4u, 15u, 100u}) {
     const std::vector<std::uint32_t> order = lead_items(prep, items, lead);
-    REQUIRE(order.size() == prep.size() + items.size());
-    std::vector<int> pos(order.size(), -1);
-    for (std::size_t s = 0; s < order.size(); ++s) {
-      REQUIRE(order[s] < order.size());
-      CHECK(pos[order[s]] == -1);
-      pos[order[s]] = static_cast<int>(s);
-    }
-    // Items keep their order; prep items keep theirs.
-    for (std::size_t i = 1; i < items.size(); ++i) CHECK(pos[prep.size() + i] > pos[prep.size() + i - 1]);
-    for (std::size_t j = 1; j < prep.size(); ++j) CHECK(pos[j] > pos[j - 1]);
+    const std::vector<int> pos = places_in(order, prep.size(), items.size());
+    for (std::size_t j = 1; j < prep.size(); ++j) CHECK(pos[j] > pos[j - 1]);  // prep items keep their order
     for (std::size_t j = 0; j < prep.size(); ++j) {
-      int first = -1;  // index of the expert's first item
-      for (std::size_t i = 0; i < items.size() && first < 0; ++i)
-        if (items[i].expert == prep[j][0]) first = static_cast<int>(i);
+      const int first = first_item_of(items, prep[j][0]);
       if (first < 0) {
         CHECK(pos[j] > pos[prep.size() + items.size() - 1]);  // at the end
         continue;
       }
       // Items before it: first - lead, or none.
-      int items_before = 0;
-      for (std::size_t i = 0; i < items.size(); ++i) items_before += pos[prep.size() + i] < pos[j];
-      CHECK(items_before == std::max(0, first - static_cast<int>(lead)));
+      CHECK(items_before(pos, prep.size(), items.size(), j) == std::max(0, first - static_cast<int>(lead)));
     }
   }
 }
@@ -117,25 +133,15 @@ TEST_CASE("lead_items with a lead for each prep item places each at its own dist
   for (std::size_t lead : {0u, 3u, 8u, 20u}) {
     const auto lead_of = [&](std::size_t j) { return prep[j][1] == 1 ? 2 * lead + 1 : lead; };
     const std::vector<std::uint32_t> order = lead_items(prep, items, lead_of);
-    REQUIRE(order.size() == prep.size() + items.size());
-    std::vector<int> pos(order.size(), -1);
-    for (std::size_t s = 0; s < order.size(); ++s) {
-      REQUIRE(order[s] < order.size());
-      CHECK(pos[order[s]] == -1);
-      pos[order[s]] = static_cast<int>(s);
-    }
-    for (std::size_t i = 1; i < items.size(); ++i) CHECK(pos[prep.size() + i] > pos[prep.size() + i - 1]);
+    const std::vector<int> pos = places_in(order, prep.size(), items.size());
     for (std::size_t j = 0; j < prep.size(); ++j) {
-      int first = -1;
-      for (std::size_t i = 0; i < items.size() && first < 0; ++i)
-        if (items[i].expert == prep[j][0]) first = static_cast<int>(i);
-      int items_before = 0;
-      for (std::size_t i = 0; i < items.size(); ++i) items_before += pos[prep.size() + i] < pos[j];
+      const int first = first_item_of(items, prep[j][0]);
+      const int before = items_before(pos, prep.size(), items.size(), j);
       if (first < 0) {
-        CHECK(items_before == static_cast<int>(items.size()));
+        CHECK(before == static_cast<int>(items.size()));
         continue;
       }
-      CHECK(items_before == std::max(0, first - static_cast<int>(lead_of(j))));
+      CHECK(before == std::max(0, first - static_cast<int>(lead_of(j))));
     }
     // Prep items placed before the same item keep their order (here the two of expert 5, kind 1).
     CHECK(pos[3] < pos[4]);
