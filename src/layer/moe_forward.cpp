@@ -292,7 +292,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // of 4.5-5.2 at 128 and 512 tokens, r = 16: each item's 1-4 KiB had been a memory miss.
   auto prefetch_lora_b = [&](Projection p, int e, int col0, int n) {
     const LoraProjectionView& lp = lora[p];
-    if (!lp.active(e) || (lora_held_generation_ != 0 && groups.count(e) >= lora_pack_rows(kt_))) return;
+    if (!lp.active(e) || (lora_held_generation_ != 0 && packed_form(e))) return;
     const int rows = std::min(n, lp.out - col0);
     if (rows > 0)
       prefetch_f32_range(lp.b_of(e) + static_cast<std::size_t>(col0) * lp.rank, static_cast<std::size_t>(rows) * lp.rank);
