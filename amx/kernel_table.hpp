@@ -3,6 +3,7 @@
 // through plain function pointers.
 #include "amx/activation.hpp"
 #include "amx/adamw.hpp"
+#include "amx/combine_rows.hpp"
 #include "amx/convert_bf16.hpp"
 #include "amx/gemm_bf16.hpp"
 #include "amx/gemm_int.hpp"
@@ -35,6 +36,7 @@ struct KernelTable {
   LoraExpandRowsAddFn lora_expand_rows_add;
   PackStridedFn pack_strided_f32;           // the per-call LoRA packing for the tile kernels
   ConvertToBf16Fn convert_to_bf16;
+  CombineBf16RowsFn combine_bf16_rows;  // the forward's combine of a token's bf16 slot rows
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int
   AdamWUpdateFn adamw_update;      // the optimizer step over the caller's LoRA arrays

@@ -370,6 +370,58 @@ inline void check_convert_to_bf16(ConvertToBf16Fn convert) {
   }
 }
 
+// The sum of weighted bf16 rows against a double sum: every column up to width written (junk
+// before), nothing after it, the rows taken in order with their own weights (or 1 each); NaN and
+// Inf in a row reach that column of out.
+inline void check_combine_bf16_rows(CombineBf16RowsFn combine) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  for (std::size_t width : {0u, 1u, 15u, 16u, 17u, 63u, 64u, 65u, 100u, 2053u}) {
+    for (int count : {0, 1, 2, 6, 9}) {
+      for (bool weighted : {true, false}) {
+        INFO("width " << width << " rows " << count << (weighted ? " weighted" : " unweighted"));
+        std::vector<std::vector<bf16>> data(static_cast<std::size_t>(count));
+        std::vector<const bf16*> rows;
+        std::vector<float> w;
+        for (auto& r : data) {
+          for (std::size_t c = 0; c < width; ++c) r.push_back(float_to_bf16(normal(rng)));
+          rows.push_back(r.data());
+          w.push_back(std::uniform_real_distribution<float>(-1.5f, 1.5f)(rng));
+        }
+        Guarded<float> out(width + 5);
+        for (std::size_t c = 0; c < width + 5; ++c) out[c] = 123.0f;
+        combine(rows.data(), weighted ? w.data() : nullptr, count, width, out.data());
+        for (std::size_t c = 0; c < width; ++c) {
+          double ref = 0, mag = 0;
+          for (int j = 0; j < count; ++j) {
+            const double t = (weighted ? w[static_cast<std::size_t>(j)] : 1.0) * bf16_to_float(data[static_cast<std::size_t>(j)][c]);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          INFO("column " << c);
+          REQUIRE(std::fabs(out[c] - ref) <= 1e-6 * mag + 1e-30);
+        }
+        for (std::size_t c = width; c < width + 5; ++c) REQUIRE(out[c] == 123.0f);
+      }
+    }
+  }
+  // Specials: NaN and Inf in one row, in a full block and in the tail.
+  const std::size_t width = 70;
+  std::vector<bf16> a(width, float_to_bf16(1.0f)), b(width, float_to_bf16(2.0f));
+  a[5] = float_to_bf16(NAN);
+  b[66] = float_to_bf16(INFINITY);
+  a[40] = float_to_bf16(-INFINITY);
+  const bf16* rows[] = {a.data(), b.data()};
+  const float w[] = {0.5f, 0.25f};
+  std::vector<float> out(width);
+  combine(rows, w, 2, width, out.data());
+  CHECK(std::isnan(out[5]));
+  CHECK(out[66] == INFINITY);
+  CHECK(out[40] == -INFINITY);
+  CHECK(out[0] == 1.0f);
+  CHECK(out[69] == 1.0f);
+}
+
 // The whole body for one ISA: the raw kernel over every shape, the table's entries, silu_mul.
 inline void check_kernels(Isa isa) {
   const KernelTable& table = kernel_table(isa);
@@ -384,6 +436,7 @@ inline void check_kernels(Isa isa) {
   }
   SECTION("silu_mul") { check_silu_mul(table.silu_mul_bf16); }
   SECTION("convert_to_bf16") { check_convert_to_bf16(table.convert_to_bf16); }
+  SECTION("combine_bf16_rows") { check_combine_bf16_rows(table.combine_bf16_rows); }
   SECTION("lora rows") { check_lora_rows(table.lora_project_rows, table.lora_expand_rows_add); }
 }
 

@@ -19,7 +19,7 @@ struct ForwardWorkspace {
   // Cache-line aligned: tile rows are read and written here.
   AlignedVector<bf16> xs, h;
   AlignedVector<std::int8_t> xq, hq;
-  AlignedVector<float> y;
+  AlignedVector<bf16> y;  // the down outputs, one row per routed row
   std::vector<AlignedVector<float>> scratch;  // per worker of the pool
 };
 

@@ -18,8 +18,8 @@
 //                few rows, which read the f32 factors as they are; for the others, the factors
 //                packed for the kernels, and x A^T from the gathered x computed by whichever of
 //                the expert's gather units and packings ends last.
-//   down       items (expert, column chunk): y = h Wd^T (+ LoRA), one f32 row per routed row
-//              in TokenGroups order, written by the kernels in place; few-row experts' s * h
+//   down       items (expert, column chunk): y = h Wd^T (+ LoRA) into the worker's scratch, then
+//              as bf16 into one row per routed row in TokenGroups order; few-row experts' s * h
 //              A_down^T are items ahead of theirs
 //   combine    out[t] = sum_j w[t,j] y[groups.row_of_slot[(t,j)]], slots in order
 #include <array>
@@ -126,7 +126,7 @@ class MoeForward {
   std::vector<std::size_t> qblock_row_;
   std::vector<char> qtiled_;
   std::vector<float> xq_scale_, hq_scale_;
-  AlignedVector<float>& y_ = ws_->y;
+  AlignedVector<bf16>& y_ = ws_->y;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)
   // per expert of the packed LoRA form: gather units and factor packings not yet done (atomic_ref);

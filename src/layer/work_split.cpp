@@ -87,4 +87,23 @@ void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, con
   }, 4);
 }
 
+void combine_bf16_rows(kernels::CombineBf16RowsFn combine, numa::ThreadPool& pool, const bf16* rows, std::size_t ld,
+                       const int* row_of_slot, std::size_t width, int tokens, int top_k, const std::int64_t* ids, const float* weights,
+                       float* out) {
+  pool.parallel_for(static_cast<std::size_t>(tokens), [&](std::size_t t, int) {
+    thread_local std::vector<const bf16*> slot_rows;
+    thread_local std::vector<float> slot_weights;
+    slot_rows.clear();
+    slot_weights.clear();
+    for (int j = 0; j < top_k; ++j) {
+      const std::size_t slot = t * top_k + j;
+      if (ids[slot] < 0) continue;
+      const std::size_t row = row_of_slot ? static_cast<std::size_t>(row_of_slot[slot]) : slot;
+      slot_rows.push_back(rows + row * ld);
+      slot_weights.push_back(weights ? weights[slot] : 1.0f);
+    }
+    combine(slot_rows.data(), weights ? slot_weights.data() : nullptr, static_cast<int>(slot_rows.size()), width, out + t * width);
+  }, 4);
+}
+
 }  // namespace tilemoe

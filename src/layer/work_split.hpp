@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "amx/combine_rows.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/routing/token_groups.hpp"
 
@@ -52,6 +53,12 @@ std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& pre
 // r = s when row_of_slot is null (one row per slot).
 void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, const int* row_of_slot, std::size_t width, int tokens,
                   int top_k, const std::int64_t* ids, const float* weights, float* out);
+
+// The same over bf16 rows (the forward's down outputs), each token's slots summed in registers by
+// `combine` (a kernel table's combine_bf16_rows), in slot order.
+void combine_bf16_rows(kernels::CombineBf16RowsFn combine, numa::ThreadPool& pool, const bf16* rows, std::size_t ld,
+                       const int* row_of_slot, std::size_t width, int tokens, int top_k, const std::int64_t* ids, const float* weights,
+                       float* out);
 
 // The row stride of f32 rows that tile kernels write in place, `width` columns rounded up to a
 // multiple of `columns` (what the kernels write) plus one cache line: rows exactly 8 KiB apart
