@@ -176,6 +176,16 @@ TEST_CASE("LoRA weights are the caller's memory: edits are seen, sets swap witho
   backward_matches(layer, b, reference(f.w, other, b), other);
 }
 
+TEST_CASE("a large batch's saved input (copied by the pool's workers, in chunks) gives the reference's gradients", "[sft][cache]") {
+  Fixture f;
+  const int tokens = 1401;  // 67248 elements: two whole chunks and a partial one
+  MoeSftLayer layer(f.packed, kernels::Isa::portable, f.pool, {tokens, 1, 4}, lora_view(f.lora));
+  Batch b = make_batch(tokens, 41);
+  const Expected want = reference(f.w, f.lora, b);
+  CHECK(rel_error(forward(layer, b, true), want.out) <= 1e-2);
+  backward_matches(layer, b, want, f.lora);
+}
+
 TEST_CASE("gradients accumulate when asked; experts without tokens get zero otherwise", "[sft][lora]") {
   Fixture f;
   MoeSftLayer layer(f.packed, kernels::Isa::portable, f.pool, {20, 2, 4}, lora_view(f.lora));

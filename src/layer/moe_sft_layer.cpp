@@ -12,6 +12,7 @@ MoeSftLayer::MoeSftLayer(const PackedExpertWeights& weights, kernels::Isa isa, n
                          const LayerLoraView& lora)
     : shape_(weights.shape()),
       options_(options),
+      pool_(pool),
       forward_(weights, isa, pool),
       backward_(weights, isa, pool),
       cache_(weights.shape(), CacheLimits{options.max_tokens, options.max_top_k > 0 ? options.max_top_k : std::max(1, weights.shape().top_k), options.max_cache_depth,
@@ -51,7 +52,18 @@ void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::i
   forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out, &save);  // checks the ids before writing
 
   const std::size_t n = static_cast<std::size_t>(tokens) * top_k;
-  std::copy_n(x, static_cast<std::size_t>(tokens) * shape_.hidden, slot.x.data());
+  // The input by the pool's workers from 64 KiB up: one thread copied 2 MB (512 tokens of
+  // DeepSeek-V2-Lite) while the others waited.
+  const std::size_t x_elems = static_cast<std::size_t>(tokens) * shape_.hidden;
+  constexpr std::size_t kCopyChunk = std::size_t{1} << 15;  // bf16 elements: 64 KiB
+  if (x_elems < 2 * kCopyChunk) {
+    std::copy_n(x, x_elems, slot.x.data());
+  } else {
+    pool_.parallel_for((x_elems + kCopyChunk - 1) / kCopyChunk, [&](std::size_t i, int) {
+      const std::size_t b = i * kCopyChunk;
+      std::copy_n(x + b, std::min(kCopyChunk, x_elems - b), slot.x.data() + b);
+    });
+  }
   std::copy_n(expert_ids, n, slot.ids.data());
   std::copy_n(weights, n, slot.weights.data());
   slot.tokens = tokens;

@@ -77,6 +77,7 @@ class MoeSftLayer {
   MoeShape shape_;
   SftLayerOptions options_;
   LayerLoraView lora_;
+  numa::ThreadPool& pool_;
   MoeForward forward_;
   TransposedExpertWeights transposed_;
   MoeBackward backward_;
