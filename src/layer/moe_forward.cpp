@@ -128,7 +128,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // k-blocks, so that a token's rows at one column do not share an L1 set). Each down item
   // converts its C, which stays in its worker's scratch, into its rows of y; the combine then
   // reads half the bytes of f32 rows (at 4096 tokens of DeepSeek-V2-Lite 100 MB instead of 201).
-  const std::size_t y_ld = (hidden + kernels::kBlockK - 1) / kernels::kBlockK * kernels::kBlockK + kernels::kBlockK;
+  const std::size_t y_ld = padded_row_stride<bf16>(hidden, kernels::kBlockK);
   if (y_.size() < static_cast<std::size_t>(rows) * y_ld) y_.resize(static_cast<std::size_t>(rows) * y_ld);
   const bool quantized = w_.weight_type() != WeightType::bf16;
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;

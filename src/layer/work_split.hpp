@@ -60,10 +60,13 @@ void combine_bf16_rows(kernels::CombineBf16RowsFn combine, numa::ThreadPool& poo
                        const int* row_of_slot, std::size_t width, int tokens, int top_k, const std::int64_t* ids, const float* weights,
                        float* out);
 
-// The row stride of f32 rows that tile kernels write in place, `width` columns rounded up to a
-// multiple of `columns` (what the kernels write) plus one cache line: rows exactly 8 KiB apart
-// (width 2048) would put all 16 rows of a C tile store in one L1 set.
-inline std::size_t padded_row_stride(std::size_t width, std::size_t columns) { return (width + columns - 1) / columns * columns + 16; }
+// The row stride of rows of `Element`, `width` columns rounded up to a multiple of `columns` (what
+// the kernels write) plus one cache line: f32 rows exactly 8 KiB apart (width 2048) would put all
+// 16 rows of a C tile store in one L1 set, and a token's bf16 rows read together would share sets.
+template <typename Element = float>
+inline std::size_t padded_row_stride(std::size_t width, std::size_t columns) {
+  return (width + columns - 1) / columns * columns + 64 / sizeof(Element);
+}
 
 // Adds the time since the previous lap to one phase's total: where the bench's --phases figures
 // come from.
