@@ -47,33 +47,55 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                        AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
   if (!active_) return;
-  if (!packed_) {
-    if (v_tiles) {
-      // The f32 loops read rows: the tiles' rows back into a per-thread buffer (rows × k_padded).
-      thread_local std::vector<bf16> by_rows;
-      by_rows.resize(static_cast<std::size_t>(rows) * k_padded);
-      kernels::unpack_tiles_to_rows(v, rows, k_padded, by_rows.data(), static_cast<std::size_t>(k_padded));
-      v = by_rows.data();
-      ldv = static_cast<std::size_t>(k_padded);
-    }
+  if (!packed_ && v_tiles) {
+    // The f32 loops read rows: the tiles' rows back into a per-thread buffer (rows × k_padded).
+    thread_local std::vector<bf16> by_rows;
+    by_rows.resize(static_cast<std::size_t>(rows) * k_padded);
+    kernels::unpack_tiles_to_rows(v, rows, k_padded, by_rows.data(), static_cast<std::size_t>(k_padded));
+    v = by_rows.data();
+    ldv = static_cast<std::size_t>(k_padded);
+    v_tiles = false;
+  }
+  start_rows(rows);
+  project_range(kt, v, ldv, 0, rows, k_padded, v_tiles, scratch, save, ld_save);
+}
+
+void LoraTerm::start_rows(int rows) {
+  if (!active_) return;
+  if (packed_) {
+    xa_.assign(static_cast<std::size_t>(rows) * rank_k_padded_, bf16{0});
+  } else {
     xa_f32_.resize(static_cast<std::size_t>(rows) * rank_);
-    kt.lora_project_rows(v, ldv, rows, in_, a_, rank_, scale_, xa_f32_.data(), static_cast<std::size_t>(rank_));
+  }
+}
+
+void LoraTerm::project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
+                            AlignedVector<float>& scratch, float* save, std::size_t ld_save) {
+  if (!active_) return;
+  project_range(kt, v, ldv, row0, count, k_padded, false, scratch, save, ld_save);
+}
+
+void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
+                             bool v_tiles, AlignedVector<float>& scratch, float* save, std::size_t ld_save) {
+  const std::size_t first = static_cast<std::size_t>(row0);
+  if (!packed_) {
+    float* xa = xa_f32_.data() + first * rank_;
+    kt.lora_project_rows(v, ldv, count, in_, a_, rank_, scale_, xa, static_cast<std::size_t>(rank_));
     if (save)
-      for (int i = 0; i < rows; ++i)
-        std::copy_n(xa_f32_.data() + static_cast<std::size_t>(i) * rank_, rank_, save + static_cast<std::size_t>(i) * ld_save);
+      for (int i = 0; i < count; ++i)
+        std::copy_n(xa + static_cast<std::size_t>(i) * rank_, rank_, save + (first + i) * ld_save);
     return;
   }
   // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
   const int cols = rank_panels_ * kernels::kPanelColumns;
-  scratch.resize(static_cast<std::size_t>(rows) * cols);
-  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, rows, k_padded, a_packed_.data(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
+  scratch.resize(static_cast<std::size_t>(count) * cols);
+  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, a_packed_.data(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
   g.a_tiles = v_tiles;
   kt.gemm_bf16(g);
-  xa_.assign(static_cast<std::size_t>(rows) * rank_k_padded_, bf16{0});
-  for (int i = 0; i < rows; ++i) {
+  for (int i = 0; i < count; ++i) {
     const float* si = scratch.data() + static_cast<std::size_t>(i) * cols;
-    bf16* xi = xa_.data() + static_cast<std::size_t>(i) * rank_k_padded_;
-    float* keep = save ? save + static_cast<std::size_t>(i) * ld_save : nullptr;
+    bf16* xi = xa_.data() + (first + i) * rank_k_padded_;
+    float* keep = save ? save + (first + i) * ld_save : nullptr;
     for (int j = 0; j < rank_; ++j) {
       const float x = scale_ * si[j];
       xi[j] = float_to_bf16(x);

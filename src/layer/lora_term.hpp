@@ -56,6 +56,13 @@ class LoraTerm {
   // With v_tiles, V is in tile order (pack_bf16.hpp; ldv is then unused).
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
+  // The same in pieces, for a caller that holds only some rows of V at a time: start_rows sizes
+  // the term for `rows` rows (xa zeroed), then each project_rows computes rows [row0, row0 +
+  // count) from v, which holds just those rows (by rows), and writes them to xa and to save's
+  // rows [row0, row0 + count). Every row must be projected before the term is used.
+  void start_rows(int rows);
+  void project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
+                    AlignedVector<float>& scratch, float* save, std::size_t ld_save);
 
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.
@@ -68,6 +75,10 @@ class LoraTerm {
   void add_f32(const kernels::KernelTable& kt, int rows, int col0, int n, float* c, std::size_t ldc) const;
 
  private:
+  // Rows [row0, row0 + count) of xa (and of save) from the `count` rows of V at v.
+  void project_range(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded, bool v_tiles,
+                     AlignedVector<float>& scratch, float* save, std::size_t ld_save);
+
   bool active_ = false, packed_ = false, b_by_item_ = false;
   int out_ = 0;
   kernels::PackStridedFn pack_ = nullptr;

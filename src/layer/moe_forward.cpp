@@ -43,6 +43,10 @@ void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionVi
 
 int lora_pack_rows(const kernels::KernelTable& kt) { return kt.amx_min_rows > 0 ? kLoraPackRowsAmx : kLoraPackRows; }
 
+// Integer weights' x Aᵀ of gate and up reads the caller's rows this many at a time: two row tiles,
+// the AMX kernel's row block.
+constexpr int kXaBlockRows = 2 * kernels::kATileRows;
+
 }  // namespace
 
 void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
@@ -81,10 +85,9 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   const bool fused = term != nullptr && term->fuse_into(gi, 0);
   kt_.gemm_int(gi);
   if (term == nullptr || !term->active() || fused) return;
-  if (f32_form && ready) ready->wait(static_cast<std::size_t>(e));
-  kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, 0, nullptr, p0, p1, c, ldc);
-  g.accumulate = true;
-  gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
+  // Not fused: the f32 form (a packed term always fuses), whose x Aᵀ another item computes.
+  if (ready) ready->wait(static_cast<std::size_t>(e));
+  term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
 }
 
 void MoeForward::quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales) {
@@ -180,10 +183,11 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     grow(hq_, qrows * hq_ld, bound * hq_ld);
   }
   const bool any_lora = !lora.empty();
-  // Integer weights read x as int8 codes; its bf16 rows feed only the LoRA terms. Without LoRA the
-  // codes come straight from the caller's rows, and the bf16 copy (100 MB at 4096 tokens of
-  // DeepSeek-V2-Lite) is neither written nor allocated.
-  const bool x_rows = !quantized || any_lora;
+  // Integer weights read x as int8 codes, quantized straight from the caller's rows; the LoRA's
+  // x Aᵀ copies the caller's rows a block at a time into a per-thread buffer (project_xa). No
+  // bf16 copy of the gathered x (100 MB at 4096 tokens of DeepSeek-V2-Lite) is written, nor read
+  // back from the other cores that wrote it.
+  const bool x_rows = !quantized;
   const std::size_t block_rows = block_row_[s.num_experts], bound = padded_bound(tile_min_rows);
   if (x_rows) grow(xs_, block_rows * hk, bound * hk);
   grow(h_, block_rows * ik, bound * ik);
@@ -258,8 +262,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
       std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
     }
-    std::int8_t* codes = quantized ? xq_.data() + qblock_row_[e] * xq_ld : nullptr;
-    if (!x_rows) {
+    if (quantized) {
+      std::int8_t* codes = xq_.data() + qblock_row_[e] * xq_ld;
       for (int r = 0; r < count; ++r) {
         const bf16* src = x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(pos0 + r)]) * hidden;
         if (qtiled_[e]) {
@@ -275,14 +279,6 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       bf16* dst = xs_.data() + (block_row_[e] + row + r) * hk;
       std::memcpy(dst, x + static_cast<std::size_t>(groups.token[pos]) * hidden, hidden * sizeof(bf16));
       std::fill(dst + hidden, dst + hk, bf16(0));
-    }
-    if (!quantized) return;
-    // The unit's rows, gathered above by rows (their bf16 form stays by rows for integer weights).
-    const bf16* rows_in = xs_.data() + (block_row_[e] + row) * hk;
-    if (qtiled_[e]) {
-      quantize_rows_as_tiles(rows_in, hk, row, count, Projection::gate, codes, xq_scale_.data() + pos0);
-    } else {
-      quantize_rows(rows_in, hk, count, Projection::gate, codes + static_cast<std::size_t>(row) * xq_ld, xq_scale_.data() + pos0);
     }
   };
 
@@ -346,10 +342,30 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // LoRA's cost over r = 0 went from 7.3 to 6.0 % (gate_up from +0.76 to +0.59 ms); 128 tokens
   // did not change.
   auto project_xa = [&](int e, int worker) {
-    const ExpertRows xe = expert_rows(xs_, e, hk);
-    for (Projection p : {Projection::gate, Projection::up})
-      lora_[e][static_cast<int>(p)].project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
-                                            static_cast<std::size_t>(lora[p].rank), xe.tiles);
+    if (x_rows) {
+      const ExpertRows xe = expert_rows(xs_, e, hk);
+      for (Projection p : {Projection::gate, Projection::up})
+        lora_[e][static_cast<int>(p)].project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
+                                              static_cast<std::size_t>(lora[p].rank), xe.tiles);
+      return;
+    }
+    // Integer weights: kXaBlockRows of the caller's rows at a time (128 KiB at hidden 2048), which
+    // stay in this core's cache for both projections.
+    const int m = groups.count(e);
+    thread_local AlignedVector<bf16> block;
+    block.resize(static_cast<std::size_t>(kXaBlockRows) * hk);
+    for (Projection p : {Projection::gate, Projection::up}) lora_[e][static_cast<int>(p)].start_rows(m);
+    for (int r0 = 0; r0 < m; r0 += kXaBlockRows) {
+      const int count = std::min(kXaBlockRows, m - r0);
+      for (int i = 0; i < count; ++i) {
+        bf16* dst = block.data() + static_cast<std::size_t>(i) * hk;
+        std::memcpy(dst, x + static_cast<std::size_t>(groups.token[groups.offsets[e] + r0 + i]) * hidden, hidden * sizeof(bf16));
+        std::fill(dst + hidden, dst + hk, bf16(0));
+      }
+      for (Projection p : {Projection::gate, Projection::up})
+        lora_[e][static_cast<int>(p)].project_rows(kt_, block.data(), hk, r0, count, static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
+                                                   static_cast<std::size_t>(lora[p].rank));
+    }
   };
   // Once all of an expert's h is written, integer weights need h's int8 codes, and a packed down
   // LoRA needs s h A_down^T before the down items can fuse it. The gate_up item that finishes the

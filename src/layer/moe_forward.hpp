@@ -11,13 +11,14 @@
 //              expert's items, its prep items, which they wait for (item_countdowns.hpp) while the
 //              other cores stream weights, instead of phases of their own:
 //              - gather units: up to 16 x rows of (token, slot) pairs into one bf16 block grouped
-//                by expert (and, for int8/int4 weights, quantized to int8 per row). Experts that
+//                by expert (for int8/int4 weights, into int8 codes per row instead). Experts that
 //                run on AMX tiles get their rows of x (and later of h) in tile order
 //                (pack_bf16.hpp), so that every A tile load is one contiguous 1 KiB.
 //              - the LoRA's s * x A^T for gate and up: from the caller's x rows for experts with
 //                few rows, which read the f32 factors as they are; for the others, the factors
-//                packed for the kernels, and x A^T from the gathered x computed by whichever of
-//                the expert's gather units and packings ends last.
+//                packed for the kernels, and x A^T from the gathered x (integer weights: from
+//                the caller's rows, a block at a time) computed by whichever of the expert's
+//                gather units and packings ends last.
 //   down       items (expert, column chunk): y = h Wd^T (+ LoRA) into the worker's scratch, then
 //              as bf16 into one row per routed row in TokenGroups order; few-row experts' s * h
 //              A_down^T are items ahead of theirs
