@@ -8,6 +8,8 @@
 #include <memory>
 #include <sstream>
 
+#include <sys/resource.h>
+
 #include "numa/topology.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_forward.hpp"
@@ -48,6 +50,17 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 : tokens <= 128 ? 60 : tokens <= 512 ? 30 : 8; }
+
+// The process's page faults so far (getrusage: every thread's).
+struct PageFaults {
+  double minor = 0, major = 0;
+  PageFaults operator-(const PageFaults& o) const { return {minor - o.minor, major - o.major}; }
+};
+PageFaults page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {static_cast<double>(u.ru_minflt), static_cast<double>(u.ru_majflt)};
+}
 
 }  // namespace
 
@@ -298,9 +311,10 @@ void add_bench_command(CLI::App& app, int& status) {
       // many small layers at 4096 tokens) timed first touches: medians of 300-400 ms against
       // minima of 80-100 on the device.
       const int warm = std::max(2, layers);
+      PageFaults faults_before{};
       for (int i = -warm; i < iters; ++i) {
         int set = (i + warm) % sets, layer = (i + warm) % layers;
-        if (i == 0) reset_phases();  // the phases' means are of the timed calls only
+        if (i == 0) reset_phases(), faults_before = page_faults();  // the phases' means are of the timed calls only
         const auto& r = routings[set];
         // The order of the cases rotates call by call: each call's routing and input are shared by
         // the cases, and the case that runs after another found them in cache (about 3 % faster
@@ -326,6 +340,7 @@ void add_bench_command(CLI::App& app, int& status) {
         for (auto e : r.expert_ids) touched[e] = 1;
         experts_sum += static_cast<double>(std::count(touched.begin(), touched.end(), 1));
       }
+      const PageFaults faults = page_faults() - faults_before;
       auto median_of = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v[v.size() / 2];
@@ -389,7 +404,13 @@ void add_bench_command(CLI::App& app, int& status) {
             });
         }
       }
-      if (a->phases) reset_phases();
+      if (a->phases) {
+        // A layer call that touches fresh pages (a buffer freed and allocated again, memory the
+        // hypervisor took back) pays microseconds a page, which no phase shows by itself.
+        const double calls = static_cast<double>(iters) * static_cast<double>(cases.size());
+        std::printf("        page faults per layer call (all cases): minor %.1f, major %.1f\n", faults.minor / calls, faults.major / calls);
+        reset_phases();
+      }
       std::fflush(stdout);
     }
     if (!baselines.empty()) run_onednn_baseline(baselines, s, token_list, r0_medians, a->iter_scale, a->json, pool, *cases[0].layers[0]);
