@@ -9,6 +9,7 @@
 #include "amx/isa.hpp"
 #include "amx/kernel_table.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/zero_streaming.hpp"
 #include "kernel_test_grid.hpp"
 #include "tilemoe/error.hpp"
 
@@ -244,4 +245,18 @@ TEST_CASE("kernel_table refuses an ISA this machine lacks") {
       CHECK(e.kind() == ErrorKind::unsupported);
     }
   }
+}
+
+TEST_CASE("zero_floats_streaming zeroes exactly its range at any alignment and length") {
+  std::vector<float> buf(300);
+  for (std::size_t offset : {0, 1, 2, 3, 4, 5, 17})
+    for (std::size_t n : {0, 1, 3, 4, 5, 16, 31, 64, 129, 250}) {
+      std::fill(buf.begin(), buf.end(), 7.0f);
+      tilemoe::kernels::zero_floats_streaming(buf.data() + offset, n);
+      tilemoe::kernels::streaming_stores_done();
+      for (std::size_t i = 0; i < buf.size(); ++i) {
+        INFO("offset " << offset << " n " << n << " i " << i);
+        REQUIRE(buf[i] == (i >= offset && i < offset + n ? 0.0f : 7.0f));
+      }
+    }
 }

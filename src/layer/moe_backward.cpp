@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "amx/pack_transposed.hpp"
+#include "amx/zero_streaming.hpp"
 #include "src/layer/work_split.hpp"
 #include "src/routing/token_groups.hpp"
 
@@ -185,8 +186,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         if (lp.rank == 0 || (groups.count(e) > 0 && lp.active(e))) return;
         const LoraProjectionGrad& g = grads[p];
         if (g.a)
-          for (int i = 0; i < lp.rank; ++i) std::fill_n(g.a_of(e, lp.rank, lp.in) + i * g.lda(lp.in), lp.in, 0.0f);
-        if (g.b) std::fill_n(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank, 0.0f);
+          for (int i = 0; i < lp.rank; ++i) kernels::zero_floats_streaming(g.a_of(e, lp.rank, lp.in) + i * g.lda(lp.in), lp.in);
+        if (g.b) kernels::zero_floats_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank);
+        kernels::streaming_stores_done();
       });
     }
     pool_.parallel_for(active_.size() * 3, [&](std::size_t item, int worker) {

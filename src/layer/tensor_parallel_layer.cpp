@@ -4,6 +4,7 @@
 #include <chrono>
 #include <string>
 
+#include "amx/zero_streaming.hpp"
 #include "src/lora/lora_view.hpp"
 #include "src/routing/token_groups.hpp"
 #include "tilemoe/error.hpp"
@@ -258,11 +259,15 @@ void TensorParallelLayer::backward(const float* grad_output, float* grad_input, 
           const LoraProjectionView& l = nl.proj[p];
           if (l.rank == 0) continue;
           const bool a_own = p != 2;  // the A of gate/up is a buffer here, down's A a window
+          // The node's own buffers are added to right after, so they stay in cache; the caller's
+          // windows are final, and go past it (zero_streaming.hpp).
+          auto zero = [](float* p, std::size_t n, bool own) { own ? void(std::fill_n(p, n, 0.0f)) : kernels::zero_floats_streaming(p, n); };
           if (g[p].a && (a_own ? routed[ei] != 0 : !accumulate))
-            for (int i = 0; i < l.rank; ++i) std::fill_n(g[p].a_of(e, l.rank, l.in) + i * g[p].lda(l.in), l.in, 0.0f);
+            for (int i = 0; i < l.rank; ++i) zero(g[p].a_of(e, l.rank, l.in) + i * g[p].lda(l.in), l.in, a_own);
           if (g[p].b && (a_own ? !accumulate : routed[ei] != 0))
-            std::fill_n(g[p].b_of(e, l.rank, l.out), static_cast<std::size_t>(l.out) * l.rank, 0.0f);
+            zero(g[p].b_of(e, l.rank, l.out), static_cast<std::size_t>(l.out) * l.rank, !a_own);
         }
+        kernels::streaming_stores_done();
       });
       s.layer->backward(grad_output, s.grad_in.data(), g, /*accumulate=*/true);
     });
