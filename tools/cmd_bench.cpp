@@ -155,7 +155,7 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per case");
-  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward)");
+  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward), and page faults per call");
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
   cmd->add_flag("--lora-held", a->lora_held,
