@@ -57,9 +57,9 @@ class LoraTerm {
   void project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
                AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
   // The same in pieces, for a caller that holds only some rows of V at a time: start_rows sizes
-  // the term for `rows` rows (xa zeroed), then each project_rows computes rows [row0, row0 +
-  // count) from v, which holds just those rows (by rows), and writes them to xa and to save's
-  // rows [row0, row0 + count). Every row must be projected before the term is used.
+  // the term for `rows` rows (zeroing the packed form's padding), then each project_rows computes
+  // rows [row0, row0 + count) from v, which holds just those rows (by rows), and writes them to xa
+  // and to save's rows [row0, row0 + count). Every row must be projected before the term is used.
   void start_rows(int rows);
   void project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
                     AlignedVector<float>& scratch, float* save, std::size_t ld_save);
