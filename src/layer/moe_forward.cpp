@@ -242,6 +242,15 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       }
     }
   }
+  // Rows [row, row + count) of expert e, from the caller's x, to dst at stride ld (>= hidden), zero
+  // from hidden to ld.
+  auto copy_x_rows = [&](int e, int row, int count, bf16* dst, std::size_t ld) {
+    for (int r = 0; r < count; ++r, dst += ld) {
+      std::memcpy(dst, x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(groups.offsets[e] + row + r)]) * hidden,
+                  hidden * sizeof(bf16));
+      std::fill(dst + hidden, dst + ld, bf16(0));
+    }
+  };
   // One gather unit: up to 16 rows of expert e from `row` on.
   auto gather_unit = [&](int e, int row) {
     const int count = std::min(kernels::kATileRows, groups.count(e) - row);
@@ -274,12 +283,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       }
       return;
     }
-    for (int r = 0; r < count; ++r) {
-      const std::size_t pos = static_cast<std::size_t>(pos0 + r);
-      bf16* dst = xs_.data() + (block_row_[e] + row + r) * hk;
-      std::memcpy(dst, x + static_cast<std::size_t>(groups.token[pos]) * hidden, hidden * sizeof(bf16));
-      std::fill(dst + hidden, dst + hk, bf16(0));
-    }
+    copy_x_rows(e, row, count, xs_.data() + (block_row_[e] + row) * hk, hk);
   };
 
   // The caller's B rows that an item's LoRA terms read (the f32 form's add, or a packed term's
@@ -331,9 +335,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     // (the f32 form reads `in` elements a row: no padding needed).
     thread_local std::vector<bf16> rows_of_x;
     rows_of_x.resize(static_cast<std::size_t>(m) * hidden);
-    for (int i = 0; i < m; ++i)
-      std::memcpy(rows_of_x.data() + static_cast<std::size_t>(i) * hidden,
-                  x + static_cast<std::size_t>(groups.token[groups.offsets[e] + i]) * hidden, hidden * sizeof(bf16));
+    copy_x_rows(e, 0, m, rows_of_x.data(), hidden);
     term.project(kt_, rows_of_x.data(), hidden, m, static_cast<int>(hk), scratch_[worker], saved_xa(p, e), rank);
   };
   // The packed form's s x Aᵀ of gate and up, run by the prep item that completes the expert's
@@ -357,11 +359,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     for (Projection p : {Projection::gate, Projection::up}) lora_[e][static_cast<int>(p)].start_rows(m);
     for (int r0 = 0; r0 < m; r0 += kXaBlockRows) {
       const int count = std::min(kXaBlockRows, m - r0);
-      for (int i = 0; i < count; ++i) {
-        bf16* dst = block.data() + static_cast<std::size_t>(i) * hk;
-        std::memcpy(dst, x + static_cast<std::size_t>(groups.token[groups.offsets[e] + r0 + i]) * hidden, hidden * sizeof(bf16));
-        std::fill(dst + hidden, dst + hk, bf16(0));
-      }
+      copy_x_rows(e, r0, count, block.data(), hk);
       for (Projection p : {Projection::gate, Projection::up})
         lora_[e][static_cast<int>(p)].project_rows(kt_, block.data(), hk, r0, count, static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
                                                    static_cast<std::size_t>(lora[p].rank));
