@@ -261,7 +261,13 @@ void TensorParallelLayer::backward(const float* grad_output, float* grad_input, 
           const bool a_own = p != 2;  // the A of gate/up is a buffer here, down's A a window
           // The node's own buffers are added to right after, so they stay in cache; the caller's
           // windows are final, and go past it (zero_streaming.hpp).
-          auto zero = [](float* p, std::size_t n, bool own) { own ? void(std::fill_n(p, n, 0.0f)) : kernels::zero_floats_streaming(p, n); };
+          auto zero = [](float* dst, std::size_t n, bool own) {
+            if (own) {
+              std::fill_n(dst, n, 0.0f);
+            } else {
+              kernels::zero_floats_streaming(dst, n);
+            }
+          };
           if (g[p].a && (a_own ? routed[ei] != 0 : !accumulate))
             for (int i = 0; i < l.rank; ++i) zero(g[p].a_of(e, l.rank, l.in) + i * g[p].lda(l.in), l.in, a_own);
           if (g[p].b && (a_own ? !accumulate : routed[ei] != 0))
