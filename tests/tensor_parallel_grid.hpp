@@ -18,6 +18,8 @@
 #include "src/layer/tensor_parallel_layer.hpp"
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
+#include "src/quant/numa_slices.hpp"
+#include "src/quant/quantize.hpp"
 #include "test_util.hpp"
 
 namespace tilemoe::test {
@@ -151,6 +153,60 @@ inline void run_tp_thread_identity(kernels::Isa isa, std::vector<int> thread_tot
       copies.push_back(run_tp(isa, test_node_group(nodes, std::max(thread_totals[0], nodes)), w, lora, tokens, s.top_k, x, routing.expert_ids,
                               routing.weights, go, nullptr, true));
       check_same_sft_bits(copies, {0, 1}, std::to_string(nodes) + " nodes, " + std::to_string(tokens) + " tokens, weight copy", true);
+    }
+  }
+}
+
+// Nodes on one memory node share the forward's gathered x (shared_gather.hpp): the output, and
+// the gradients of a backward after a saved forward, are the same bits as with per-node gathers,
+// for bf16, int8 and int4 weights, with and without LoRA, rows by rows or in tile order (forced
+// on every ISA), one or several gather units an expert. int4 at groups of 32 does not share.
+inline void run_tp_shared_gather_identity(kernels::Isa isa) {
+  MoeShape s{80, 200, 8, 3};
+  auto w = random_expert_weights(s, 41);
+  for (auto [type, group] : {std::pair{WeightType::bf16, 0}, {WeightType::int8, 0}, {WeightType::int4, 64}, {WeightType::int4, 32}}) {
+    const quant::QuantizedExperts q = type == WeightType::bf16 ? quant::QuantizedExperts{} : quant::quantize_experts(w.view(), type, group, nullptr);
+    for (int rank : {0, 8}) {
+      LayerLora lora = random_lora(s, rank, 16.0f, 42, 2);
+      for (int nodes : {2, 3}) {
+        SftLayerOptions opt{300, 1, std::max(rank, 1), s.top_k};
+        const ExpertWeightsView view = w.view();
+        TensorParallelLayer layer(s, type, group, test_node_group(nodes), isa, opt,
+                                  [&](quant::IntermediateSlice sl, numa::ThreadPool& pool, int node) {
+                                    return type == WeightType::bf16 ? PackedExpertWeights::pack_slice(view, sl, pool, node)
+                                                                    : PackedExpertWeights::pack_quantized(quant::slice_experts(q, sl), pool, node);
+                                  },
+                                  lora_view(lora));
+        const bool can_share = layer.node_count() > 1 && !(type == WeightType::int4 && group == 32);
+        CHECK(layer.gather_shared() == can_share);
+        for (int tile_order : {-1, 16})
+          for (int tokens : {1, 37, 300}) {
+            INFO(weight_type_name(type) << " group " << group << ", rank " << rank << ", " << nodes << " nodes, tile order " << tile_order
+                                        << ", " << tokens << " tokens");
+            for (int n = 0; n < layer.node_count(); ++n) layer.node_layer(n).forward_pass().set_tile_order_min_rows(tile_order);
+            auto routing = random_routing(tokens, s, 43 + tokens);
+            for (std::size_t i = 4; i < routing.expert_ids.size(); i += 9) routing.expert_ids[i] = -1;
+            auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 44);
+            auto xb = to_bf16(x.data(), x.size());
+            auto go = random_activations(x.size(), 45);
+            std::vector<SftResult> results;
+            for (bool shared : {true, false}) {
+              layer.set_gather_shared(shared);
+              CHECK(layer.gather_shared() == (shared && can_share));
+              SftResult r;
+              r.out.assign(x.size(), 5.0f);
+              r.grad_input.assign(x.size(), 7.0f);
+              r.grads = lora.zeros_like();
+              std::vector<float> plain(x.size(), 3.0f);
+              layer.forward_sft(tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), plain.data(), false);
+              layer.forward_sft(tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), r.out.data(), true);
+              CHECK(std::memcmp(plain.data(), r.out.data(), plain.size() * sizeof(float)) == 0);
+              layer.backward(go.data(), r.grad_input.data(), lora_grad_view(r.grads));
+              results.push_back(std::move(r));
+            }
+            check_same_sft_bits(results, {1, 0}, "shared gather on / off", true);
+          }
+      }
     }
   }
 }

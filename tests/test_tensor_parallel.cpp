@@ -2,8 +2,10 @@
 // portable kernels (tests/isa/ runs the same grid on AVX-512 and AMX).
 #include <atomic>
 #include <stdexcept>
+#include <thread>
 
 #include "tensor_parallel_grid.hpp"
+#include "src/layer/shared_gather.hpp"
 #include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
 #include "tilemoe/error.hpp"
@@ -140,6 +142,83 @@ TEST_CASE("tensor-parallel layer: failures leave every node's stack as it was", 
   layer->backward(go.data(), gi.data(), {});
   layer->backward(go.data(), gi.data(), {});
   CHECK(stacks() == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("SharedGather: each unit claimed once, waits end when its expert's units are written, a failure stops them", "[tp]") {
+  MoeShape s{16, 32, 4, 2};
+  std::vector<std::int64_t> ids;
+  for (int t = 0; t < 40; ++t) ids.insert(ids.end(), {t % 3, 3});  // experts 0-2: 14, 13, 13 rows; 3: 40 rows
+  const TokenGroups groups = group_tokens_by_expert(ids.data(), 40, 2, s.num_experts);
+  SharedGather g;
+  g.prepare(groups, 96, 0);
+  CHECK(g.x.size() >= static_cast<std::size_t>(16 + 16 + 16 + 48) * 96);
+  CHECK(g.codes.empty());
+  // Four threads race for every unit: each is won once.
+  std::atomic<int> won{0};
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i)
+      threads.emplace_back([&] {
+        for (int e = 0; e < 4; ++e)
+          for (int row = 0; row < groups.count(e); row += SharedGather::kUnitRows)
+            if (g.claim(e, row)) {
+              won.fetch_add(1);
+              g.done(e);
+            }
+      });
+    for (auto& t : threads) t.join();
+  }
+  CHECK(won.load() == 1 + 1 + 1 + 3);
+  for (int e = 0; e < 4; ++e) g.wait(e);  // all written: returns at once
+  g.agree_on_layout(7);
+  g.agree_on_layout(7);
+  CHECK_THROWS_AS(g.agree_on_layout(9), std::logic_error);
+
+  // A unit whose copy failed: a waiter on its expert stops, and the error is kept.
+  g.prepare(groups, 96, 0);
+  CHECK_FALSE(g.error());
+  REQUIRE(g.claim(3, 0));
+  g.done(3);
+  REQUIRE(g.claim(3, 16));
+  std::atomic<bool> stopped{false};
+  std::thread waiter([&] {
+    try {
+      g.wait(3);
+    } catch (const SharedGather::Stopped&) {
+      stopped = true;
+    }
+  });
+  g.fail(std::make_exception_ptr(std::runtime_error("copy failed")));
+  waiter.join();
+  CHECK(stopped.load());
+  REQUIRE(g.error());
+  CHECK_THROWS_WITH(std::rethrow_exception(g.error()), "copy failed");
+  g.agree_on_layout(9);  // a new call: no layout yet
+}
+
+TEST_CASE("portable tensor-parallel layer: a shared gather gives the bits of per-node gathers", "[tp][portable]") {
+  test::run_tp_shared_gather_identity(kernels::Isa::portable);
+}
+
+TEST_CASE("tensor-parallel layer: nodes that lay out x differently fail cleanly, and agree again", "[tp]") {
+  MoeShape s{48, 100, 4, 2};
+  auto w = random_expert_weights(s, 51);
+  LayerLora lora = random_lora(s, 4, 8.0f, 52, 1);
+  auto layer = test::make_tp_layer(kernels::Isa::portable, test::test_node_group(2), w, lora_view(lora), 64, 1);
+  REQUIRE(layer->gather_shared());
+  const int tokens = 64;  // 32 rows an expert: tile order where forced
+  auto routing = random_routing(tokens, s, 53);
+  auto x = to_bf16(random_activations(static_cast<std::size_t>(tokens) * s.hidden, 54).data(), static_cast<std::size_t>(tokens) * s.hidden);
+  std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), want(out.size());
+  layer->forward_sft(tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data(), want.data(), false);
+  layer->node_layer(0).forward_pass().set_tile_order_min_rows(16);  // node 1 keeps rows
+  CHECK_THROWS_AS(layer->forward_sft(tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data(), out.data(), true),
+                  std::logic_error);
+  CHECK(layer->node_layer(0).cached_forwards() == 0);
+  CHECK(layer->node_layer(1).cached_forwards() == 0);
+  layer->node_layer(1).forward_pass().set_tile_order_min_rows(16);
+  layer->forward_sft(tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data(), out.data(), false);
+  CHECK(out == want);
 }
 
 TEST_CASE("tensor-parallel layer on int8 and int4 weights equals the unsplit quantized layer", "[tp][quantized]") {

@@ -155,7 +155,7 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object per case");
-  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward), and page faults per call");
+  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward), page faults per call, and with several NUMA nodes the merge and when each node started and ended");
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
   cmd->add_flag("--lora-held", a->lora_held,
@@ -395,6 +395,18 @@ void add_bench_command(CLI::App& app, int& status) {
             double merge = 0;
             for (auto& l : cs.layers) merge += l->merge_seconds();
             std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / iters);
+            if (!a->backward) {
+              std::vector<double> start(static_cast<std::size_t>(split)), end(start.size());
+              double all = 0;
+              for (auto& l : cs.layers) {
+                const auto& t = l->forward_node_seconds();
+                for (std::size_t n = 0; n < t.start.size() && n < start.size(); ++n) start[n] += t.start[n], end[n] += t.end[n];
+                all += t.all;
+              }
+              std::printf("        nodes, mean ms from the call's start (started / ended):");
+              for (std::size_t n = 0; n < start.size(); ++n) std::printf(" node %zu %.3f / %.3f", n, start[n] * 1e3 / iters, end[n] * 1e3 / iters);
+              std::printf("; all ended %.3f\n", all * 1e3 / iters);
+            }
           }
           if (a->backward)
             print_phases("backward", MoeBackward::kPhases, MoeBackward::phase_name, [&](int i) {

@@ -69,11 +69,11 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   const kernels::PackedIntShape& is = w_.int_shape(p);
   const std::size_t ldq = static_cast<std::size_t>(is.k_padded);
   kernels::GemmIntArgs gi{};
-  gi.a = (down ? hq_ : xq_).data() + qblock_row_[e] * ldq;
+  gi.a = (down ? hq_.data() : xq_data_) + qblock_row_[e] * ldq;
   gi.a_tiles = qtiled_[e] != 0;
   gi.lda = ldq;
   gi.m = m;
-  gi.a_scale = (down ? hq_scale_ : xq_scale_).data() + row0;
+  gi.a_scale = (down ? hq_scale_.data() : xq_scale_data_) + row0;
   gi.shape = is;
   gi.b = w_.packed_int(p, e);
   gi.panel_begin = p0;
@@ -117,7 +117,7 @@ MoeForward::MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, num
     : w_(weights), isa_(isa), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(pool_workspace<ForwardWorkspace>(pool)) {}
 
 void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights,
-                         float* out, const ForwardSave* save) {
+                         float* out, const ForwardSave* save, SharedGather* shared) {
   const MoeShape& s = w_.shape();
   TokenGroups groups = group_tokens_by_expert(ids, tokens, top_k, s.num_experts);
   // From here to the end the pool's shared buffers are this call's.
@@ -137,7 +137,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
   if (quantized) {
-    if (xq_scale_.size() < static_cast<std::size_t>(rows)) xq_scale_.resize(rows);
+    if (!shared && xq_scale_.size() < static_cast<std::size_t>(rows)) xq_scale_.resize(rows);
     if (hq_scale_.size() < static_cast<std::size_t>(rows)) hq_scale_.resize(rows);
   }
   active_.clear();
@@ -179,7 +179,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   };
   if (quantized) {
     const std::size_t qrows = qblock_row_[s.num_experts], bound = padded_bound(qtile_min_rows);
-    grow(xq_, qrows * xq_ld, bound * xq_ld);
+    if (!shared) grow(xq_, qrows * xq_ld, bound * xq_ld);
     grow(hq_, qrows * hq_ld, bound * hq_ld);
   }
   const bool any_lora = !lora.empty();
@@ -189,8 +189,23 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // back from the other cores that wrote it.
   const bool x_rows = !quantized;
   const std::size_t block_rows = block_row_[s.num_experts], bound = padded_bound(tile_min_rows);
-  if (x_rows) grow(xs_, block_rows * hk, bound * hk);
+  if (x_rows && !shared) grow(xs_, block_rows * hk, bound * hk);
   grow(h_, block_rows * ik, bound * ik);
+  bf16* const xs = shared ? shared->x.data() : xs_.data();
+  xq_data_ = shared ? shared->codes.data() : xq_.data();
+  xq_scale_data_ = shared ? shared->code_scales.data() : xq_scale_.data();
+  if (shared) {
+    // Where each expert's rows go and in which order: the other nodes must agree.
+    std::uint64_t key = 1469598103934665603ull;
+    auto mix = [&key](std::uint64_t v) { key = (key ^ v) * 1099511628211ull; };
+    for (int e = 0; e < s.num_experts; ++e) {
+      if (x_rows) mix(block_row_[e + 1] * 2 + static_cast<std::uint64_t>(tiled_[e]));
+      if (quantized) mix(qblock_row_[e + 1] * 2 + static_cast<std::uint64_t>(qtiled_[e]));
+    }
+    mix(x_rows ? hk : 0);
+    mix(quantized ? xq_ld : 0);
+    shared->agree_on_layout(key);
+  }
   if (lora_.size() < static_cast<std::size_t>(s.num_experts)) lora_.resize(s.num_experts);
   auto saved_xa = [&](Projection p, int e) -> float* {
     float* base = save ? save->xa[static_cast<int>(p)] : nullptr;
@@ -251,39 +266,51 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       std::fill(dst + hidden, dst + ld, bf16(0));
     }
   };
-  // One gather unit: up to 16 rows of expert e from `row` on.
+  // One gather unit: up to 16 rows of expert e from `row` on: this node's h padding, and the rows
+  // of x (with a SharedGather, only if this node claims the unit first).
+  static_assert(SharedGather::kUnitRows == kernels::kATileRows && SharedGather::kUnitRows == kernels::kIntATileRows,
+                "a gather unit is one A row tile");
   auto gather_unit = [&](int e, int row) {
     const int count = std::min(kernels::kATileRows, groups.count(e) - row);
     const int pos0 = groups.offsets[e] + row;
     if (tiled_[e]) {
-      const bf16* src[kernels::kATileRows];
-      for (int r = 0; r < count; ++r) src[r] = x + static_cast<std::size_t>(groups.token[pos0 + r]) * hidden;
-      kernels::store_row_tile(src, count, s.hidden, static_cast<int>(hk), xs_.data() + (block_row_[e] + row) * hk);
       if (inter % kernels::kBlockK != 0) {
         for (int r = row; r < row + count; ++r) {
           bf16* tail = kernels::tile_row(h_.data() + block_row_[e] * ik, static_cast<int>(ik), r, static_cast<int>(inter / kernels::kBlockK));
           std::fill(tail + inter % kernels::kBlockK, tail + kernels::kBlockK, bf16(0));
         }
       }
-      return;
-    }
-    for (int r = 0; r < count; ++r) {
-      bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
-      std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
-    }
-    if (quantized) {
-      std::int8_t* codes = xq_.data() + qblock_row_[e] * xq_ld;
+    } else {
       for (int r = 0; r < count; ++r) {
-        const bf16* src = x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(pos0 + r)]) * hidden;
-        if (qtiled_[e]) {
-          quantize_rows_as_tiles(src, hidden, row + r, 1, Projection::gate, codes, xq_scale_.data() + pos0 + r);
-        } else {
-          quantize_rows(src, hidden, 1, Projection::gate, codes + static_cast<std::size_t>(row + r) * xq_ld, xq_scale_.data() + pos0 + r);
-        }
+        bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
+        std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
       }
-      return;
     }
-    copy_x_rows(e, row, count, xs_.data() + (block_row_[e] + row) * hk, hk);
+    if (shared && !shared->claim(e, row)) return;
+    try {
+      if (quantized) {
+        std::int8_t* codes = xq_data_ + qblock_row_[e] * xq_ld;
+        for (int r = 0; r < count; ++r) {
+          const bf16* src = x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(pos0 + r)]) * hidden;
+          if (qtiled_[e]) {
+            quantize_rows_as_tiles(src, hidden, row + r, 1, Projection::gate, codes, xq_scale_data_ + pos0 + r);
+          } else {
+            quantize_rows(src, hidden, 1, Projection::gate, codes + static_cast<std::size_t>(row + r) * xq_ld, xq_scale_data_ + pos0 + r);
+          }
+        }
+      } else if (tiled_[e]) {
+        const bf16* src[kernels::kATileRows];
+        for (int r = 0; r < count; ++r) src[r] = x + static_cast<std::size_t>(groups.token[pos0 + r]) * hidden;
+        kernels::store_row_tile(src, count, s.hidden, static_cast<int>(hk), xs + (block_row_[e] + row) * hk);
+      } else {
+        copy_x_rows(e, row, count, xs + (block_row_[e] + row) * hk, hk);
+      }
+    } catch (...) {
+      // The other nodes wait for this unit: they must stop, and the layer reports this error.
+      if (shared) shared->fail(std::current_exception());
+      throw;
+    }
+    if (shared) shared->done(e);
   };
 
   // The caller's B rows that an item's LoRA terms read (the f32 form's add, or a packed term's
@@ -345,7 +372,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // did not change.
   auto project_xa = [&](int e, int worker) {
     if (x_rows) {
-      const ExpertRows xe = expert_rows(xs_, e, hk);
+      if (shared) shared->wait(e);  // units another node claimed
+      const ExpertRows xe = expert_rows(xs, e, hk);
       for (Projection p : {Projection::gate, Projection::up})
         lora_[e][static_cast<int>(p)].project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
                                               static_cast<std::size_t>(lora[p].rank), xe.tiles);
@@ -416,6 +444,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     // The product reads the gathered rows, and a packed term whole: those prep items first. An f32
     // term's x Aᵀ is waited for only where it is added, after the product.
     ready_.wait((any_lora && m >= lora_pack_rows(kt_) ? 0 : experts) + static_cast<std::size_t>(e));
+    if (shared) shared->wait(e);
     auto& scratch = scratch_[worker];
     scratch.resize(static_cast<std::size_t>(2) * m * cols);
     float* cg = scratch.data();
@@ -423,7 +452,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     const std::size_t row0 = static_cast<std::size_t>(groups.offsets[e]);
     for (Projection p : {Projection::gate, Projection::up}) {
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
-      const ExpertRows xe = x_rows ? expert_rows(xs_, e, hk) : ExpertRows{nullptr, hk, false};
+      const ExpertRows xe = x_rows ? expert_rows(xs, e, hk) : ExpertRows{nullptr, hk, false};
       project_columns(p, e, m, row0, p0, p1, xe, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n, &ready_);
     }
     if (save) {

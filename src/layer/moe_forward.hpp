@@ -35,6 +35,7 @@
 #include "src/layer/item_countdowns.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
+#include "src/layer/shared_gather.hpp"
 #include "src/lora/lora_view.hpp"
 #include "src/routing/token_groups.hpp"
 
@@ -54,9 +55,12 @@ class MoeForward {
   MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool);
 
   // x: bf16 [T][H]; expert_ids, weights: [T][k]; out: f32 [T][H], overwritten. Ids are checked
-  // before anything is written; the LoRA factors are read in place.
+  // before anything is written; the LoRA factors are read in place. With `shared` (prepared for
+  // this call's routing), the gathered rows of x are those of every node of a layer on one
+  // memory node, each gathered once by whichever node claims it (shared_gather.hpp); a node that
+  // stops because another failed throws SharedGather::Stopped.
   void forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids,
-               const float* weights, float* out, const ForwardSave* save = nullptr);
+               const float* weights, float* out, const ForwardSave* save = nullptr, SharedGather* shared = nullptr);
   void forward(const LayerLora& lora, int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,
                float* out) {
     forward(lora_view(lora), tokens, top_k, x, expert_ids, weights, out);
@@ -91,9 +95,8 @@ class MoeForward {
     std::size_t ld;
     bool tiles;
   };
-  ExpertRows expert_rows(AlignedVector<bf16>& block, int e, std::size_t ld) {
-    return {block.data() + block_row_[e] * ld, ld, tiled_[e] != 0};
-  }
+  ExpertRows expert_rows(bf16* block, int e, std::size_t ld) { return {block + block_row_[e] * ld, ld, tiled_[e] != 0}; }
+  ExpertRows expert_rows(AlignedVector<bf16>& block, int e, std::size_t ld) { return expert_rows(block.data(), e, ld); }
   // C = A Wᵀ (+ LoRA term) for expert e's m rows over panels [p0, p1); `a` is its bf16 rows of
   // x or h, whose quantized twin (rows from row0, TokenGroups order) integer weights read. A term
   // in the f32 form is added after the product; with `ready`, once its counter e is zero (another
@@ -127,6 +130,9 @@ class MoeForward {
   std::vector<std::size_t> qblock_row_;
   std::vector<char> qtiled_;
   std::vector<float> xq_scale_, hq_scale_;
+  // This call's x codes and their scales: xq_ and xq_scale_, or a SharedGather's.
+  std::int8_t* xq_data_ = nullptr;
+  float* xq_scale_data_ = nullptr;
   AlignedVector<bf16>& y_ = ws_->y;
   std::vector<int> active_;
   std::vector<int> h_items_left_;  // per expert: gate_up items not yet done (atomic_ref)

@@ -15,8 +15,8 @@
 namespace tilemoe {
 
 // The Workspace of `pool` (default-constructed the first time; Workspace has a std::mutex named
-// in_use and a vector `scratch` with one entry per worker, sized here): the same object for every
-// caller while any of them holds it.
+// in_use, and may have a vector `scratch` with one entry per worker, sized here): the same object
+// for every caller while any of them holds it.
 template <typename Workspace>
 std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
   static std::mutex registry_mutex;
@@ -31,7 +31,8 @@ std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
     slot = ws;
   }
   std::lock_guard<std::mutex> idle(ws->in_use);
-  if (ws->scratch.size() < static_cast<std::size_t>(pool.size())) ws->scratch.resize(static_cast<std::size_t>(pool.size()));
+  if constexpr (requires { ws->scratch; })
+    if (ws->scratch.size() < static_cast<std::size_t>(pool.size())) ws->scratch.resize(static_cast<std::size_t>(pool.size()));
   return ws;
 }
 

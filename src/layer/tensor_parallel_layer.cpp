@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <string>
 
 #include "amx/zero_streaming.hpp"
+#include "src/layer/pool_workspace.hpp"
 #include "src/lora/lora_view.hpp"
 #include "src/routing/token_groups.hpp"
 #include "tilemoe/error.hpp"
@@ -119,6 +121,12 @@ TensorParallelLayer::TensorParallelLayer(const MoeShape& shape, WeightType type,
     s.layer = std::make_unique<MoeSftLayer>(s.weights, isa, *s.pool, o, slice_lora_view(lora, s.slice));
   });
   lora_ = lora;
+  bool one_memory_node = shards_.size() > 1;
+  for (const auto& s : shards_) one_memory_node = one_memory_node && s->os_node == shards_[0]->os_node;
+  // int4 at groups under 64: whether an expert's codes are held in tile order depends on each
+  // node's scales (MoeForward), so the nodes' layouts of x may differ.
+  const bool same_layout = type != WeightType::int4 || int4_group % 64 == 0;
+  if (one_memory_node && same_layout) shared_gather_ = pool_workspace<SharedGather>(*shards_[0]->pool);
 }
 
 TensorParallelLayer::~TensorParallelLayer() = default;
@@ -191,20 +199,48 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
   const int n_nodes = node_count();
   if (n_nodes == 1) return shards_[0]->layer->forward_sft(tokens, top_k, x, expert_ids, weights, out, save_for_backward);
   // The checks every node would make, made once, so that the nodes either all run or none does.
-  if (tokens > 0) group_tokens_by_expert(expert_ids, tokens, top_k, shape_.num_experts);
+  SharedGather* shared = nullptr;
+  std::unique_lock<std::mutex> shared_in_use;  // the node group's other layers wait
+  if (tokens > 0) {
+    const TokenGroups groups = group_tokens_by_expert(expert_ids, tokens, top_k, shape_.num_experts);
+    if (gather_shared()) {
+      shared = shared_gather_.get();
+      shared_in_use = std::unique_lock<std::mutex>(shared->in_use);
+      const PackedExpertWeights& w = shards_[0]->weights;
+      const bool quantized = type_ != WeightType::bf16;
+      shared->prepare(groups, quantized ? 0 : static_cast<std::size_t>(w.up_shape().k_padded),
+                      quantized ? static_cast<std::size_t>(w.int_shape(Projection::gate).k_padded) : 0);
+    }
+  }
   const int saved_before = cached_forwards();
   const std::size_t elems = static_cast<std::size_t>(std::max(tokens, 0)) * shape_.hidden;
+  node_seconds_.start.resize(static_cast<std::size_t>(n_nodes));
+  node_seconds_.end.resize(static_cast<std::size_t>(n_nodes));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since_t0 = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   try {
     nodes_.run_on_nodes([&](int node) {
       if (node >= n_nodes) return;
+      node_seconds_.start[static_cast<std::size_t>(node)] += since_t0();
+      struct End {
+        double& total;
+        const decltype(since_t0)& now;
+        ~End() { total += now(); }
+      } end{node_seconds_.end[static_cast<std::size_t>(node)], since_t0};
       Shard& s = *shards_[static_cast<std::size_t>(node)];
       float* dst = out;
       if (node > 0) {
         ensure(s.out, elems, s.os_node);
         dst = s.out.data();
       }
-      s.layer->forward_sft(tokens, top_k, x, expert_ids, weights, dst, save_for_backward);
+      try {
+        s.layer->forward_sft(tokens, top_k, x, expert_ids, weights, dst, save_for_backward, shared);
+      } catch (const SharedGather::Stopped&) {
+        // Another node failed while it held a unit: its error is rethrown below.
+      }
     });
+    node_seconds_.all += since_t0();
+    if (shared && shared->error()) std::rethrow_exception(shared->error());
   } catch (...) {
     for (const auto& s : shards_)
       if (s->layer->cached_forwards() > saved_before) s->layer->discard_newest_saved();

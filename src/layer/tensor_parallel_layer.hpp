@@ -13,6 +13,9 @@
 // Node 0 writes the caller's arrays directly, the others their own buffers, which are then
 // added in order 1, 2, ...: the result is bit-identical for a given node count whatever the
 // thread count. With one node there is no merge and no copy.
+//
+// Nodes that share one memory node (virtual nodes) also share the forward's gathered x: each
+// row is copied once for all of them (shared_gather.hpp).
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +24,7 @@
 #include "numa/node_group.hpp"
 #include "src/layer/moe_sft_layer.hpp"
 #include "src/layer/packed_experts.hpp"
+#include "src/layer/shared_gather.hpp"
 #include "src/quant/numa_slices.hpp"
 
 namespace tilemoe {
@@ -71,9 +75,26 @@ class TensorParallelLayer {
   std::size_t weight_copy_bytes() const;  // every node's backward Wᵀ copy
   const MoeShape& shape() const { return shape_; }
   WeightType weight_type() const { return type_; }
+  // Whether the nodes share the forward's gathered x: on from construction where there are
+  // several nodes, all on one memory node, and their layouts of x agree (not int4 at groups of
+  // 32, whose layout depends on each node's scales). Turning it off (tests: to compare with
+  // per-node gathers) or on again is allowed between calls; on where it cannot be stays off.
+  bool gather_shared() const { return share_gather_ && shared_gather_ != nullptr; }
+  void set_gather_shared(bool on) { share_gather_ = on; }
   // Seconds spent adding the nodes' partials (the bench's --phases).
   double merge_seconds() const { return merge_seconds_; }
-  void reset_merge_seconds() { merge_seconds_ = 0; }
+  // Forward, summed over calls: each node's time from the call's start to its own start (waking
+  // it) and to its end, and the nodes' run as a whole (the slowest node's end): where the time
+  // of several nodes goes besides node 0's phases.
+  struct NodeTimes {
+    std::vector<double> start, end;
+    double all = 0;
+  };
+  const NodeTimes& forward_node_seconds() const { return node_seconds_; }
+  void reset_merge_seconds() {
+    merge_seconds_ = 0;
+    node_seconds_ = {};
+  }
 
  private:
   struct Shard;
@@ -86,7 +107,10 @@ class TensorParallelLayer {
   int max_rank_;
   LayerLoraView lora_;
   std::vector<std::unique_ptr<Shard>> shards_;
+  std::shared_ptr<SharedGather> shared_gather_;  // null where the nodes cannot share
+  bool share_gather_ = true;
   double merge_seconds_ = 0;
+  NodeTimes node_seconds_;
 };
 
 }  // namespace tilemoe

@@ -9,3 +9,6 @@ TEST_CASE("amx tensor-parallel layer matches the fixtures", "[tp][amx][fixtures]
 TEST_CASE("amx tensor-parallel layer is bit-identical for any thread count", "[tp][amx]") {
   test::run_tp_thread_identity(kernels::Isa::amx_bf16, {1, 2, 16});
 }
+TEST_CASE("amx tensor-parallel layer: a shared gather gives the bits of per-node gathers", "[tp][amx]") {
+  test::run_tp_shared_gather_identity(kernels::Isa::amx_bf16);
+}

@@ -9,3 +9,6 @@ TEST_CASE("avx512 tensor-parallel layer matches the fixtures", "[tp][avx512][fix
 TEST_CASE("avx512 tensor-parallel layer is bit-identical for any thread count", "[tp][avx512]") {
   test::run_tp_thread_identity(kernels::Isa::avx512_bf16, {1, 2, 5});
 }
+TEST_CASE("avx512 tensor-parallel layer: a shared gather gives the bits of per-node gathers", "[tp][avx512]") {
+  test::run_tp_shared_gather_identity(kernels::Isa::avx512_bf16);
+}

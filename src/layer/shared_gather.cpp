@@ -1,0 +1,77 @@
+#include "src/layer/shared_gather.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace tilemoe {
+
+void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld) {
+  const int experts = static_cast<int>(groups.offsets.size()) - 1;
+  first_unit_.assign(static_cast<std::size_t>(experts) + 1, 0);
+  left_.assign(static_cast<std::size_t>(experts), 0);
+  std::size_t padded_rows = 0;
+  for (int e = 0; e < experts; ++e) {
+    const int units = (groups.count(e) + kUnitRows - 1) / kUnitRows;
+    left_[static_cast<std::size_t>(e)] = units;
+    first_unit_[static_cast<std::size_t>(e) + 1] = first_unit_[static_cast<std::size_t>(e)] + units;
+    padded_rows += static_cast<std::size_t>(units) * kUnitRows;
+  }
+  claimed_.assign(static_cast<std::size_t>(first_unit_.back()), 0);
+  failed_.store(false, std::memory_order_relaxed);
+  error_ = nullptr;
+  layout_.store(0, std::memory_order_relaxed);
+  // Grown, never shrunk: the same buffers serve every call.
+  if (x.size() < padded_rows * x_ld) x.resize(padded_rows * x_ld);
+  if (codes.size() < padded_rows * code_ld) codes.resize(padded_rows * code_ld);
+  if (code_ld > 0 && code_scales.size() < static_cast<std::size_t>(groups.total())) code_scales.resize(groups.total());
+}
+
+bool SharedGather::claim(int e, int row) {
+  const std::size_t u = static_cast<std::size_t>(first_unit_[static_cast<std::size_t>(e)] + row / kUnitRows);
+  return std::atomic_ref<int>(claimed_[u]).exchange(1, std::memory_order_relaxed) == 0;
+}
+
+void SharedGather::done(int e) { std::atomic_ref<int>(left_[static_cast<std::size_t>(e)]).fetch_sub(1, std::memory_order_acq_rel); }
+
+void SharedGather::wait(int e) const {
+  // const_cast: atomic_ref needs a non-const object; wait only loads.
+  std::atomic_ref<int> left(const_cast<int&>(left_[static_cast<std::size_t>(e)]));
+  for (unsigned spins = 0; left.load(std::memory_order_acquire) != 0; ++spins) {
+    if (failed_.load(std::memory_order_acquire)) throw Stopped{};
+    // A unit takes tens of microseconds: spin, then give the core up in case the node copying
+    // it shares it (more threads than cores).
+    if (spins < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+      _mm_pause();
+#endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void SharedGather::fail(std::exception_ptr error) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!error_) error_ = error;
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
+std::exception_ptr SharedGather::error() const {
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  return error_;
+}
+
+void SharedGather::agree_on_layout(std::uint64_t key) {
+  key |= 1;  // 0 means "no node yet"
+  std::uint64_t expected = 0;
+  if (layout_.compare_exchange_strong(expected, key, std::memory_order_acq_rel) || expected == key) return;
+  throw std::logic_error("SharedGather: the nodes of a layer laid out the gathered rows differently");
+}
+
+}  // namespace tilemoe

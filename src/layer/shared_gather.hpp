@@ -1,0 +1,74 @@
+#pragma once
+// The gathered x of one forward, shared by the nodes of a tensor-parallel layer that sit on one
+// memory node (virtual nodes): each node needs every routed row of x, and with a gather of its
+// own each node copied all of them on its share of the cores. On the device (512 tokens of
+// DeepSeek-V2-Lite, 2 virtual nodes) that made each node's gate_up phase 0.8 ms longer than one
+// node's.
+//
+// Every node still runs every gather unit (16 rows of one expert) as an item of its own order;
+// the first node to reach a unit claims it and copies it, the others skip it. An item waits only
+// for units that are claimed, and a claimed unit is copied by a running worker that waits for
+// nothing in between, so no order of the nodes' items can deadlock. Which node copies a unit
+// changes nothing in what is copied: the output bits are those of per-node gathers.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <vector>
+
+#include "amx/aligned_vector.hpp"
+#include "src/routing/token_groups.hpp"
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe {
+
+// One per node group (pool_workspace.hpp, keyed by node 0's pool): the layers of a model take
+// turns with it, holding `in_use` for a whole forward.
+class SharedGather {
+ public:
+  std::mutex in_use;
+
+  // Rows a unit copies (one A row tile).
+  static constexpr int kUnitRows = 16;
+
+  // What a waiting item throws once a node has failed while holding a unit: the node's own
+  // error is the one to report.
+  struct Stopped {};
+
+  // Before the nodes start, on one thread: this call's units, none claimed, and the buffers
+  // grown for `groups` (rows of x: bf16 at x_ld elements, or int8 codes at code_ld bytes with a
+  // scale each; 0 for a form not used). Rows of experts held in tile order are padded to whole
+  // tiles: the buffers allow for that.
+  void prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld);
+
+  // Whether the caller copies unit (e, first row `row`): true for exactly one caller a call.
+  bool claim(int e, int row);
+  // A claimed unit is written (release: a waiter that sees its expert done sees the rows).
+  void done(int e);
+  // Returns once every unit of expert e is written; throws Stopped after fail().
+  void wait(int e) const;
+  // A claimed unit will not be written (its copy threw `error`): every waiter stops. The first
+  // error is kept for the layer to rethrow: the nodes that stopped report only Stopped.
+  void fail(std::exception_ptr error) noexcept;
+  std::exception_ptr error() const;
+
+  // Every node's layout of the gathered rows must be the same: the first node's key is kept and
+  // another node's differing key is a logic error (thrown before it claims anything).
+  void agree_on_layout(std::uint64_t key);
+
+  AlignedVector<bf16> x;           // bf16 rows (bf16 weights)
+  AlignedVector<std::int8_t> codes;  // int8 codes (integer weights)
+  std::vector<float> code_scales;  // one per routed row, in TokenGroups order
+
+ private:
+  std::vector<int> first_unit_;  // [E + 1]
+  std::vector<int> claimed_;     // per unit (atomic_ref)
+  std::vector<int> left_;        // per expert: units not yet written (atomic_ref)
+  std::atomic<bool> failed_{false};
+  mutable std::mutex error_mutex_;
+  std::exception_ptr error_;
+  std::atomic<std::uint64_t> layout_{0};
+};
+
+}  // namespace tilemoe
