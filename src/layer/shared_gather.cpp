@@ -20,6 +20,11 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
     first_unit_[static_cast<std::size_t>(e) + 1] = first_unit_[static_cast<std::size_t>(e)] + units;
     padded_rows += static_cast<std::size_t>(units) * kUnitRows;
   }
+  // Padding varies with the routing: grow straight to the most this row count can need (every
+  // expert with rows one short of a whole unit), not by what each call needs, which would copy and
+  // fault in the buffers again on many calls of a new batch size.
+  const std::size_t total = static_cast<std::size_t>(groups.total());
+  padded_rows = std::max(padded_rows, total + static_cast<std::size_t>(kUnitRows - 1) * std::min<std::size_t>(experts, total));
   claimed_.assign(static_cast<std::size_t>(first_unit_.back()), 0);
   failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
@@ -27,7 +32,7 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   // Grown, never shrunk: the same buffers serve every call.
   if (x.size() < padded_rows * x_ld) x.resize(padded_rows * x_ld);
   if (codes.size() < padded_rows * code_ld) codes.resize(padded_rows * code_ld);
-  if (code_ld > 0 && code_scales.size() < static_cast<std::size_t>(groups.total())) code_scales.resize(groups.total());
+  if (code_ld > 0 && code_scales.size() < total) code_scales.resize(total);
 }
 
 bool SharedGather::claim(int e, int row) {
