@@ -1,6 +1,7 @@
 #include "src/layer/lora_term.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "amx/pack_bf16.hpp"
 #include "amx/pack_strided.hpp"
@@ -13,8 +14,9 @@ int padded_out_rows(int out) { return (out + 2 * kernels::kPanelColumns - 1) / (
 }  // namespace
 
 void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out,
-                       float scale, bool packed, std::uint64_t held_generation, bool b_by_item) {
+                       float scale, bool packed, std::uint64_t held_generation, bool b_by_item, bool pack_a) {
   active_ = rank > 0;
+  a_owner_ = xa_owner_ = nullptr;
   if (!active_) return;
   a_ = a;
   b_ = b;
@@ -30,8 +32,11 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   packed_generation_ = 0;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
   rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
-  a_packed_.resize(kernels::packed_bf16_elements(rank, in));
-  kt.pack_strided_f32(a, rank, in, a_packed_.data(), pack_scratch_);
+  a_ready_ = pack_a || held_generation != 0;
+  if (a_ready_) {
+    a_packed_.resize(kernels::packed_bf16_elements(rank, in));
+    kt.pack_strided_f32(a, rank, in, a_packed_.data(), pack_scratch_);
+  }
   if (b_by_item && held_generation == 0) {
     b_by_item_ = true;
     return;
@@ -62,6 +67,7 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
 
 void LoraTerm::start_rows(int rows) {
   if (!active_) return;
+  xa_owner_ = nullptr;
   if (packed_) {
     xa_.assign(static_cast<std::size_t>(rows) * rank_k_padded_, bf16{0});
   } else {
@@ -89,7 +95,9 @@ void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std:
   // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
   const int cols = rank_panels_ * kernels::kPanelColumns;
   scratch.resize(static_cast<std::size_t>(count) * cols);
-  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, a_packed_.data(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
+  if (!a_owner_ && !a_ready_) throw std::logic_error("LoraTerm: a projection before A' was packed or borrowed");
+  const bf16* a_packed = (a_owner_ ? a_owner_ : this)->a_packed_.data();
+  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, a_packed, 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
   g.a_tiles = v_tiles;
   kt.gemm_bf16(g);
   for (int i = 0; i < count; ++i) {
@@ -128,7 +136,7 @@ bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
               item_b.begin() + static_cast<std::ptrdiff_t>(std::max(p0 + written, p1) * panel_stride), bf16{0});
     b_packed = item_b.data();
   }
-  g.a2 = xa_.data();
+  g.a2 = (xa_owner_ ? xa_owner_ : this)->xa_.data();
   g.lda2 = static_cast<std::size_t>(rank_k_padded_);
   g.k2_padded = rank_k_padded_;
   g.packed_b2 = b_packed + static_cast<std::ptrdiff_t>(panel_shift) * static_cast<std::ptrdiff_t>(panel_stride);

@@ -44,8 +44,17 @@ class LoraTerm {
   // that skips writing the whole packed B' and reading it back: at 512 tokens of
   // DeepSeek-V2-Lite, r = 16, 10 MB each way per layer call.
   // packed: the form of the rows >= kLoraPackRows(Amx) above, else the f32 form.
+  //
+  // pack_a = false (the packed form, the caller's arrays): A' is not packed here; the term reads
+  // another term's packed A' (read_packed_a_of) before it projects. The nodes of a layer on one
+  // memory node share A's packing and x Aᵀ that way (shared_gather.hpp).
   void prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale,
-               bool packed, std::uint64_t held_generation = 0, bool b_by_item = false);
+               bool packed, std::uint64_t held_generation = 0, bool b_by_item = false, bool pack_a = true);
+  // The packed A' of `owner`, a term prepared with the same factors and shape, read in place by
+  // this term's projections; and its xa, read in place by this term's fused products instead of a
+  // projection of its own (until the next prepare or projection). `owner` must outlive the use.
+  void read_packed_a_of(const LoraTerm& owner) { a_owner_ = &owner; }
+  void read_xa_of(const LoraTerm& owner) { xa_owner_ = &owner; }
 
   bool active() const { return active_; }
   bool packed() const { return packed_; }
@@ -92,6 +101,9 @@ class LoraTerm {
   AlignedVector<bf16> a_packed_, b_packed_;  // tile operands: cache-line aligned
   std::vector<bf16> pack_scratch_;
   AlignedVector<bf16> xa_;  // bf16(s V A'ᵀ), [rows][rank_k_padded_], when packed
+  bool a_ready_ = false;                // a_packed_ holds this term's A'
+  const LoraTerm* a_owner_ = nullptr;   // whose a_packed_ the projections read (null: this one's)
+  const LoraTerm* xa_owner_ = nullptr;  // whose xa_ the fused products read (null: this one's)
 };
 
 // C = V W'ᵀ over panels [p0, p1) of `packed_b` (panel_shift as in fuse_into), plus every active

@@ -35,10 +35,10 @@ void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const f
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank]; each GEMM item packs
 // its own panels of the caller's B (b_by_item), a held set is packed whole once.
 void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, bool packed, std::uint64_t held_generation,
-                          LoraTerm& term) {
+                          LoraTerm& term, bool pack_a = true) {
   if (!lp.active(e)) return term.deactivate();
   term.prepare(kt, {lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
-               lp.out, lp.scale_of(e), packed, held_generation, /*b_by_item=*/true);
+               lp.out, lp.scale_of(e), packed, held_generation, /*b_by_item=*/true, pack_a);
 }
 
 int lora_pack_rows(const kernels::KernelTable& kt) { return kt.amx_min_rows > 0 ? kLoraPackRowsAmx : kLoraPackRows; }
@@ -347,6 +347,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::vector<std::uint32_t> order =
       lead_items(prep_, items, [&](std::size_t j) { return prep_[j][1] >= 0 ? lora_lead : lead; });
   const std::size_t prep_count = prep_.size();
+  // Nodes on one memory node also share the packed form's A of gate and up and its x Aᵀ
+  // (shared_gather.hpp), for the caller's arrays: a held set packs A once anyway.
+  const bool share_lora = shared != nullptr && any_lora && lora_held_generation_ == 0;
+  own_a_.assign(2 * experts, 0);
   auto run_prep = [&](const std::array<int, 2>& lora_item, int worker) {
     const auto [e, pi] = lora_item;
     const Projection p = static_cast<Projection>(pi);
@@ -355,7 +359,18 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     const std::size_t rank = static_cast<std::size_t>(lora[p].rank);
     if (m >= lora_pack_rows(kt_)) {
       // Packing reads only the factors; the x Aᵀ that needs the gathered x is project_xa's.
-      prepare_forward_term(kt_, lora[p], e, /*packed=*/true, lora_held_generation_, term);
+      const bool shared_a = share_lora && p != Projection::down;
+      const bool mine = !shared_a || shared->claim_packed_a(e, pi);
+      try {
+        prepare_forward_term(kt_, lora[p], e, /*packed=*/true, lora_held_generation_, term, /*pack_a=*/mine);
+      } catch (...) {
+        if (shared_a && mine) shared->fail(std::current_exception());
+        throw;
+      }
+      if (shared_a && mine) {
+        own_a_[2 * static_cast<std::size_t>(e) + static_cast<std::size_t>(pi)] = 1;
+        shared->publish_packed_a(e, pi, &term);
+      }
       return;
     }
     // The expert's few x rows into a per-thread block, so that A is read once for all of them
@@ -370,7 +385,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // they spun on the gather first. On the device (512 tokens, r = 16, builds taking turns) the
   // LoRA's cost over r = 0 went from 7.3 to 6.0 % (gate_up from +0.76 to +0.59 ms); 128 tokens
   // did not change.
-  auto project_xa = [&](int e, int worker) {
+  auto project_xa_here = [&](int e, int worker) {
     if (x_rows) {
       if (shared) shared->wait(e);  // units another node claimed
       const ExpertRows xe = expert_rows(xs, e, hk);
@@ -392,6 +407,37 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
         lora_[e][static_cast<int>(p)].project_rows(kt_, block.data(), hk, r0, count, static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
                                                    static_cast<std::size_t>(lora[p].rank));
     }
+  };
+  // With share_lora, one node computes each expert's x Aᵀ of gate and up (from A packed here or by
+  // another node) and the others read it, and copy its saved values into their own cache entries.
+  auto project_xa = [&](int e, int worker) {
+    if (!share_lora) return project_xa_here(e, worker);
+    const std::array<Projection, 2> gate_up{Projection::gate, Projection::up};
+    if (!shared->claim_xa(e)) {
+      const SharedGather::Projected& got = shared->wait_xa(e);
+      for (int i = 0; i < 2; ++i) {
+        LoraTerm& term = lora_[e][static_cast<int>(gate_up[i])];
+        if (!term.active()) continue;
+        term.read_xa_of(*got.term[i]);
+        if (float* keep = saved_xa(gate_up[i], e); keep && got.saved[i])
+          std::copy_n(got.saved[i], static_cast<std::size_t>(groups.count(e)) * static_cast<std::size_t>(term.rank()), keep);
+      }
+      return;
+    }
+    try {
+      for (int i = 0; i < 2; ++i) {
+        LoraTerm& term = lora_[e][static_cast<int>(gate_up[i])];
+        if (term.active() && !own_a_[2 * static_cast<std::size_t>(e) + static_cast<std::size_t>(gate_up[i])])
+          term.read_packed_a_of(shared->wait_packed_a(e, static_cast<int>(gate_up[i])));
+      }
+      project_xa_here(e, worker);
+    } catch (const SharedGather::Stopped&) {
+      throw;
+    } catch (...) {
+      shared->fail(std::current_exception());
+      throw;
+    }
+    shared->publish_xa(e, {{&lora_[e][0], &lora_[e][1]}, {saved_xa(Projection::gate, e), saved_xa(Projection::up, e)}});
   };
   // Once all of an expert's h is written, integer weights need h's int8 codes, and a packed down
   // LoRA needs s h A_down^T before the down items can fuse it. The gate_up item that finishes the

@@ -26,6 +26,12 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   const std::size_t total = static_cast<std::size_t>(groups.total());
   padded_rows = std::max(padded_rows, total + static_cast<std::size_t>(kUnitRows - 1) * std::min<std::size_t>(experts, total));
   claimed_.assign(static_cast<std::size_t>(first_unit_.back()), 0);
+  a_claimed_.assign(2 * static_cast<std::size_t>(experts), 0);
+  a_pending_.assign(2 * static_cast<std::size_t>(experts), 1);
+  packed_a_.assign(2 * static_cast<std::size_t>(experts), nullptr);
+  xa_claimed_.assign(static_cast<std::size_t>(experts), 0);
+  xa_pending_.assign(static_cast<std::size_t>(experts), 1);
+  xa_.assign(static_cast<std::size_t>(experts), Projected{});
   failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
   layout_.store(0, std::memory_order_relaxed);
@@ -42,9 +48,41 @@ bool SharedGather::claim(int e, int row) {
 
 void SharedGather::done(int e) { std::atomic_ref<int>(left_[static_cast<std::size_t>(e)]).fetch_sub(1, std::memory_order_acq_rel); }
 
-void SharedGather::wait(int e) const {
-  // const_cast: atomic_ref needs a non-const object; wait only loads.
-  std::atomic_ref<int> left(const_cast<int&>(left_[static_cast<std::size_t>(e)]));
+void SharedGather::wait(int e) const { spin_until_zero(left_[static_cast<std::size_t>(e)]); }
+
+bool SharedGather::claim_packed_a(int e, int p) {
+  return std::atomic_ref<int>(a_claimed_[2 * static_cast<std::size_t>(e) + p]).exchange(1, std::memory_order_relaxed) == 0;
+}
+
+void SharedGather::publish_packed_a(int e, int p, const LoraTerm* term) {
+  const std::size_t i = 2 * static_cast<std::size_t>(e) + p;
+  packed_a_[i] = term;
+  std::atomic_ref<int>(a_pending_[i]).store(0, std::memory_order_release);
+}
+
+const LoraTerm& SharedGather::wait_packed_a(int e, int p) const {
+  const std::size_t i = 2 * static_cast<std::size_t>(e) + p;
+  spin_until_zero(a_pending_[i]);
+  return *packed_a_[i];
+}
+
+bool SharedGather::claim_xa(int e) {
+  return std::atomic_ref<int>(xa_claimed_[static_cast<std::size_t>(e)]).exchange(1, std::memory_order_relaxed) == 0;
+}
+
+void SharedGather::publish_xa(int e, const Projected& done) {
+  xa_[static_cast<std::size_t>(e)] = done;
+  std::atomic_ref<int>(xa_pending_[static_cast<std::size_t>(e)]).store(0, std::memory_order_release);
+}
+
+const SharedGather::Projected& SharedGather::wait_xa(int e) const {
+  spin_until_zero(xa_pending_[static_cast<std::size_t>(e)]);
+  return xa_[static_cast<std::size_t>(e)];
+}
+
+void SharedGather::spin_until_zero(const int& flag) const {
+  // const_cast: atomic_ref needs a non-const object; this only loads.
+  std::atomic_ref<int> left(const_cast<int&>(flag));
   for (unsigned spins = 0; left.load(std::memory_order_acquire) != 0; ++spins) {
     if (failed_.load(std::memory_order_acquire)) throw Stopped{};
     // A unit takes tens of microseconds: spin, then give the core up in case the node copying

@@ -23,6 +23,8 @@
 
 namespace tilemoe {
 
+class LoraTerm;
+
 // One per node group (pool_workspace.hpp, keyed by node 0's pool): the layers of a model take
 // turns with it, holding `in_use` for a whole forward.
 class SharedGather {
@@ -57,6 +59,23 @@ class SharedGather {
   // another node's differing key is a logic error (thrown before it claims anything).
   void agree_on_layout(std::uint64_t key);
 
+  // The LoRA's s x Aᵀ of gate and up (p = 0, 1) in its packed form, on the caller's arrays: every
+  // node needs the same values, made from the same x and A. Each projection's A is packed by the
+  // node that claims it, and each expert's x Aᵀ is computed by the node that claims it; the
+  // others read them from that node's terms (which stay put until the layer's call returns). As
+  // with the rows, a wait is only ever for claimed work, done by a running worker that itself
+  // waits only for claimed work (packing waits for nothing; x Aᵀ for packings and rows).
+  bool claim_packed_a(int e, int p);
+  void publish_packed_a(int e, int p, const LoraTerm* term);  // release
+  const LoraTerm& wait_packed_a(int e, int p) const;          // throws Stopped after fail()
+  struct Projected {
+    const LoraTerm* term[2];
+    const float* saved[2];  // the claimer's saved f32 values ([rows][rank]), or null
+  };
+  bool claim_xa(int e);
+  void publish_xa(int e, const Projected& done);
+  const Projected& wait_xa(int e) const;
+
   AlignedVector<bf16> x;           // bf16 rows (bf16 weights)
   AlignedVector<std::int8_t> codes;  // int8 codes (integer weights)
   std::vector<float> code_scales;  // one per routed row, in TokenGroups order
@@ -65,6 +84,11 @@ class SharedGather {
   std::vector<int> first_unit_;  // [E + 1]
   std::vector<int> claimed_;     // per unit (atomic_ref)
   std::vector<int> left_;        // per expert: units not yet written (atomic_ref)
+  std::vector<int> a_claimed_, a_pending_;    // [E][2] (atomic_ref); pending: 1 until published
+  std::vector<const LoraTerm*> packed_a_;     // [E][2]
+  std::vector<int> xa_claimed_, xa_pending_;  // [E] (atomic_ref)
+  std::vector<Projected> xa_;                 // [E]
+  void spin_until_zero(const int& flag) const;
   std::atomic<bool> failed_{false};
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;
