@@ -10,6 +10,9 @@
 // for units that are claimed, and a claimed unit is copied by a running worker that waits for
 // nothing in between, so no order of the nodes' items can deadlock. Which node copies a unit
 // changes nothing in what is copied: the output bits are those of per-node gathers.
+//
+// The same holds for what the nodes' LoRA terms of gate and up would each compute alike (their A
+// is not sliced): A packed, and s x Aᵀ (below).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

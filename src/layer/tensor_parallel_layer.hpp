@@ -15,7 +15,8 @@
 // thread count. With one node there is no merge and no copy.
 //
 // Nodes that share one memory node (virtual nodes) also share the forward's gathered x: each
-// row is copied once for all of them (shared_gather.hpp).
+// row is copied once for all of them; and, with LoRA, gate's and up's A packed and s x Aᵀ
+// (shared_gather.hpp).
 #include <cstdint>
 #include <functional>
 #include <memory>
