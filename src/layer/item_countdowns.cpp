@@ -1,9 +1,6 @@
 #include "src/layer/item_countdowns.hpp"
 
-#include <thread>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "src/layer/spin_wait.hpp"
 
 namespace tilemoe {
 
@@ -14,19 +11,9 @@ void ItemCountdowns::reset(std::size_t n) {
 }
 
 void ItemCountdowns::wait(std::size_t i) {
-  std::atomic_ref<int> count(counts_[i]);
-  for (unsigned spins = 0; count.load(std::memory_order_acquire) != 0; ++spins) {
+  spin_until_zero(counts_[i], [this] {
     if (failed_.load(std::memory_order_acquire)) throw Stopped{};
-    // The items waited for are short (tens of microseconds): spin first. Past that the thread
-    // running them may have lost its core (more threads than cores): give it up.
-    if (spins < 4096) {
-#if defined(__x86_64__) || defined(__i386__)
-      _mm_pause();
-#endif
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  });
 }
 
 void ItemCountdowns::parallel_for(numa::ThreadPool& pool, std::size_t count, const std::function<void(std::size_t, int)>& fn) {

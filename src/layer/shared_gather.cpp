@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <stdexcept>
-#include <thread>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+
+#include "src/layer/spin_wait.hpp"
 
 namespace tilemoe {
 
@@ -48,7 +46,7 @@ bool SharedGather::claim(int e, int row) {
 
 void SharedGather::done(int e) { std::atomic_ref<int>(left_[static_cast<std::size_t>(e)]).fetch_sub(1, std::memory_order_acq_rel); }
 
-void SharedGather::wait(int e) const { spin_until_zero(left_[static_cast<std::size_t>(e)]); }
+void SharedGather::wait(int e) const { wait_for_zero(left_[static_cast<std::size_t>(e)]); }
 
 bool SharedGather::claim_packed_a(int e, int p) {
   return std::atomic_ref<int>(a_claimed_[2 * static_cast<std::size_t>(e) + p]).exchange(1, std::memory_order_relaxed) == 0;
@@ -62,7 +60,7 @@ void SharedGather::publish_packed_a(int e, int p, const LoraTerm* term) {
 
 const LoraTerm& SharedGather::wait_packed_a(int e, int p) const {
   const std::size_t i = 2 * static_cast<std::size_t>(e) + p;
-  spin_until_zero(a_pending_[i]);
+  wait_for_zero(a_pending_[i]);
   return *packed_a_[i];
 }
 
@@ -76,25 +74,14 @@ void SharedGather::publish_xa(int e, const Projected& done) {
 }
 
 const SharedGather::Projected& SharedGather::wait_xa(int e) const {
-  spin_until_zero(xa_pending_[static_cast<std::size_t>(e)]);
+  wait_for_zero(xa_pending_[static_cast<std::size_t>(e)]);
   return xa_[static_cast<std::size_t>(e)];
 }
 
-void SharedGather::spin_until_zero(const int& flag) const {
-  // const_cast: atomic_ref needs a non-const object; this only loads.
-  std::atomic_ref<int> left(const_cast<int&>(flag));
-  for (unsigned spins = 0; left.load(std::memory_order_acquire) != 0; ++spins) {
+void SharedGather::wait_for_zero(const int& flag) const {
+  spin_until_zero(flag, [this] {
     if (failed_.load(std::memory_order_acquire)) throw Stopped{};
-    // A unit takes tens of microseconds: spin, then give the core up in case the node copying
-    // it shares it (more threads than cores).
-    if (spins < 4096) {
-#if defined(__x86_64__) || defined(__i386__)
-      _mm_pause();
-#endif
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  });
 }
 
 void SharedGather::fail(std::exception_ptr error) noexcept {

@@ -91,7 +91,7 @@ class SharedGather {
   std::vector<const LoraTerm*> packed_a_;     // [E][2]
   std::vector<int> xa_claimed_, xa_pending_;  // [E] (atomic_ref)
   std::vector<Projected> xa_;                 // [E]
-  void spin_until_zero(const int& flag) const;
+  void wait_for_zero(const int& flag) const;  // throws Stopped after fail()
   std::atomic<bool> failed_{false};
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;
