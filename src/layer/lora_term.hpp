@@ -54,6 +54,8 @@ class LoraTerm {
   // this term's projections; and its xa, read in place by this term's fused products instead of a
   // projection of its own (until the next prepare or projection). `owner` must outlive the use.
   void read_packed_a_of(const LoraTerm& owner) { a_owner_ = &owner; }
+  // Whether the last prepare packed A' here (false: pack_a = false, A' is to be borrowed).
+  bool has_own_packed_a() const { return a_ready_; }
   void read_xa_of(const LoraTerm& owner) { xa_owner_ = &owner; }
 
   bool active() const { return active_; }

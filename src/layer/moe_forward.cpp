@@ -350,7 +350,6 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // Nodes on one memory node also share the packed form's A of gate and up and its x Aᵀ
   // (shared_gather.hpp), for the caller's arrays: a held set packs A once anyway.
   const bool share_lora = shared != nullptr && any_lora && lora_held_generation_ == 0;
-  own_a_.assign(2 * experts, 0);
   auto run_prep = [&](const std::array<int, 2>& lora_item, int worker) {
     const auto [e, pi] = lora_item;
     const Projection p = static_cast<Projection>(pi);
@@ -367,10 +366,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
         if (shared_a && mine) shared->fail(std::current_exception());
         throw;
       }
-      if (shared_a && mine) {
-        own_a_[2 * static_cast<std::size_t>(e) + static_cast<std::size_t>(pi)] = 1;
-        shared->publish_packed_a(e, pi, &term);
-      }
+      if (shared_a && mine) shared->publish_packed_a(e, pi, &term);
       return;
     }
     // The expert's few x rows into a per-thread block, so that A is read once for all of them
@@ -427,7 +423,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     try {
       for (int i = 0; i < 2; ++i) {
         LoraTerm& term = lora_[e][static_cast<int>(gate_up[i])];
-        if (term.active() && !own_a_[2 * static_cast<std::size_t>(e) + static_cast<std::size_t>(gate_up[i])])
+        if (term.active() && !term.has_own_packed_a())
           term.read_packed_a_of(shared->wait_packed_a(e, static_cast<int>(gate_up[i])));
       }
       project_xa_here(e, worker);

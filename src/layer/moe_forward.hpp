@@ -139,7 +139,6 @@ class MoeForward {
   // per expert of the packed LoRA form: gather units and factor packings not yet done (atomic_ref);
   // the prep item that ends them computes the expert's x Aᵀ of gate and up
   std::vector<int> xa_inputs_left_;
-  std::vector<char> own_a_;  // [E][2]: this node packed gate's / up's A (a SharedGather's claim)
   // gate_up's prep items: (expert, projection) of a LoRA's, (expert, -1 - first row) of a gather unit
   std::vector<std::array<int, 2>> prep_;
   std::vector<std::array<int, 2>> down_prep_;  // (expert, down) of experts whose down LoRA has the f32 form
