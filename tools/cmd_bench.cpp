@@ -285,7 +285,7 @@ void add_bench_command(CLI::App& app, int& status) {
     auto reset_phases = [&] {
       for (Case& c : cases)
         for (auto& l : c.layers)
-          l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(), l->reset_merge_seconds();
+          l->node_layer(0).forward_pass().reset_phase_seconds(), l->node_layer(0).backward_pass().reset_phase_seconds(), l->reset_timings();
     };
     for (int tokens : token_list) {
       if (tokens == 0) continue;

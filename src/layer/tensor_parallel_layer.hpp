@@ -92,7 +92,7 @@ class TensorParallelLayer {
     double all = 0;
   };
   const NodeTimes& forward_node_seconds() const { return node_seconds_; }
-  void reset_merge_seconds() {
+  void reset_timings() {  // merge_seconds and forward_node_seconds
     merge_seconds_ = 0;
     node_seconds_ = {};
   }
