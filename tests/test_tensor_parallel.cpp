@@ -1,10 +1,13 @@
 // The NUMA split: slicing, the node group's dispatch, and the tensor-parallel layer on the
 // portable kernels (tests/isa/ runs the same grid on AVX-512 and AMX).
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 
 #include "tensor_parallel_grid.hpp"
+#include "src/layer/cross_node_sums.hpp"
 #include "src/layer/shared_gather.hpp"
 #include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
@@ -68,14 +71,14 @@ TEST_CASE("NodeGroup runs every node once, concurrently, and reports the lowest 
   for (int nodes : {1, 2, 3, 4, 7}) {
     numa::NodeGroup& g = test::test_node_group(nodes);
     REQUIRE(g.size() == nodes);
-    std::vector<std::atomic<int>> runs(static_cast<std::size_t>(nodes));
+    std::vector<std::atomic<int>> runs(static_cast<std::size_t>(nodes)), items(runs.size());
     g.run_on_nodes([&](int n) {
       runs[static_cast<std::size_t>(n)]++;
-      std::atomic<int> items{0};
-      g.pool(n).parallel_for(50, [&](std::size_t, int) { items++; });
-      CHECK(items == 50);
+      g.pool(n).parallel_for(50, [&](std::size_t, int) { items[static_cast<std::size_t>(n)]++; });
     });
+    // Checked here, not in the nodes' threads: Catch's assertions are not thread-safe.
     for (auto& r : runs) CHECK(r == 1);
+    for (auto& i : items) CHECK(i == 50);
     try {
       g.run_on_nodes([&](int n) {
         if (n >= nodes / 2) throw std::runtime_error("node " + std::to_string(n));
@@ -194,6 +197,78 @@ TEST_CASE("SharedGather: each unit claimed once, waits end when its expert's uni
   REQUIRE(g.error());
   CHECK_THROWS_WITH(std::rethrow_exception(g.error()), "copy failed");
   g.agree_on_layout(9);  // a new call: no layout yet
+}
+
+TEST_CASE("CrossNodeSums: sums wait for every node, add in node order, hand out each block once, and stop on a failure", "[tp]") {
+  const int rows = 5, rank = 3;
+  // Node n's partial of projection p at (i, j): values whose f32 sum depends on the order.
+  std::vector<std::vector<float>> parts;
+  for (int n = 0; n < 3; ++n)
+    for (int p = 0; p < 3; ++p) {
+      std::vector<float> v(static_cast<std::size_t>(rows) * rank);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = n == 1 ? 1e8f : (n == 0 ? 1.0f : -1e8f) + static_cast<float>(i + p);
+      parts.push_back(v);
+    }
+  auto part = [&](int n, int p) { return parts[static_cast<std::size_t>(3 * n + p)].data(); };
+  CrossNodeSums sums;
+  sums.prepare(3);
+  CHECK(sums.nodes() == 3);
+  std::vector<float> got(static_cast<std::size_t>(2) * rank, -1.0f);
+  std::atomic<bool> summed{false};
+  std::thread waiter([&] {
+    sums.sum_rows(1, 2, 2, rank, got.data());  // rows 2-3 of up's dP
+    summed = true;
+  });
+  sums.publish(2, {part(2, 0), part(2, 1), part(2, 2)});
+  sums.publish(0, {part(0, 0), part(0, 1), part(0, 2)});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(summed.load());  // node 1 has not published
+  sums.publish(1, {part(1, 0), part(1, 1), part(1, 2)});
+  waiter.join();
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < rank; ++j) {
+      const std::size_t k = static_cast<std::size_t>(2 + i) * rank + j;
+      float want = part(0, 1)[k];
+      want += part(1, 1)[k];
+      want += part(2, 1)[k];
+      CHECK(got[static_cast<std::size_t>(i) * rank + j] == want);
+    }
+  // Four threads claim 100 blocks: each once.
+  std::vector<std::atomic<int>> claims(100);
+  {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t)
+      threads.emplace_back([&] {
+        for (std::size_t b; (b = sums.claim_block()) < claims.size();) claims[b].fetch_add(1);
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (auto& c : claims) CHECK(c.load() == 1);
+
+  // A node that fails before publishing stops the waiters; its error is kept; a new call starts clean.
+  sums.prepare(2);
+  CHECK_FALSE(sums.error());
+  CHECK(sums.claim_block() == 0);
+  sums.publish(0, {part(0, 0), part(0, 1), part(0, 2)});
+  std::atomic<bool> stopped{false};
+  std::thread blocked([&] {
+    try {
+      sums.sum_rows(0, 0, rows, rank, got.data());
+    } catch (const CrossNodeSums::Stopped&) {
+      stopped = true;
+    }
+  });
+  sums.fail(std::make_exception_ptr(std::runtime_error("node 1 failed")));
+  blocked.join();
+  CHECK(stopped.load());
+  REQUIRE(sums.error());
+  CHECK_THROWS_WITH(std::rethrow_exception(sums.error()), "node 1 failed");
+  sums.prepare(1);
+  CHECK_FALSE(sums.error());
+  sums.publish(0, {part(0, 0), part(0, 1), part(0, 2)});
+  std::vector<float> one(static_cast<std::size_t>(rows) * rank);
+  sums.sum_rows(2, 0, rows, rank, one.data());
+  CHECK(std::equal(one.begin(), one.end(), part(0, 2)));
 }
 
 TEST_CASE("portable tensor-parallel layer: a shared gather gives the bits of per-node gathers", "[tp][portable]") {

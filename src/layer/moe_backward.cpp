@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "amx/pack_transposed.hpp"
 #include "amx/zero_streaming.hpp"
@@ -84,6 +85,10 @@ std::function<void(int, int, int, bf16*, std::size_t)> MoeBackward::transposer(P
   };
 }
 
+bool MoeBackward::needs_x_rows(const LayerLoraView& lora, const LayerLoraGrad& grads) {
+  return (grads[0].a && lora[Projection::gate].rank > 0) || (grads[1].a && lora[Projection::up].rank > 0);
+}
+
 const char* MoeBackward::phase_name(int i) {
   static const char* names[kPhases] = {"gather", "lora_prep", "dh", "lora_grads", "dx", "combine"};
   return names[i];
@@ -93,7 +98,10 @@ MoeBackward::MoeBackward(const PackedExpertWeights& weights, kernels::Isa isa, n
     : w_(weights), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(pool_workspace<BackwardWorkspace>(pool)) {}
 
 void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
-                           bool accumulate) {
+                           bool accumulate, const BackwardNodes& nodes) {
+  CrossNodeSums* const sums = nodes.sums;
+  const int node = nodes.node;
+  SharedGather* const shared = nodes.gather;
   const MoeShape& s = w_.shape();
   const LayerLoraView& lora = entry.lora;
   const int tokens = entry.tokens, top_k = entry.top_k;
@@ -112,12 +120,18 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   const std::size_t gu_ld = 2 * ik;
 
   const bool any_lora = !lora.empty();
-  const bool need_x = (grads[0].a && lora[Projection::gate].rank > 0) || (grads[1].a && lora[Projection::up].rank > 0);
+  const bool need_x = needs_x_rows(lora, grads);
   const bool need_h = grads[2].a && lora[Projection::down].rank > 0;
-  grow(dy_, rows * hk);
+  if (!shared) {
+    grow(dy_, rows * hk);
+    if (need_x) grow(xs_, rows * hidden);
+  } else if (shared->dy.size() < rows * hk || (need_x && shared->xs.size() < rows * hidden)) {
+    throw std::logic_error("MoeBackward: the shared gather was not prepared for this backward");
+  }
+  bf16* const dy_rows = shared ? shared->dy.data() : dy_.data();
+  bf16* const x_rows = shared ? shared->xs.data() : xs_.data();
   grow(dgu_, rows * gu_ld);
   if (need_h) grow(h_, rows * inter);
-  if (need_x) grow(xs_, rows * hidden);
   // dX: one row per routed row in TokenGroups order, written in place by the dx items (as the
   // forward's y), whose products cover whole 32-column slices.
   const std::size_t dx_ld = padded_row_stride(hidden, 2 * kernels::kPanelColumns);
@@ -160,23 +174,40 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   PhaseClock clock(phase_seconds_);
   auto lap = [&](int phase) { clock.lap(phase); };
 
-  // gather: dY = w * dO per slot, grouped by expert, zero-padded for the kernels; x rows for dA.
-  pool_.parallel_for(static_cast<std::size_t>(rows), [&](std::size_t pos, int) {
-    const std::size_t t = static_cast<std::size_t>(groups.token[pos]);
-    const float wt = entry.weights[static_cast<std::size_t>(groups.slot[pos])];
-    bf16* dy = dy_.data() + pos * hk;
-    kt_.convert_to_bf16(grad_output + t * hidden, hidden, wt, dy);
-    std::fill(dy + hidden, dy + hk, bf16(0));
-    bf16* gu = dgu_.data() + pos * gu_ld;
-    std::fill(gu + inter, gu + ik, bf16(0));
-    std::fill(gu + ik + inter, gu + gu_ld, bf16(0));
-    if (need_x) std::memcpy(xs_.data() + pos * hidden, entry.x.data() + t * hidden, hidden * sizeof(bf16));
-  }, 16);
+  // gather: dY = w * dO per slot, grouped by expert, zero-padded for the kernels; x rows for dA;
+  // in units of up to 16 rows of one expert, each copied once for all nodes that share them.
+  // Every node pads its own dG|dU rows. A shared unit's copy cannot fail (no allocation), so
+  // the waits below always end.
+  units_.clear();
+  for (int e : active_)
+    for (int r0 = 0; r0 < groups.count(e); r0 += SharedGather::kUnitRows) units_.emplace_back(e, r0);
+  pool_.parallel_for(units_.size(), [&](std::size_t u, int) {
+    const auto [e, r0] = units_[u];
+    const std::size_t p0 = off(e) + static_cast<std::size_t>(r0);
+    const std::size_t p1 = off(e) + static_cast<std::size_t>(std::min(groups.count(e), r0 + SharedGather::kUnitRows));
+    for (std::size_t pos = p0; pos < p1; ++pos) {
+      bf16* gu = dgu_.data() + pos * gu_ld;
+      std::fill(gu + inter, gu + ik, bf16(0));
+      std::fill(gu + ik + inter, gu + gu_ld, bf16(0));
+    }
+    if (shared && !shared->claim(e, r0)) return;
+    for (std::size_t pos = p0; pos < p1; ++pos) {
+      const std::size_t t = static_cast<std::size_t>(groups.token[pos]);
+      const float wt = entry.weights[static_cast<std::size_t>(groups.slot[pos])];
+      bf16* dy = dy_rows + pos * hk;
+      kt_.convert_to_bf16(grad_output + t * hidden, hidden, wt, dy);
+      std::fill(dy + hidden, dy + hk, bf16(0));
+      if (need_x) std::memcpy(x_rows + pos * hidden, entry.x.data() + t * hidden, hidden * sizeof(bf16));
+    }
+    if (shared) shared->done(e);
+  });
+  if (shared)
+    for (int e : active_) shared->wait(e);
   lap(0);
 
   // lora_prep: unless accumulating, the gradients that no product writes are zeroed (experts
   // without tokens or without LoRA; the others are stored by the products, which then overwrite);
-  // the terms prepared; down's dP and dB.
+  // the terms prepared; down's dP and (on one node) dB.
   const bool overwrite = !accumulate;
   if (any_lora) {
     if (overwrite) {
@@ -185,9 +216,12 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         const auto& lp = lora.proj[p];
         if (lp.rank == 0 || (groups.count(e) > 0 && lp.active(e))) return;
         const LoraProjectionGrad& g = grads[p];
-        if (g.a)
+        // Across nodes, gate's and up's A and down's B are one array that one node zeroes.
+        const bool zero_summed = !sums || e % sums->nodes() == node;
+        if (g.a && (p == 2 || zero_summed))
           for (int i = 0; i < lp.rank; ++i) kernels::zero_floats_streaming(g.a_of(e, lp.rank, lp.in) + i * g.lda(lp.in), lp.in);
-        if (g.b) kernels::zero_floats_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank);
+        if (g.b && (p != 2 || zero_summed))
+          kernels::zero_floats_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank);
         kernels::streaming_stores_done();
       });
     }
@@ -199,9 +233,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       prepare_backward_term(kt_, lora[p], e, m, term);
       if (p != Projection::down || !term.active()) return;
       const std::size_t r = rank_of(p);
-      term.project(kt_, dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
-      if (grads[2].b)
-        kt_.lora_grad_outer(dy_.data() + off(e) * hk, hk, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
+      term.project(kt_, dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
+      if (grads[2].b && !sums)
+        kt_.lora_grad_outer(dy_rows + off(e) * hk, hk, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
                             grads[2].b_of(e, static_cast<int>(r), s.hidden), r, false, overwrite);
     });
   }
@@ -222,7 +256,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     WorkerScratch& ws = scratch_[worker];
     if (item >= items.size()) {
       const SplitKItem& it = dh_split[item - items.size()];
-      split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_.data() + off(it.e) * hk, hk,
+      split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_rows + off(it.e) * hk, hk,
                       groups.count(it.e), ws.transposed, partials_.data() + it.partial);
       return;
     }
@@ -242,7 +276,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       wt = ws.transposed.data();
     }
     const kernels::GemmBf16Args g =
-        kernels::gemm_args(dy_.data() + off(e) * hk, hk, m, static_cast<int>(hk), wt, 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
+        kernels::gemm_args(dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), wt, 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
     swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
@@ -280,19 +314,55 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       if (grads[p].b)
         kt_.lora_grad_outer(d_out, gu_ld, entry.xa[p].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
                             grads[p].b_of(e, static_cast<int>(r), s.intermediate), r, false, overwrite);
-      if (grads[p].a)
-        kt_.lora_grad_outer(xs_.data() + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
+      if (grads[p].a && !sums)
+        kt_.lora_grad_outer(x_rows + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
                             grads[p].a_of(e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
     });
   }
   lap(3);
+  if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
+
+  // Across nodes: blocks of gate's and up's dA = (sum of dP)ᵀ x and of down's dB = dYᵀ (sum of u),
+  // claimed by any node's workers once they have no dx item left (the other nodes have long
+  // published by then). 256 columns a block: 8 blocks an expert at DeepSeek-V2-Lite's hidden size,
+  // so that one busy expert spreads over the cores.
+  struct SumBlock {
+    int e, p, col0, n;
+  };
+  std::vector<SumBlock> sum_blocks;
+  if (sums && any_lora) {
+    constexpr int kSumBlockColumns = 256;
+    for (int e : active_)
+      for (int p = 0; p < 3; ++p) {
+        const LoraProjectionView& lp = lora.proj[p];
+        if (lp.rank == 0 || !lp.active(e) || (p == 2 ? grads[2].b : grads[p].a) == nullptr) continue;
+        for (int c = 0; c < s.hidden; c += kSumBlockColumns) sum_blocks.push_back({e, p, c, std::min(kSumBlockColumns, s.hidden - c)});
+      }
+  }
+  auto run_sum_blocks = [&](WorkerScratch& ws) {
+    for (std::size_t b; (b = sums->claim_block()) < sum_blocks.size();) {
+      const SumBlock& sb = sum_blocks[b];
+      const int m = groups.count(sb.e);
+      const std::size_t r = rank_of(static_cast<Projection>(sb.p));
+      grow(ws.proj, static_cast<std::size_t>(m) * r);
+      sums->sum_rows(sb.p, off(sb.e), m, static_cast<int>(r), ws.proj.data());
+      if (sb.p == 2)
+        kt_.lora_grad_outer(dy_rows + off(sb.e) * hk + sb.col0, hk, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
+                            grads[2].b_of(sb.e, static_cast<int>(r), s.hidden) + static_cast<std::size_t>(sb.col0) * r, r, false, overwrite);
+      else
+        kt_.lora_grad_outer(x_rows + off(sb.e) * hidden + sb.col0, hidden, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
+                            grads[sb.p].a_of(sb.e, static_cast<int>(r), s.hidden) + sb.col0, grads[sb.p].lda(s.hidden), true, overwrite);
+    }
+  };
 
   // dx: dX = [dG | dU] [Wg ; Wu] (+ both LoRA terms) on 32-column slices of the stacked Wᵀ (or
   // split-K partials over gate's and up's panels, then their sum).
   auto dx_rows = [&](int e) { return dx_.data() + static_cast<std::size_t>(off(e)) * dx_ld; };
   items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 0, 1, kt_.few_row_item_panels);
-  pool_.parallel_for(items.size() + dx_split.size(), [&](std::size_t item, int worker) {
+  const std::size_t sum_workers = sum_blocks.empty() ? 0 : static_cast<std::size_t>(pool_.size());
+  pool_.parallel_for(items.size() + dx_split.size() + sum_workers, [&](std::size_t item, int worker) {
     WorkerScratch& ws = scratch_[worker];
+    if (item >= items.size() + dx_split.size()) return run_sum_blocks(ws);
     if (item >= items.size()) {
       const SplitKItem& it = dx_split[item - items.size()];
       const Projection p = it.proj == 0 ? Projection::gate : Projection::up;

@@ -23,13 +23,29 @@
 #include "amx/kernel_table.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/layer/backward_workspace.hpp"
+#include "src/layer/cross_node_sums.hpp"
 #include "src/layer/forward_cache.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
+#include "src/layer/shared_gather.hpp"
 #include "src/layer/transposed_experts.hpp"
 #include "src/lora/lora_view.hpp"
 
 namespace tilemoe {
+
+// The nodes of a tensor-parallel layer, as one node's backward sees them.
+struct BackwardNodes {
+  // Gate's and up's A gradient and down's B gradient are the sums over the nodes
+  // (cross_node_sums.hpp): this node publishes its partials, and its workers compute whichever
+  // blocks of those gradients they claim; of experts without tokens it zeroes those with
+  // e % nodes == node. The other gradients are this node's slices, as on a node of its own.
+  // The backward then throws CrossNodeSums::Stopped when another node failed.
+  CrossNodeSums* sums = nullptr;
+  int node = 0;
+  // Nodes on one memory node: the rows of w dO and of x, each copied by one node
+  // (SharedGather::prepare_backward, called before the nodes start).
+  SharedGather* gather = nullptr;
+};
 
 class MoeBackward {
  public:
@@ -39,7 +55,9 @@ class MoeBackward {
   // overwritten. LoRA gradients go to `grads` (shaped like entry.lora; null pointers skip one):
   // overwritten (experts without tokens get zero) or, with accumulate, added to what is there.
   void backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
-                bool accumulate);
+                bool accumulate, const BackwardNodes& nodes = {});
+  // Whether a backward reads rows of x (for the A gradients of gate and up).
+  static bool needs_x_rows(const LayerLoraView& lora, const LayerLoraGrad& grads);
 
   // Reads Wᵀ from `copy` (built from the same weights) instead of repacking it in every item;
   // the same bits. nullptr (the default): repack. The copy must outlive the backward calls.
@@ -71,6 +89,7 @@ class MoeBackward {
   AlignedVector<float>& partials_ = ws_->partials;
   std::vector<WorkerScratch>& scratch_ = ws_->scratch;
   std::vector<int> active_, column_split_, split_k_;
+  std::vector<std::pair<int, int>> units_;  // the gather's: (expert, first row)
   std::vector<std::array<LoraTerm, 3>> terms_;
   std::array<double, kPhases> phase_seconds_{};
 };

@@ -71,9 +71,10 @@ void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::i
   cache_.push();
 }
 
-void MoeSftLayer::backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate) {
+void MoeSftLayer::backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate,
+                           const BackwardNodes& nodes) {
   const ForwardCacheEntry& entry = cache_.top("backward");
-  backward_.backward(entry, grad_output, grad_input, grads, accumulate);
+  backward_.backward(entry, grad_output, grad_input, grads, accumulate, nodes);
   cache_.pop();
 }
 

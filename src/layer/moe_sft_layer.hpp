@@ -57,8 +57,10 @@ class MoeSftLayer {
   // Pops the newest saved forward and computes, for loss = sum(out * grad_output):
   // grad_input (f32 [T][H], overwritten) and the LoRA gradients into `grads`, shaped like the
   // LoRA set that forward used (overwritten, zero for experts without tokens, or added to with
-  // accumulate). An empty stack is an Error(state) that changes nothing.
-  void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false);
+  // accumulate). An empty stack is an Error(state) that changes nothing. `nodes`: as
+  // MoeBackward::backward's (the nodes of a tensor-parallel layer).
+  void backward(const float* grad_output, float* grad_input, const LayerLoraGrad& grads, bool accumulate = false,
+                const BackwardNodes& nodes = {});
   // Drops the newest saved forward without a backward (a NUMA node whose sibling failed to save
   // the same forward). Error(state) when there is none.
   void discard_newest_saved();

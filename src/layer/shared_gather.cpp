@@ -7,22 +7,15 @@
 
 namespace tilemoe {
 
-void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld) {
+void SharedGather::reset_units(const TokenGroups& groups) {
   const int experts = static_cast<int>(groups.offsets.size()) - 1;
   first_unit_.assign(static_cast<std::size_t>(experts) + 1, 0);
   left_.assign(static_cast<std::size_t>(experts), 0);
-  std::size_t padded_rows = 0;
   for (int e = 0; e < experts; ++e) {
     const int units = (groups.count(e) + kUnitRows - 1) / kUnitRows;
     left_[static_cast<std::size_t>(e)] = units;
     first_unit_[static_cast<std::size_t>(e) + 1] = first_unit_[static_cast<std::size_t>(e)] + units;
-    padded_rows += static_cast<std::size_t>(units) * kUnitRows;
   }
-  // Padding varies with the routing: grow straight to the most this row count can need (every
-  // expert with rows one short of a whole unit), not by what each call needs, which would copy and
-  // fault in the buffers again on many calls of a new batch size.
-  const std::size_t total = static_cast<std::size_t>(groups.total());
-  padded_rows = std::max(padded_rows, total + static_cast<std::size_t>(kUnitRows - 1) * std::min<std::size_t>(experts, total));
   claimed_.assign(static_cast<std::size_t>(first_unit_.back()), 0);
   a_claimed_.assign(2 * static_cast<std::size_t>(experts), 0);
   a_pending_.assign(2 * static_cast<std::size_t>(experts), 1);
@@ -31,12 +24,31 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   xa_pending_.assign(static_cast<std::size_t>(experts), 1);
   xa_.assign(static_cast<std::size_t>(experts), Projected{});
   failed_.store(false, std::memory_order_relaxed);
-  error_ = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    error_ = nullptr;
+  }
   layout_.store(0, std::memory_order_relaxed);
+}
+
+void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld) {
+  reset_units(groups);
+  // Padding varies with the routing: grow straight to the most this row count can need (every
+  // expert with rows one short of a whole unit), not by what each call needs, which would copy and
+  // fault in the buffers again on many calls of a new batch size.
+  const std::size_t experts = groups.offsets.size() - 1, total = static_cast<std::size_t>(groups.total());
+  const std::size_t padded_rows = total + static_cast<std::size_t>(kUnitRows - 1) * std::min(experts, total);
   // Grown, never shrunk: the same buffers serve every call.
   if (x.size() < padded_rows * x_ld) x.resize(padded_rows * x_ld);
   if (codes.size() < padded_rows * code_ld) codes.resize(padded_rows * code_ld);
   if (code_ld > 0 && code_scales.size() < total) code_scales.resize(total);
+}
+
+void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld) {
+  reset_units(groups);
+  const std::size_t total = static_cast<std::size_t>(groups.total());
+  if (dy.size() < total * dy_ld) dy.resize(total * dy_ld);
+  if (xs.size() < total * x_ld) xs.resize(total * x_ld);
 }
 
 bool SharedGather::claim(int e, int row) {

@@ -12,7 +12,8 @@
 // changes nothing in what is copied: the output bits are those of per-node gathers.
 //
 // The same holds for what the nodes' LoRA terms of gate and up would each compute alike (their A
-// is not sliced): A packed, and s x Aᵀ (below).
+// is not sliced): A packed, and s x Aᵀ (below); and for the backward's rows of dY = w dO and of x,
+// which every node reads whole (prepare_backward).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +47,9 @@ class SharedGather {
   // scale each; 0 for a form not used). Rows of experts held in tile order are padded to whole
   // tiles: the buffers allow for that.
   void prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld);
+  // The same for a backward: units as above, over rows of dY (dy_ld elements) and, for x_ld > 0,
+  // of x (rows in TokenGroups order, no padding).
+  void prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld);
 
   // Whether the caller copies unit (e, first row `row`): true for exactly one caller a call.
   bool claim(int e, int row);
@@ -82,8 +86,10 @@ class SharedGather {
   AlignedVector<bf16> x;           // bf16 rows (bf16 weights)
   AlignedVector<std::int8_t> codes;  // int8 codes (integer weights)
   std::vector<float> code_scales;  // one per routed row, in TokenGroups order
+  AlignedVector<bf16> dy, xs;      // the backward's rows of w dO and of x
 
  private:
+  void reset_units(const TokenGroups& groups);
   std::vector<int> first_unit_;  // [E + 1]
   std::vector<int> claimed_;     // per unit (atomic_ref)
   std::vector<int> left_;        // per expert: units not yet written (atomic_ref)

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <string>
 
-#include "amx/zero_streaming.hpp"
+#include "amx/pack_transposed.hpp"
 #include "src/layer/pool_workspace.hpp"
 #include "src/lora/lora_view.hpp"
 #include "src/routing/token_groups.hpp"
@@ -95,7 +95,6 @@ struct TensorParallelLayer::Shard {
   std::unique_ptr<MoeSftLayer> layer;
   // Partial results of nodes other than node 0, in this node's memory.
   numa::NodeBuffer<float> out, grad_in;
-  std::array<numa::NodeBuffer<float>, 3> grad;  // gate's A, up's A, down's B: [E][rank][in] or [E][out][rank]
 };
 
 TensorParallelLayer::TensorParallelLayer(const MoeShape& shape, WeightType type, int int4_group, numa::NodeGroup& nodes,
@@ -125,8 +124,8 @@ TensorParallelLayer::TensorParallelLayer(const MoeShape& shape, WeightType type,
   for (const auto& s : shards_) one_memory_node = one_memory_node && s->os_node == shards_[0]->os_node;
   // int4 at groups under 64: whether an expert's codes are held in tile order depends on each
   // node's scales (MoeForward), so the nodes' layouts of x may differ.
-  const bool same_layout = type != WeightType::int4 || int4_group % 64 == 0;
-  if (one_memory_node && same_layout) shared_gather_ = pool_workspace<SharedGather>(*shards_[0]->pool);
+  forward_layouts_agree_ = type != WeightType::int4 || int4_group % 64 == 0;
+  if (one_memory_node) shared_gather_ = pool_workspace<SharedGather>(*shards_[0]->pool);
 }
 
 TensorParallelLayer::~TensorParallelLayer() = default;
@@ -255,64 +254,42 @@ void TensorParallelLayer::backward(const float* grad_output, float* grad_input, 
   const ForwardCacheEntry& entry = shards_[0]->layer->newest_saved();  // Error(state) on an empty stack
   const int tokens = entry.tokens;
   const LayerLoraView lora = entry.lora;  // node 0's view: full widths for the summed gradients
-  const TokenGroups groups = group_tokens_by_expert(entry.ids.data(), tokens, entry.top_k, shape_.num_experts);
-  std::vector<int> experts;
-  for (int e = 0; e < shape_.num_experts; ++e)
-    if (groups.count(e) > 0) experts.push_back(e);
   const std::size_t elems = static_cast<std::size_t>(tokens) * shape_.hidden;
-  // Gate's and up's A and down's B are sums over the nodes: nodes other than 0 write theirs to
-  // their own dense buffers, whose routed experts' blocks start at zero and are added in
-  // afterwards. The other gradients are the nodes' own windows of the caller's arrays.
-  std::vector<char> routed(static_cast<std::size_t>(shape_.num_experts), 0);
-  for (int e : experts) routed[static_cast<std::size_t>(e)] = 1;
+  // Every node writes its windows of the caller's gradient arrays; the summed ones (gate's and
+  // up's A, down's B) are written once, from every node's partials (cross_node_sums.hpp).
+  sums_.prepare(n_nodes);
+  BackwardNodes shared_work{&sums_, 0, nullptr};
+  std::unique_lock<std::mutex> shared_in_use;  // the node group's other layers wait
+  if (shared_gather_ && share_gather_ && tokens > 0) {
+    shared_work.gather = shared_gather_.get();
+    shared_in_use = std::unique_lock<std::mutex>(shared_work.gather->in_use);
+    const TokenGroups groups = group_tokens_by_expert(entry.ids.data(), tokens, entry.top_k, shape_.num_experts);
+    // dY rows as every node's down products read them: the hidden size padded to a k-block.
+    const std::size_t dy_ld = static_cast<std::size_t>(kernels::transposed_kblocks(shards_[0]->weights.down_shape().panels)) * kernels::kBlockK;
+    shared_work.gather->prepare_backward(groups, dy_ld, MoeBackward::needs_x_rows(lora, grads) ? shape_.hidden : 0);
+  }
   const int saved_before = cached_forwards();
   try {
     nodes_.run_on_nodes([&](int node) {
       if (node >= n_nodes) return;
       Shard& s = *shards_[static_cast<std::size_t>(node)];
-      LayerLoraGrad g = slice_lora_grad(grads, lora, shape_, s.slice);
-      if (node == 0) return s.layer->backward(grad_output, grad_input, g, accumulate);
-      ensure(s.grad_in, elems, s.os_node);
-      const LayerLoraView& nl = s.layer->newest_saved().lora;  // this node's widths
-      for (int p = 0; p < 3; ++p) {
-        const LoraProjectionView& l = nl.proj[p];
-        if (l.rank == 0) continue;
-        if (p != 2 && g[p].a) {
-          ensure(s.grad[p], static_cast<std::size_t>(shape_.num_experts) * l.rank * l.in, s.os_node);
-          g[p].a = s.grad[p].data();
-          g[p].strides.a_row = g[p].strides.a_expert = 0;
-        } else if (p == 2 && g[p].b) {
-          ensure(s.grad[p], static_cast<std::size_t>(shape_.num_experts) * l.out * l.rank, s.os_node);
-          g[p].b = s.grad[p].data();
-          g[p].strides.b_expert = 0;
-        }
+      float* dst = grad_input;
+      if (node > 0) {
+        ensure(s.grad_in, elems, s.os_node);
+        dst = s.grad_in.data();
       }
-      // Zeroing done here, so the node's backward only adds: routed blocks of the buffers, and
-      // (unless accumulating) every expert's window of the caller's arrays.
-      s.pool->parallel_for(static_cast<std::size_t>(shape_.num_experts), [&](std::size_t ei, int) {
-        const int e = static_cast<int>(ei);
-        for (int p = 0; p < 3; ++p) {
-          const LoraProjectionView& l = nl.proj[p];
-          if (l.rank == 0) continue;
-          const bool a_own = p != 2;  // the A of gate/up is a buffer here, down's A a window
-          // The node's own buffers are added to right after, so they stay in cache; the caller's
-          // windows are final, and go past it (zero_streaming.hpp).
-          auto zero = [](float* dst, std::size_t n, bool own) {
-            if (own) {
-              std::fill_n(dst, n, 0.0f);
-            } else {
-              kernels::zero_floats_streaming(dst, n);
-            }
-          };
-          if (g[p].a && (a_own ? routed[ei] != 0 : !accumulate))
-            for (int i = 0; i < l.rank; ++i) zero(g[p].a_of(e, l.rank, l.in) + i * g[p].lda(l.in), l.in, a_own);
-          if (g[p].b && (a_own ? !accumulate : routed[ei] != 0))
-            zero(g[p].b_of(e, l.rank, l.out), static_cast<std::size_t>(l.out) * l.rank, !a_own);
-        }
-        kernels::streaming_stores_done();
-      });
-      s.layer->backward(grad_output, s.grad_in.data(), g, /*accumulate=*/true);
+      try {
+        BackwardNodes mine = shared_work;
+        mine.node = node;
+        s.layer->backward(grad_output, dst, slice_lora_grad(grads, lora, shape_, s.slice), accumulate, mine);
+      } catch (const CrossNodeSums::Stopped&) {
+        // Another node failed before it published: its error is rethrown below.
+      } catch (...) {
+        sums_.fail(std::current_exception());
+        throw;
+      }
     });
+    if (sums_.error()) std::rethrow_exception(sums_.error());
   } catch (...) {
     // Keep the nodes' stacks in step: a forward that some node has popped is dropped everywhere.
     for (const auto& s : shards_)
@@ -320,48 +297,6 @@ void TensorParallelLayer::backward(const float* grad_output, float* grad_input, 
     throw;
   }
   merge_rows(grad_input, tokens, [&](int node) { return shards_[static_cast<std::size_t>(node)]->grad_in.data(); });
-  merge_lora_grads(grads, experts, lora);
-}
-
-void TensorParallelLayer::merge_lora_grads(const LayerLoraGrad& grads, const std::vector<int>& experts, const LayerLoraView& lora) {
-  struct Item {
-    int p, e;
-  };
-  std::vector<Item> items;
-  for (int p = 0; p < 3; ++p) {
-    const bool a_summed = p != 2;
-    if (lora.proj[p].rank == 0 || (a_summed ? grads[p].a : grads[p].b) == nullptr) continue;
-    for (int e : experts) items.push_back({p, e});
-  }
-  if (items.empty()) return;
-  const int n_nodes = node_count();
-  auto merge_item = [&](const Item& it) {
-    const LoraProjectionView& l = lora.proj[it.p];
-    const LoraProjectionGrad& g = grads[it.p];
-    const std::size_t r = static_cast<std::size_t>(l.rank);
-    if (it.p != 2) {  // A [rank][in], caller's rows lda apart; partials dense
-      float* dst = g.a_of(it.e, l.rank, l.in);
-      const std::size_t lda = g.lda(l.in), in = static_cast<std::size_t>(l.in);
-      for (int n = 1; n < n_nodes; ++n) {
-        const float* src = shards_[static_cast<std::size_t>(n)]->grad[it.p].data() + static_cast<std::size_t>(it.e) * r * in;
-        for (std::size_t i = 0; i < r; ++i)
-          for (std::size_t j = 0; j < in; ++j) dst[i * lda + j] += src[i * in + j];
-      }
-    } else {  // B [out][rank], contiguous per expert
-      float* dst = g.b_of(it.e, l.rank, l.out);
-      const std::size_t n_elems = static_cast<std::size_t>(l.out) * r;
-      for (int n = 1; n < n_nodes; ++n) {
-        const float* src = shards_[static_cast<std::size_t>(n)]->grad[it.p].data() + static_cast<std::size_t>(it.e) * n_elems;
-        for (std::size_t i = 0; i < n_elems; ++i) dst[i] += src[i];
-      }
-    }
-  };
-  nodes_.run_on_nodes([&](int node) {
-    if (node >= n_nodes) return;
-    const std::size_t i0 = items.size() * static_cast<std::size_t>(node) / n_nodes;
-    const std::size_t i1 = items.size() * static_cast<std::size_t>(node + 1) / n_nodes;
-    shards_[static_cast<std::size_t>(node)]->pool->parallel_for(i1 - i0, [&](std::size_t i, int) { merge_item(items[i0 + i]); });
-  });
 }
 
 }  // namespace tilemoe

@@ -5,24 +5,27 @@
 // slice into its own memory and computes, with its own workers, a partial output for all
 // tokens; merge_results adds the partials in node order.
 //
-// Everything the layer computes is linear in the slices, so no node needs another's data while
-// it runs: out, grad_input, and the gradients of gate's and up's A and of down's B are sums of
-// the nodes' partials (down's LoRA product B (A h) = sum over nodes of B (A_n h_n)); the B
-// gradients of gate and up and the A gradient of down are per slice, written in place.
+// Everything the layer computes is linear in the slices: out and grad_input are sums of the
+// nodes' partials (down's LoRA product B (A h) = sum over nodes of B (A_n h_n)); the B gradients
+// of gate and up and the A gradient of down are per slice, written in place. The gradients of
+// gate's and up's A and of down's B are sums too: the nodes add up their small [rows][rank]
+// partials (dP, and down's A h) and compute those gradients once, straight into the caller's
+// arrays (cross_node_sums.hpp).
 //
-// Node 0 writes the caller's arrays directly, the others their own buffers, which are then
-// added in order 1, 2, ...: the result is bit-identical for a given node count whatever the
-// thread count. With one node there is no merge and no copy.
+// Node 0 writes the caller's out and grad_input directly, the others their own buffers, which
+// are then added in order 1, 2, ...: the result is bit-identical for a given node count whatever
+// the thread count. With one node there is no merge and no copy.
 //
 // Nodes that share one memory node (virtual nodes) also share the forward's gathered x: each
-// row is copied once for all of them; and, with LoRA, gate's and up's A packed and s x Aᵀ
-// (shared_gather.hpp).
+// row is copied once for all of them; with LoRA, gate's and up's A packed and s x Aᵀ; and the
+// backward's rows of w dO and of x (shared_gather.hpp).
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "numa/node_group.hpp"
+#include "src/layer/cross_node_sums.hpp"
 #include "src/layer/moe_sft_layer.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/layer/shared_gather.hpp"
@@ -80,7 +83,9 @@ class TensorParallelLayer {
   // several nodes, all on one memory node, and their layouts of x agree (not int4 at groups of
   // 32, whose layout depends on each node's scales). Turning it off (tests: to compare with
   // per-node gathers) or on again is allowed between calls; on where it cannot be stays off.
-  bool gather_shared() const { return share_gather_ && shared_gather_ != nullptr; }
+  // The backward's rows of w dO and x are shared wherever the nodes are on one memory node and
+  // this is not turned off.
+  bool gather_shared() const { return share_gather_ && shared_gather_ != nullptr && forward_layouts_agree_; }
   void set_gather_shared(bool on) { share_gather_ = on; }
   // Seconds spent adding the nodes' partials (the bench's --phases).
   double merge_seconds() const { return merge_seconds_; }
@@ -100,7 +105,6 @@ class TensorParallelLayer {
  private:
   struct Shard;
   void merge_rows(float* dst, int tokens, const std::function<const float*(int node)>& partial);
-  void merge_lora_grads(const LayerLoraGrad& grads, const std::vector<int>& experts, const LayerLoraView& lora);
 
   MoeShape shape_;
   WeightType type_;
@@ -109,7 +113,9 @@ class TensorParallelLayer {
   LayerLoraView lora_;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::shared_ptr<SharedGather> shared_gather_;  // null where the nodes cannot share
+  CrossNodeSums sums_;  // the backward's summed LoRA gradients
   bool share_gather_ = true;
+  bool forward_layouts_agree_ = true;
   double merge_seconds_ = 0;
   NodeTimes node_seconds_;
 };

@@ -1,0 +1,49 @@
+#include "src/layer/cross_node_sums.hpp"
+
+#include <algorithm>
+
+#include "src/layer/spin_wait.hpp"
+
+namespace tilemoe {
+
+void CrossNodeSums::prepare(int nodes) {
+  partials_.assign(static_cast<std::size_t>(std::max(nodes, 0)), Partials{});
+  unpublished_ = nodes;
+  next_block_.store(0, std::memory_order_relaxed);
+  failed_.store(false, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  error_ = nullptr;
+}
+
+void CrossNodeSums::publish(int node, const Partials& p) {
+  partials_[static_cast<std::size_t>(node)] = p;
+  std::atomic_ref<int>(unpublished_).fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void CrossNodeSums::sum_rows(int projection, std::size_t row0, int rows, int rank, float* dst) const {
+  spin_until_zero(unpublished_, [this] {
+    if (failed_.load(std::memory_order_acquire)) throw Stopped{};
+  });
+  const std::size_t r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(rows) * r;
+  const float* first = partials_[0].of(projection) + row0 * r;
+  std::copy_n(first, n, dst);
+  for (std::size_t node = 1; node < partials_.size(); ++node) {
+    const float* src = partials_[node].of(projection) + row0 * r;
+    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+}
+
+void CrossNodeSums::fail(std::exception_ptr error) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    if (!error_) error_ = error;
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
+std::exception_ptr CrossNodeSums::error() const {
+  std::lock_guard<std::mutex> lock(error_mutex_);
+  return error_;
+}
+
+}  // namespace tilemoe
