@@ -253,7 +253,8 @@ TEST_CASE("forward and backward on int8/int4 weights: quantized at load or from 
           CHECK(io::read_as_f32(got2, "grad_input") == io::read_as_f32(got, "grad_input"));
         } else {
           CHECK(test::rel_error(io::read_as_f32(got2, "output"), io::read_as_f32(got, "output")) <= 3e-2);
-          CHECK(test::rel_error(io::read_as_f32(got2, "grad_input"), io::read_as_f32(got, "grad_input")) <= 1e-3);
+          // Each node rounds its partial rows of dX to bf16 (about 2e-3 apart here).
+          CHECK(test::rel_error(io::read_as_f32(got2, "grad_input"), io::read_as_f32(got, "grad_input")) <= 5e-3);
         }
       }
     }

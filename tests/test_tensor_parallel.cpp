@@ -327,9 +327,10 @@ TEST_CASE("tensor-parallel layer on int8 and int4 weights equals the unsplit qua
     for (std::size_t i = 1; i < outs.size(); ++i) {
       INFO(i + 1 << " nodes against 1");
       // Each node quantizes its own slice of h per row (a finer scale than the whole row's), so the
-      // outputs differ by the int8 activation rounding; the backward reads no quantized activation.
+      // outputs differ by the int8 activation rounding; the backward reads no quantized activation,
+      // and each node rounds its partial rows of dX to bf16 (about 2e-3 apart here).
       CHECK(test::rel_error(outs[i], outs[0]) <= 3e-2);
-      CHECK(test::rel_error(dxs[i], dxs[0]) <= 1e-3);
+      CHECK(test::rel_error(dxs[i], dxs[0]) <= 5e-3);
       for (int p = 0; p < 3; ++p) {
         CHECK(test::rel_error(grads[i].proj[p].a, grads[0].proj[p].a) <= 1e-3);
         CHECK(test::rel_error(grads[i].proj[p].b, grads[0].proj[p].b) <= 1e-3);

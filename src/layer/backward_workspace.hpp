@@ -2,7 +2,7 @@
 // The large transient buffers of a backward, one set per thread pool (pool_workspace.hpp): the
 // per-row output gradients, dG|dU, h and x copies for the LoRA gradients, per-slot grad_input
 // rows and split-K partials. At 4096 tokens of DeepSeek-V2-Lite they are about 0.6 GB (dY 100 MB,
-// dG|dU 138, h 69, x 100, per-slot dX 201); kept per layer, that was about 16 GB for the 26
+// dG|dU 138, h 69, x 100, per-slot dX 100); kept per layer, that was about 16 GB for the 26
 // layers a trainer runs backward through.
 #include <array>
 #include <mutex>
@@ -22,8 +22,7 @@ struct BackwardWorkspace {
   std::mutex in_use;
   // Grown to the largest batch seen, never shrunk.
   // Cache-line aligned: tile rows are read and written here.
-  AlignedVector<bf16> dy, dgu, h, xs;
-  AlignedVector<float> dx;
+  AlignedVector<bf16> dy, dgu, h, xs, dx;
   std::array<AlignedVector<float>, 3> dp;  // s·dOut·B per projection, [rows][rank]
   AlignedVector<float> partials;           // split-K partial products (decode)
   std::vector<Worker> scratch;           // per worker of the pool

@@ -132,9 +132,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   bf16* const x_rows = shared ? shared->xs.data() : xs_.data();
   grow(dgu_, rows * gu_ld);
   if (need_h) grow(h_, rows * inter);
-  // dX: one row per routed row in TokenGroups order, written in place by the dx items (as the
-  // forward's y), whose products cover whole 32-column slices.
-  const std::size_t dx_ld = padded_row_stride(hidden, 2 * kernels::kPanelColumns);
+  // dX: one bf16 row per routed row in TokenGroups order, written by the dx items from their f32
+  // products (as the forward's y: half the bytes written here and read by the combine, which
+  // sums a token's rows in f32).
+  const std::size_t dx_ld = padded_row_stride<bf16>(hidden, 2 * kernels::kPanelColumns);
   grow(dx_, static_cast<std::size_t>(rows) * dx_ld);
   for (int p = 0; p < 3; ++p) grow(dp_[p], static_cast<std::size_t>(rows) * lora.proj[p].rank);
   active_.clear();
@@ -387,22 +388,31 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       }
       wt = ws.transposed.data();
     }
+    grow(ws.c, static_cast<std::size_t>(m) * cols);
     const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld), wt, 0, p1 - p0,
-                                                       dx_rows(e) + col0, dx_ld);
+                                                       ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
     gemm_with_lora_terms(kt_, g, terms, 2, p0, n);
+    for (int i = 0; i < m; ++i)
+      kt_.convert_to_bf16(ws.c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f,
+                          dx_rows(e) + static_cast<std::size_t>(i) * dx_ld + col0);
   });
-  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int) {
+  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
     const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);
+    AlignedVector<float>& c = scratch_[worker].c;
+    grow(c, static_cast<std::size_t>(m) * ld);
     const SplitKItem& first = dx_split[dx_first[e]];
-    sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, dx_rows(e), dx_ld);
+    sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
     if (any_lora)
-      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, dx_rows(e), dx_ld);
+      for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, c.data(), ld);
+    for (int i = 0; i < m; ++i)
+      kt_.convert_to_bf16(c.data() + static_cast<std::size_t>(i) * ld, hidden, 1.0f, dx_rows(e) + static_cast<std::size_t>(i) * dx_ld);
   });
   lap(4);
 
-  combine_rows(pool_, dx_.data(), dx_ld, groups.row_of_slot.data(), hidden, tokens, top_k, ids, nullptr, grad_input);
+  combine_bf16_rows(kt_.combine_bf16_rows, pool_, dx_.data(), dx_ld, groups.row_of_slot.data(), hidden, tokens, top_k, ids, nullptr,
+                    grad_input);
   lap(5);
 }
 

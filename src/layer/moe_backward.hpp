@@ -84,7 +84,7 @@ class MoeBackward {
   AlignedVector<bf16>& dgu_ = ws_->dgu;
   AlignedVector<bf16>& h_ = ws_->h;
   AlignedVector<bf16>& xs_ = ws_->xs;
-  AlignedVector<float>& dx_ = ws_->dx;
+  AlignedVector<bf16>& dx_ = ws_->dx;
   std::array<AlignedVector<float>, 3>& dp_ = ws_->dp;
   AlignedVector<float>& partials_ = ws_->partials;
   std::vector<WorkerScratch>& scratch_ = ws_->scratch;
