@@ -359,7 +359,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // dx: dX = [dG | dU] [Wg ; Wu] (+ both LoRA terms) on 32-column slices of the stacked Wᵀ (or
   // split-K partials over gate's and up's panels, then their sum).
   auto dx_rows = [&](int e) { return dx_.data() + static_cast<std::size_t>(off(e)) * dx_ld; };
-  items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 0, 1, kt_.few_row_item_panels);
+  // The reduction is gate's and up's intermediate columns: a NUMA node's slice of them widens the
+  // items so that each streams as many bytes of Wᵀ as on one node (as the forward's down items).
+  items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 2 * s.intermediate, 1, kt_.few_row_item_panels);
   const std::size_t sum_workers = sum_blocks.empty() ? 0 : static_cast<std::size_t>(pool_.size());
   pool_.parallel_for(items.size() + dx_split.size() + sum_workers, [&](std::size_t item, int worker) {
     WorkerScratch& ws = scratch_[worker];
