@@ -90,7 +90,7 @@ bool MoeBackward::needs_x_rows(const LayerLoraView& lora, const LayerLoraGrad& g
 }
 
 const char* MoeBackward::phase_name(int i) {
-  static const char* names[kPhases] = {"gather", "lora_prep", "dh", "lora_grads", "dx", "combine"};
+  static const char* names[kPhases] = {"gather", "lora_prep", "dh", "lora_grads", "dx", "lora_sums", "combine"};
   return names[i];
 }
 
@@ -323,10 +323,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   lap(3);
   if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
 
-  // Across nodes: blocks of gate's and up's dA = (sum of dP)ᵀ x and of down's dB = dYᵀ (sum of u),
-  // claimed by any node's workers once they have no dx item left (the other nodes have long
-  // published by then). 256 columns a block: 8 blocks an expert at DeepSeek-V2-Lite's hidden size,
-  // so that one busy expert spreads over the cores.
+  // Across nodes (lora_sums, after dx: the other nodes have long published by then): blocks of
+  // gate's and up's dA = (sum of dP)ᵀ x and of down's dB = dYᵀ (sum of u), claimed by any node's
+  // workers. 256 columns a block: 8 blocks an expert at DeepSeek-V2-Lite's hidden size, so that
+  // one busy expert spreads over the cores.
   struct SumBlock {
     int e, p, col0, n;
   };
@@ -362,10 +362,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // The reduction is gate's and up's intermediate columns: a NUMA node's slice of them widens the
   // items so that each streams as many bytes of Wᵀ as on one node (as the forward's down items).
   items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 2 * s.intermediate, 1, kt_.few_row_item_panels);
-  const std::size_t sum_workers = sum_blocks.empty() ? 0 : static_cast<std::size_t>(pool_.size());
-  pool_.parallel_for(items.size() + dx_split.size() + sum_workers, [&](std::size_t item, int worker) {
+  pool_.parallel_for(items.size() + dx_split.size(), [&](std::size_t item, int worker) {
     WorkerScratch& ws = scratch_[worker];
-    if (item >= items.size() + dx_split.size()) return run_sum_blocks(ws);
     if (item >= items.size()) {
       const SplitKItem& it = dx_split[item - items.size()];
       const Projection p = it.proj == 0 ? Projection::gate : Projection::up;
@@ -413,9 +411,13 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   });
   lap(4);
 
+  if (!sum_blocks.empty())
+    pool_.parallel_for(static_cast<std::size_t>(pool_.size()), [&](std::size_t, int worker) { run_sum_blocks(scratch_[worker]); });
+  lap(5);
+
   combine_bf16_rows(kt_.combine_bf16_rows, pool_, dx_.data(), dx_ld, groups.row_of_slot.data(), hidden, tokens, top_k, ids, nullptr,
                     grad_input);
-  lap(5);
+  lap(6);
 }
 
 }  // namespace tilemoe

@@ -14,7 +14,7 @@
 // results are bit-identical for any thread count.
 //
 // Phases (each a parallel_for): gather, lora_prep, dh (with the SwiGLU backward), lora_grads,
-// dx, combine.
+// dx, lora_sums (tensor parallel: the LoRA gradients summed over the nodes), combine.
 #include <array>
 #include <functional>
 #include <memory>
@@ -63,7 +63,7 @@ class MoeBackward {
   // the same bits. nullptr (the default): repack. The copy must outlive the backward calls.
   void use_transposed_copy(const TransposedExpertWeights* copy) { copy_ = copy && !copy->empty() ? copy : nullptr; }
 
-  static constexpr int kPhases = 6;
+  static constexpr int kPhases = 7;
   static const char* phase_name(int i);
   const std::array<double, kPhases>& phase_seconds() const { return phase_seconds_; }
   void reset_phase_seconds() { phase_seconds_ = {}; }
