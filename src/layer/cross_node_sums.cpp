@@ -10,9 +10,7 @@ void CrossNodeSums::prepare(int nodes) {
   partials_.assign(static_cast<std::size_t>(std::max(nodes, 0)), Partials{});
   unpublished_ = nodes;
   next_block_.store(0, std::memory_order_relaxed);
-  failed_.store(false, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(error_mutex_);
-  error_ = nullptr;
+  error_.reset();
 }
 
 void CrossNodeSums::publish(int node, const Partials& p) {
@@ -22,7 +20,7 @@ void CrossNodeSums::publish(int node, const Partials& p) {
 
 void CrossNodeSums::sum_rows(int projection, std::size_t row0, int rows, int rank, float* dst) const {
   spin_until_zero(unpublished_, [this] {
-    if (failed_.load(std::memory_order_acquire)) throw Stopped{};
+    if (error_.failed()) throw Stopped{};
   });
   const std::size_t r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(rows) * r;
   const float* first = partials_[0].of(projection) + row0 * r;
@@ -31,19 +29,6 @@ void CrossNodeSums::sum_rows(int projection, std::size_t row0, int rows, int ran
     const float* src = partials_[node].of(projection) + row0 * r;
     for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
   }
-}
-
-void CrossNodeSums::fail(std::exception_ptr error) noexcept {
-  {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (!error_) error_ = error;
-  }
-  failed_.store(true, std::memory_order_release);
-}
-
-std::exception_ptr CrossNodeSums::error() const {
-  std::lock_guard<std::mutex> lock(error_mutex_);
-  return error_;
 }
 
 }  // namespace tilemoe

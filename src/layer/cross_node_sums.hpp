@@ -21,8 +21,9 @@
 #include <atomic>
 #include <cstddef>
 #include <exception>
-#include <mutex>
 #include <vector>
+
+#include "src/layer/first_error.hpp"
 
 namespace tilemoe {
 
@@ -57,16 +58,14 @@ class CrossNodeSums {
 
   // A node will not publish (it failed with `error`): every waiter stops. The first error is
   // kept for the layer to rethrow.
-  void fail(std::exception_ptr error) noexcept;
-  std::exception_ptr error() const;
+  void fail(std::exception_ptr error) noexcept { error_.fail(error); }
+  std::exception_ptr error() const { return error_.error(); }
 
  private:
   std::vector<Partials> partials_;
   int unpublished_ = 0;  // atomic_ref
   std::atomic<std::size_t> next_block_{0};
-  std::atomic<bool> failed_{false};
-  mutable std::mutex error_mutex_;
-  std::exception_ptr error_;
+  FirstError error_;
 };
 
 }  // namespace tilemoe

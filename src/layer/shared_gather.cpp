@@ -23,11 +23,7 @@ void SharedGather::reset_units(const TokenGroups& groups) {
   xa_claimed_.assign(static_cast<std::size_t>(experts), 0);
   xa_pending_.assign(static_cast<std::size_t>(experts), 1);
   xa_.assign(static_cast<std::size_t>(experts), Projected{});
-  failed_.store(false, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    error_ = nullptr;
-  }
+  error_.reset();
   layout_.store(0, std::memory_order_relaxed);
 }
 
@@ -92,21 +88,8 @@ const SharedGather::Projected& SharedGather::wait_xa(int e) const {
 
 void SharedGather::wait_for_zero(const int& flag) const {
   spin_until_zero(flag, [this] {
-    if (failed_.load(std::memory_order_acquire)) throw Stopped{};
+    if (error_.failed()) throw Stopped{};
   });
-}
-
-void SharedGather::fail(std::exception_ptr error) noexcept {
-  {
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (!error_) error_ = error;
-  }
-  failed_.store(true, std::memory_order_release);
-}
-
-std::exception_ptr SharedGather::error() const {
-  std::lock_guard<std::mutex> lock(error_mutex_);
-  return error_;
 }
 
 void SharedGather::agree_on_layout(std::uint64_t key) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "amx/aligned_vector.hpp"
+#include "src/layer/first_error.hpp"
 #include "src/routing/token_groups.hpp"
 #include "tilemoe/bf16.hpp"
 
@@ -59,8 +60,8 @@ class SharedGather {
   void wait(int e) const;
   // A claimed unit will not be written (its copy threw `error`): every waiter stops. The first
   // error is kept for the layer to rethrow: the nodes that stopped report only Stopped.
-  void fail(std::exception_ptr error) noexcept;
-  std::exception_ptr error() const;
+  void fail(std::exception_ptr error) noexcept { error_.fail(error); }
+  std::exception_ptr error() const { return error_.error(); }
 
   // Every node's layout of the gathered rows must be the same: the first node's key is kept and
   // another node's differing key is a logic error (thrown before it claims anything).
@@ -98,9 +99,7 @@ class SharedGather {
   std::vector<int> xa_claimed_, xa_pending_;  // [E] (atomic_ref)
   std::vector<Projected> xa_;                 // [E]
   void wait_for_zero(const int& flag) const;  // throws Stopped after fail()
-  std::atomic<bool> failed_{false};
-  mutable std::mutex error_mutex_;
-  std::exception_ptr error_;
+  FirstError error_;
   std::atomic<std::uint64_t> layout_{0};
 };
 
