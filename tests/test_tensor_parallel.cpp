@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 #include <thread>
 
 #include "tensor_parallel_grid.hpp"
 #include "src/layer/cross_node_sums.hpp"
+#include "src/layer/expert_partial_sums.hpp"
 #include "src/layer/shared_gather.hpp"
 #include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
@@ -269,6 +271,70 @@ TEST_CASE("CrossNodeSums: sums wait for every node, add in node order, hand out 
   std::vector<float> one(static_cast<std::size_t>(rows) * rank);
   sums.sum_rows(2, 0, rows, rank, one.data());
   CHECK(std::equal(one.begin(), one.end(), part(0, 2)));
+}
+
+TEST_CASE("ExpertPartialSums: a sum waits for every node's rows of its expert, adds in node order, and stops on a failure", "[tp]") {
+  const int rows = 6, cols = 3;
+  const std::size_t ld = 4;  // a column past cols, never read
+  // Node n's rows: values whose f32 sum depends on the order.
+  std::vector<std::vector<float>> parts(3, std::vector<float>(static_cast<std::size_t>(rows) * ld));
+  for (int n = 0; n < 3; ++n)
+    for (std::size_t i = 0; i < parts[n].size(); ++i)
+      parts[n][i] = i % ld == cols ? std::nanf("") : n == 1 ? 1e8f : (n == 0 ? 1.0f : -1e8f) + static_cast<float>(i);
+  ExpertPartialSums sums;
+  sums.prepare(3, 2);
+  CHECK(sums.nodes() == 3);
+  CHECK(sums.owner(0) == 0);
+  CHECK(sums.owner(4) == 1);
+  for (int n = 0; n < 3; ++n) sums.set_rows(n, parts[n].data(), ld);
+  std::vector<float> got(static_cast<std::size_t>(2) * cols, -1.0f);
+  std::atomic<bool> summed{false};
+  std::thread waiter([&] {
+    sums.sum(1, 3, 2, cols, got.data(), cols);  // expert 1: rows 3-4
+    summed = true;
+  });
+  sums.publish(1);
+  sums.publish(0);  // expert 0 does not count for expert 1
+  sums.publish(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(summed.load());
+  sums.publish(1);
+  waiter.join();
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < cols; ++j) {
+      const std::size_t k = static_cast<std::size_t>(3 + i) * ld + j;
+      float want = parts[0][k];
+      want += parts[1][k];
+      want += parts[2][k];
+      CHECK(got[static_cast<std::size_t>(i) * cols + j] == want);
+    }
+
+  // A node that fails before publishing stops the waiters; its error is kept; a new call starts clean.
+  sums.prepare(2, 1);
+  CHECK_FALSE(sums.error());
+  sums.set_rows(0, parts[0].data(), ld);
+  sums.publish(0);
+  std::atomic<bool> stopped{false};
+  std::thread blocked([&] {
+    try {
+      sums.sum(0, 0, rows, cols, got.data(), cols);
+    } catch (const ExpertPartialSums::Stopped&) {
+      stopped = true;
+    }
+  });
+  sums.fail(std::make_exception_ptr(std::runtime_error("node 1 failed")));
+  blocked.join();
+  CHECK(stopped.load());
+  REQUIRE(sums.error());
+  CHECK_THROWS_WITH(std::rethrow_exception(sums.error()), "node 1 failed");
+  sums.prepare(1, 1);
+  CHECK_FALSE(sums.error());
+  sums.set_rows(0, parts[2].data(), ld);
+  sums.publish(0);
+  std::vector<float> one(static_cast<std::size_t>(rows) * cols);
+  sums.sum(0, 0, rows, cols, one.data(), cols);
+  for (int i = 0; i < rows; ++i)
+    for (int j = 0; j < cols; ++j) CHECK(one[static_cast<std::size_t>(i) * cols + j] == parts[2][static_cast<std::size_t>(i) * ld + j]);
 }
 
 TEST_CASE("portable tensor-parallel layer: a shared gather gives the bits of per-node gathers", "[tp][portable]") {

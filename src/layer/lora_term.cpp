@@ -81,6 +81,17 @@ void LoraTerm::project_rows(const kernels::KernelTable& kt, const bf16* v, std::
   project_range(kt, v, ldv, row0, count, k_padded, false, scratch, save, ld_save);
 }
 
+void LoraTerm::load_xa(const float* values, std::size_t ld, int rows) {
+  if (!active_) return;
+  if (!packed_) throw std::logic_error("LoraTerm::load_xa: the f32 form keeps its own projection");
+  start_rows(rows);
+  for (int i = 0; i < rows; ++i) {
+    const float* vi = values + static_cast<std::size_t>(i) * ld;
+    bf16* xi = xa_.data() + static_cast<std::size_t>(i) * rank_k_padded_;
+    for (int j = 0; j < rank_; ++j) xi[j] = float_to_bf16(vi[j]);
+  }
+}
+
 void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
                              bool v_tiles, AlignedVector<float>& scratch, float* save, std::size_t ld_save) {
   const std::size_t first = static_cast<std::size_t>(row0);

@@ -74,6 +74,9 @@ class LoraTerm {
   void start_rows(int rows);
   void project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
                     AlignedVector<float>& scratch, float* save, std::size_t ld_save);
+  // The packed form's xa for `rows` rows from values already scaled ([rows][ld] f32): the sum of
+  // the nodes' projections, in a tensor-parallel layer's forward (expert_partial_sums.hpp).
+  void load_xa(const float* values, std::size_t ld, int rows);
 
   // Makes the term the second product of `g` when it is packed. `panel_shift` is the global
   // panel index of g's panel 0 minus g.panel_begin, for a main B that covers only some panels.

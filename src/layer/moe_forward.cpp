@@ -117,7 +117,9 @@ MoeForward::MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, num
     : w_(weights), isa_(isa), kt_(kernels::kernel_table(isa)), pool_(pool), ws_(pool_workspace<ForwardWorkspace>(pool)) {}
 
 void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights,
-                         float* out, const ForwardSave* save, SharedGather* shared) {
+                         float* out, const ForwardSave* save, const ForwardNodes& nodes) {
+  SharedGather* const shared = nodes.gather;
+  ExpertPartialSums* const down_sums = nodes.down_lora;
   const MoeShape& s = w_.shape();
   TokenGroups groups = group_tokens_by_expert(ids, tokens, top_k, s.num_experts);
   // From here to the end the pool's shared buffers are this call's.
@@ -227,6 +229,20 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   ready_.reset(2 * experts);
   xa_inputs_left_.assign(experts, 0);
   auto packed_form = [&](int e) { return any_lora && groups.count(e) >= lora_pack_rows(kt_); };
+  // Across nodes, down's term of the packed form is added once, by the expert's owner, from the
+  // sum of the nodes' s h A_downᵀ (expert_partial_sums.hpp); each node's own goes to its saved
+  // values, or to down_partial_, for the owner to read. Every node decides alike.
+  const std::size_t down_rank = static_cast<std::size_t>(lora[Projection::down].rank);
+  auto summed_down = [&](int e) { return down_sums != nullptr && packed_form(e) && lora[Projection::down].active(e); };
+  float* down_partials = nullptr;
+  if (down_sums && any_lora && down_rank > 0) {
+    down_partials = save ? save->xa[static_cast<int>(Projection::down)] : nullptr;
+    if (!down_partials) {
+      if (down_partial_.size() < static_cast<std::size_t>(rows) * down_rank) down_partial_.resize(static_cast<std::size_t>(rows) * down_rank);
+      down_partials = down_partial_.data();
+    }
+    down_sums->set_rows(nodes.node, down_partials, down_rank);
+  }
   for (int e : active_) {
     const std::size_t ei = static_cast<std::size_t>(e);
     for (int r = 0; r < groups.count(e); r += kernels::kATileRows) {
@@ -453,8 +469,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     }
     LoraTerm& down = lora_[e][static_cast<int>(Projection::down)];
     if (!any_lora || groups.count(e) < lora_pack_rows(kt_) || !down.active()) return;
-    down.project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker], saved_xa(Projection::down, e),
-                 static_cast<std::size_t>(lora[Projection::down].rank), he.tiles);
+    const bool summed = summed_down(e);
+    float* keep = summed ? down_partials + static_cast<std::size_t>(groups.offsets[e]) * down_rank : saved_xa(Projection::down, e);
+    down.project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker], keep, down_rank, he.tiles);
+    if (summed) down_sums->publish(e);
   };
   h_items_left_.assign(static_cast<std::size_t>(s.num_experts), 0);
   for (const ExpertItem& it : items) ++h_items_left_[static_cast<std::size_t>(it.expert)];
@@ -519,25 +537,40 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // their experts' GEMM items, which add the term once it is ready.
   items = split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser,
                                kt_.few_row_item_panels);
+  if (down_sums)
+    for (int e : active_)
+      if (summed_down(e) && down_sums->owner(e) == nodes.node) down_prep_.push_back({e, -1});
+  auto adds_down_term = [&](int e) { return any_lora && (!summed_down(e) || down_sums->owner(e) == nodes.node); };
   ready_.reset(static_cast<std::size_t>(s.num_experts));
   for (const auto& [e, p] : down_prep_) ready_.expect(static_cast<std::size_t>(e));
   const std::vector<std::uint32_t> down_order = lead_items(down_prep_, items, lora_lead);
   ready_.parallel_for(pool_, down_order.size(), [&](std::size_t slot, int worker) {
     const std::size_t item = down_order[slot];
     if (item < down_prep_.size()) {
-      const int e = down_prep_[item][0];
-      const ExpertRows he = expert_rows(h_, e, ik);
-      lora_[e][static_cast<int>(Projection::down)].project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker],
-                                                           saved_xa(Projection::down, e),
-                                                           static_cast<std::size_t>(lora[Projection::down].rank), he.tiles);
+      const auto [e, code] = down_prep_[item];
+      LoraTerm& term = lora_[e][static_cast<int>(Projection::down)];
+      if (code < 0) {
+        // The summed term this node adds: every node's s h A_downᵀ of e, in node order.
+        const int m = groups.count(e);
+        auto& sum = scratch_[worker];
+        sum.resize(static_cast<std::size_t>(m) * down_rank);
+        down_sums->sum(e, static_cast<std::size_t>(groups.offsets[e]), m, static_cast<int>(down_rank), sum.data(), down_rank);
+        term.load_xa(sum.data(), down_rank, m);
+      } else {
+        const ExpertRows he = expert_rows(h_, e, ik);
+        term.project(kt_, he.p, ik, groups.count(e), static_cast<int>(ik), scratch_[worker], saved_xa(Projection::down, e), down_rank,
+                     he.tiles);
+      }
       ready_.count_down(static_cast<std::size_t>(e));
       return;
     }
     auto [e, p0, p1] = items[item - down_prep_.size()];
     const int col0 = p0 * kernels::kPanelColumns;
     const int n = std::min((p1 - p0) * kernels::kPanelColumns, s.hidden - col0);
-    const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
-    prefetch_lora_b(Projection::down, e, col0, n);
+    const LoraTerm* term = adds_down_term(e) ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
+    if (term) prefetch_lora_b(Projection::down, e, col0, n);
+    // A summed term is loaded by a prep item of this phase.
+    if (term && summed_down(e)) ready_.wait(static_cast<std::size_t>(e));
     const std::size_t row0 = static_cast<std::size_t>(groups.offsets[e]);
     const int m = groups.count(e);
     const std::size_t cols = static_cast<std::size_t>(p1 - p0) * kernels::kPanelColumns;

@@ -31,6 +31,7 @@
 #include "amx/isa.hpp"
 #include "amx/kernel_table.hpp"
 #include "numa/thread_pool.hpp"
+#include "src/layer/expert_partial_sums.hpp"
 #include "src/layer/forward_workspace.hpp"
 #include "src/layer/item_countdowns.hpp"
 #include "src/layer/lora_term.hpp"
@@ -50,17 +51,27 @@ struct ForwardSave {
   std::array<float*, 3> xa{};
 };
 
+// The forward's share of a tensor-parallel layer's cross-node work; a layer of one node passes
+// none of it.
+struct ForwardNodes {
+  // Nodes on one memory node: the gathered rows of x, each gathered once by whichever node claims
+  // it (shared_gather.hpp); a node that stops because another failed throws SharedGather::Stopped.
+  SharedGather* gather = nullptr;
+  // Several nodes: down's LoRA term of experts in the packed form is added by one node, the
+  // expert's owner, from every node's s h A_downᵀ (expert_partial_sums.hpp). This node is `node`.
+  ExpertPartialSums* down_lora = nullptr;
+  int node = 0;
+};
+
 class MoeForward {
  public:
   MoeForward(const PackedExpertWeights& weights, kernels::Isa isa, numa::ThreadPool& pool);
 
   // x: bf16 [T][H]; expert_ids, weights: [T][k]; out: f32 [T][H], overwritten. Ids are checked
-  // before anything is written; the LoRA factors are read in place. With `shared` (prepared for
-  // this call's routing), the gathered rows of x are those of every node of a layer on one
-  // memory node, each gathered once by whichever node claims it (shared_gather.hpp); a node that
-  // stops because another failed throws SharedGather::Stopped.
+  // before anything is written; the LoRA factors are read in place. `nodes` (prepared for this
+  // call's routing): see ForwardNodes.
   void forward(const LayerLoraView& lora, int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids,
-               const float* weights, float* out, const ForwardSave* save = nullptr, SharedGather* shared = nullptr);
+               const float* weights, float* out, const ForwardSave* save = nullptr, const ForwardNodes& nodes = {});
   void forward(const LayerLora& lora, int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights,
                float* out) {
     forward(lora_view(lora), tokens, top_k, x, expert_ids, weights, out);
@@ -141,7 +152,10 @@ class MoeForward {
   std::vector<int> xa_inputs_left_;
   // gate_up's prep items: (expert, projection) of a LoRA's, (expert, -1 - first row) of a gather unit
   std::vector<std::array<int, 2>> prep_;
-  std::vector<std::array<int, 2>> down_prep_;  // (expert, down) of experts whose down LoRA has the f32 form
+  // down's prep items: (expert, down) of experts whose down LoRA has the f32 form; (expert, -1) of
+  // experts whose summed term this node adds (ForwardNodes::down_lora)
+  std::vector<std::array<int, 2>> down_prep_;
+  AlignedVector<float> down_partial_;  // this node's s h A_downᵀ for the other nodes, when not saved
   ItemCountdowns ready_;  // per expert: prep items not yet done (gate_up: and gather units alone)
   std::vector<std::array<LoraTerm, 3>> lora_;
   std::vector<AlignedVector<float>>& scratch_ = ws_->scratch;  // per worker

@@ -35,11 +35,11 @@ void MoeSftLayer::update_lora_weights(const LayerLoraView& lora, bool held) {
 }
 
 void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,
-                              bool save_for_backward, SharedGather* shared) {
+                              bool save_for_backward, const ForwardNodes& nodes) {
   if (tokens < 0 || top_k <= 0)
     fail(ErrorKind::invalid_argument, "forward_sft: tokens (" + std::to_string(tokens) + ") must be >= 0 and top_k (" +
                                           std::to_string(top_k) + ") positive");
-  if (!save_for_backward) return forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out, nullptr, shared);
+  if (!save_for_backward) return forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out, nullptr, nodes);
 
   ForwardCacheEntry& slot = cache_.slot_for_push("forward_sft");
   const CacheLimits& lim = cache_.limits();
@@ -49,7 +49,7 @@ void MoeSftLayer::forward_sft(int tokens, int top_k, const bf16* x, const std::i
                                           ", top-k " + std::to_string(lim.max_top_k) + ")");
   slot.lora = lora_;
   const ForwardSave save = slot.save_target();
-  forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out, &save, shared);  // checks the ids before writing
+  forward_.forward(lora_, tokens, top_k, x, expert_ids, weights, out, &save, nodes);  // checks the ids before writing
 
   const std::size_t n = static_cast<std::size_t>(tokens) * top_k;
   // The input by the pool's workers from 64 KiB up: one thread copied 2 MB (512 tokens of

@@ -49,10 +49,10 @@ class MoeSftLayer {
 
   // x: bf16 [T][H]; ids, weights: [T][k]; out: f32 [T][H]. With save_for_backward the call
   // pushes one cache entry: it is an Error(state) when the stack is full, and invalid_argument
-  // when T > max_tokens or k > max_top_k; either leaves the layer as it was. `shared`: as
+  // when T > max_tokens or k > max_top_k; either leaves the layer as it was. `nodes`: as
   // MoeForward::forward's (the nodes of a tensor-parallel layer).
   void forward_sft(int tokens, int top_k, const bf16* x, const std::int64_t* expert_ids, const float* weights, float* out,
-                   bool save_for_backward, SharedGather* shared = nullptr);
+                   bool save_for_backward, const ForwardNodes& nodes = {});
 
   // Pops the newest saved forward and computes, for loss = sum(out * grad_output):
   // grad_input (f32 [T][H], overwritten) and the LoRA gradients into `grads`, shaped like the

@@ -211,6 +211,7 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
                       quantized ? static_cast<std::size_t>(w.int_shape(Projection::gate).k_padded) : 0);
     }
   }
+  down_lora_sums_.prepare(n_nodes, shape_.num_experts);
   const int saved_before = cached_forwards();
   const std::size_t elems = static_cast<std::size_t>(std::max(tokens, 0)) * shape_.hidden;
   node_seconds_.start.resize(static_cast<std::size_t>(n_nodes));
@@ -233,13 +234,21 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
         dst = s.out.data();
       }
       try {
-        s.layer->forward_sft(tokens, top_k, x, expert_ids, weights, dst, save_for_backward, shared);
+        s.layer->forward_sft(tokens, top_k, x, expert_ids, weights, dst, save_for_backward, {shared, &down_lora_sums_, node});
       } catch (const SharedGather::Stopped&) {
-        // Another node failed while it held a unit: its error is rethrown below.
+        // Another node failed while it held a unit: its error is rethrown below. This node's
+        // partials of down's LoRA will not all come either.
+        down_lora_sums_.fail(shared->error());
+      } catch (const ExpertPartialSums::Stopped&) {
+        // Another node failed before it published: its error is rethrown below.
+      } catch (...) {
+        down_lora_sums_.fail(std::current_exception());
+        throw;
       }
     });
     node_seconds_.all += since_t0();
     if (shared && shared->error()) std::rethrow_exception(shared->error());
+    if (down_lora_sums_.error()) std::rethrow_exception(down_lora_sums_.error());
   } catch (...) {
     for (const auto& s : shards_)
       if (s->layer->cached_forwards() > saved_before) s->layer->discard_newest_saved();

@@ -26,6 +26,7 @@
 
 #include "numa/node_group.hpp"
 #include "src/layer/cross_node_sums.hpp"
+#include "src/layer/expert_partial_sums.hpp"
 #include "src/layer/moe_sft_layer.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/layer/shared_gather.hpp"
@@ -114,6 +115,7 @@ class TensorParallelLayer {
   std::vector<std::unique_ptr<Shard>> shards_;
   std::shared_ptr<SharedGather> shared_gather_;  // null where the nodes cannot share
   CrossNodeSums sums_;  // the backward's summed LoRA gradients
+  ExpertPartialSums down_lora_sums_;  // the forward's s h A_downᵀ, summed for down's LoRA term
   bool share_gather_ = true;
   bool forward_layouts_agree_ = true;
   double merge_seconds_ = 0;
