@@ -52,6 +52,11 @@ int NodeGroup::threads() const {
   return t;
 }
 
+void NodeGroup::park() noexcept {
+  for (ThreadPool* p : pools_) p->park();
+  if (dispatch_) dispatch_->park();
+}
+
 void NodeGroup::run_on_nodes(const std::function<void(int node)>& fn) {
   const int n = size();
   if (n == 1) return fn(0);

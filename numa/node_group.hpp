@@ -37,6 +37,10 @@ class NodeGroup {
   // With one node fn runs on the calling thread. Not re-entrant.
   void run_on_nodes(const std::function<void(int node)>& fn);
 
+  // Parks every pool of the group (ThreadPool::park): its idle workers sleep instead of polling,
+  // for a caller about to run another thread group on the same cores.
+  void park() noexcept;
+
  private:
   std::vector<int> os_nodes_;
   std::vector<std::unique_ptr<ThreadPool>> owned_;

@@ -178,7 +178,7 @@ std::uint32_t ThreadPool::await_open_job(std::uint32_t seen) {
     now = epoch_.load(std::memory_order_acquire);
     return (now != seen && now % 2 == 1) || stop_.load(std::memory_order_relaxed);
   };
-  if (spin_until(ready)) return now;
+  if (spin_until([&] { return ready() || park_.load(std::memory_order_relaxed); }) && ready()) return now;
   // Pairs with the caller's open in parallel_for: either we see the new epoch before we sleep,
   // or the caller sees us in sleepers_ and wakes us. The kernel re-checks the word as it puts
   // us to sleep, so a change between our load and the sleep is not lost either.
@@ -281,6 +281,7 @@ void ThreadPool::parallel_for(std::size_t count,
   next_.store(0, std::memory_order_relaxed);
   failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
+  park_.store(false, std::memory_order_relaxed);
 
   // Open: the seq_cst increment also releases the job written above. Spinning helpers cost no
   // syscall; of the sleeping ones, wake no more than there are chunks left for them.

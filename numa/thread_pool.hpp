@@ -55,6 +55,13 @@ class ThreadPool {
   void parallel_for(std::size_t count, const std::function<void(std::size_t item, int worker)>& fn,
                     std::size_t grain = 1);
 
+  // Helpers that are idle, or become idle, stop polling for a job and sleep until the next
+  // parallel_for wakes them. After a job they otherwise poll for a while (kSpinTime), which is
+  // what back-to-back calls want; a caller that knows other threads are about to run on these
+  // cores (the bench taking turns between thread groups on the same cores) parks the pool so
+  // that its polling does not take their time.
+  void park() noexcept { park_.store(true, std::memory_order_relaxed); }
+
  private:
   void helper_main(int worker, int cpu);
   void run_items(int worker);
@@ -81,6 +88,7 @@ class ThreadPool {
   alignas(64) std::atomic<std::uint32_t> epoch_{0};  // odd: a job is open; even: closed
   std::atomic<std::uint32_t> sleepers_{0};           // helpers asleep (or about to be) on epoch_
   std::atomic<bool> stop_{false};
+  std::atomic<bool> park_{false};  // park(): idle helpers sleep at once; the next job clears it
   alignas(64) std::atomic<std::uint32_t> active_{0};           // helpers inside the job
   std::atomic<std::uint32_t> caller_sleeping_{0};              // caller asleep on active_
 };

@@ -303,6 +303,31 @@ TEST_CASE("the caller sleeps and is woken when a helper runs long", "[thread_poo
   CHECK(once);
 }
 
+TEST_CASE("a parked pool's helpers sleep and still take part in the next job", "[thread_pool]") {
+  // Parked right after a job (helpers still on their way out of it), or once they have been idle
+  // a while, or twice: every next job needs every worker (a rendezvous), so a helper left asleep
+  // fails it.
+  const int threads = GENERATE(2, 4);
+  CAPTURE(threads);
+  const bool met = within([threads] {
+    ThreadPool pool(threads, two_cpus());
+    bool ok = true;
+    for (int call = 0; call < 60; ++call) {
+      std::atomic<int> arrived{0};
+      std::atomic<bool> met_all{true};
+      pool.parallel_for(static_cast<std::size_t>(threads), [&](std::size_t, int) {
+        if (!rendezvous(arrived, threads)) met_all = false;
+      });
+      ok = ok && met_all.load();
+      pool.park();
+      if (call % 3 == 1) std::this_thread::sleep_for(std::chrono::microseconds(300));
+      if (call % 3 == 2) pool.park();
+    }
+    return ok;
+  });
+  CHECK(met);
+}
+
 TEST_CASE("two threads calling one pool at once are serialised", "[thread_pool]") {
   const auto [once, workers_ok] = within([] {
     ThreadPool pool(2, two_cpus());
