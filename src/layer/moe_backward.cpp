@@ -131,7 +131,6 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   bf16* const dy_rows = shared ? shared->dy.data() : dy_.data();
   bf16* const x_rows = shared ? shared->xs.data() : xs_.data();
   grow(dgu_, rows * gu_ld);
-  if (need_h) grow(h_, rows * inter);
   // dX: one bf16 row per routed row in TokenGroups order, written by the dx items from their f32
   // products (as the forward's y: half the bytes written here and read by the combine, which
   // sums a token's rows in f32).
@@ -243,11 +242,31 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   lap(1);
 
   // dh: dH = dY Wd (+ LoRA) on 32-column slices of Wdᵀ (or split-K partials, then their sum),
-  // then the SwiGLU backward into dG | dU.
-  auto swiglu_backward = [&](int e, int col0, int n, const float* c, std::size_t ldc) {
+  // then the SwiGLU backward into dG | dU, and the LoRA gradients that need only those columns,
+  // while they are in this core's cache: gate's and up's dB rows (dG and dU against the saved
+  // x Aᵀ) and down's dA columns (dP of down against h, recomputed here into the worker's scratch,
+  // where a buffer of every row's h was written and read back by the lora_grads phase). Each
+  // gradient element is the same sum over the rows as over whole rows.
+  const std::size_t r_down = rank_of(Projection::down);
+  auto swiglu_backward = [&](int e, int col0, int n, const float* c, std::size_t ldc, WorkerScratch& ws) {
+    const int m = groups.count(e);
     bf16* gu = dgu_.data() + off(e) * gu_ld + col0;
-    kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter,
-                          groups.count(e), n, gu, gu + ik, gu_ld, need_h ? h_.data() + off(e) * inter + col0 : nullptr, inter);
+    bf16* h = nullptr;
+    if (need_h && terms_[e][2].active()) {
+      grow(ws.h, static_cast<std::size_t>(m) * n);
+      h = ws.h.data();
+    }
+    kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
+                          gu + ik, gu_ld, h, static_cast<std::size_t>(n));
+    if (h)
+      kt_.lora_grad_outer(h, static_cast<std::size_t>(n), dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
+                          grads[2].a_of(e, static_cast<int>(r_down), s.intermediate) + col0, grads[2].lda(s.intermediate), true, overwrite);
+    for (int p = 0; p < 2 && any_lora; ++p) {
+      if (!terms_[e][p].active() || !grads[p].b) continue;
+      const std::size_t r = rank_of(static_cast<Projection>(p));
+      kt_.lora_grad_outer(gu + (p == 1 ? ik : 0), gu_ld, entry.xa[p].data() + off(e) * r, r, m, n, static_cast<int>(r),
+                          grads[p].b_of(e, static_cast<int>(r), s.intermediate) + static_cast<std::size_t>(col0) * r, r, false, overwrite);
+    }
   };
   // Twice the forward's columns per item: a dh item then streams 512 KiB of Wdᵀ at 16-63 rows, as
   // a forward gate_up item does (gate and up). On the device (512 tokens, r=16, weight copy) the
@@ -280,7 +299,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         kernels::gemm_args(dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), wt, 0, p1 - p0, ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
-    swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols));
+    swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols), ws);
   });
   pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
@@ -290,31 +309,22 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     sum_partials(partials_.data() + first.partial, dh_items_per_expert, static_cast<std::size_t>(m) * down.k_padded, m, s.intermediate,
                  static_cast<std::size_t>(down.k_padded), c.data(), static_cast<std::size_t>(down.k_padded));
     if (any_lora) terms_[e][2].add_f32(kt_, m, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
-    swiglu_backward(e, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
+    swiglu_backward(e, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded), scratch_[worker]);
   });
   lap(2);
 
-  // lora_grads: dA of down; dP, dB and dA of gate and up.
+  // lora_grads: dP and dA of gate and up (the rest came with dh).
   if (any_lora) {
-    pool_.parallel_for(active_.size() * 3, [&](std::size_t item, int worker) {
-      const int e = active_[item / 3];
-      const int p = static_cast<int>(item % 3);
+    pool_.parallel_for(active_.size() * 2, [&](std::size_t item, int worker) {
+      const int e = active_[item / 2];
+      const int p = static_cast<int>(item % 2);
       LoraTerm& term = terms_[e][p];
       if (!term.active()) return;
       const int m = groups.count(e);
       const std::size_t r = rank_of(static_cast<Projection>(p));
-      if (p == 2) {
-        if (need_h)
-          kt_.lora_grad_outer(h_.data() + off(e) * inter, inter, dp_[2].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
-                              grads[2].a_of(e, static_cast<int>(r), s.intermediate), grads[2].lda(s.intermediate), true, overwrite);
-        return;
-      }
       const bf16* d_out = dgu_.data() + off(e) * gu_ld + (p == 1 ? ik : 0);
       float* dp = dp_[p].data() + off(e) * r;
       term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), scratch_[worker].proj, dp, r);
-      if (grads[p].b)
-        kt_.lora_grad_outer(d_out, gu_ld, entry.xa[p].data() + off(e) * r, r, m, s.intermediate, static_cast<int>(r),
-                            grads[p].b_of(e, static_cast<int>(r), s.intermediate), r, false, overwrite);
       if (grads[p].a && !sums)
         kt_.lora_grad_outer(x_rows + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
                             grads[p].a_of(e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);

@@ -13,8 +13,9 @@
 // are the forward's LoraTerm with transposed factors. Items depend on the routing only, so the
 // results are bit-identical for any thread count.
 //
-// Phases (each a parallel_for): gather, lora_prep, dh (with the SwiGLU backward), lora_grads,
-// dx, lora_sums (tensor parallel: the LoRA gradients summed over the nodes), combine.
+// Phases (each a parallel_for): gather, lora_prep, dh (with the SwiGLU backward, and the LoRA
+// gradients of gate's and up's B and down's A, column by column), lora_grads (dP and dA of gate
+// and up), dx, lora_sums (tensor parallel: the LoRA gradients summed over the nodes), combine.
 #include <array>
 #include <functional>
 #include <memory>
@@ -82,7 +83,6 @@ class MoeBackward {
   std::shared_ptr<BackwardWorkspace> ws_;
   AlignedVector<bf16>& dy_ = ws_->dy;
   AlignedVector<bf16>& dgu_ = ws_->dgu;
-  AlignedVector<bf16>& h_ = ws_->h;
   AlignedVector<bf16>& xs_ = ws_->xs;
   AlignedVector<bf16>& dx_ = ws_->dx;
   std::array<AlignedVector<float>, 3>& dp_ = ws_->dp;
