@@ -175,6 +175,18 @@ TEST_CASE("SharedGather: each unit claimed once, waits end when its expert's uni
   }
   CHECK(won.load() == 1 + 1 + 1 + 3);
   for (int e = 0; e < 4; ++e) g.wait(e);  // all written: returns at once
+  // Each unit has one owner, and 3 nodes own 2 of these 6 units each.
+  g.prepare(groups, 96, 0, 3);
+  std::vector<int> owned(3, 0);
+  for (int e = 0; e < 4; ++e)
+    for (int row = 0; row < groups.count(e); row += SharedGather::kUnitRows) {
+      int owners = 0;
+      for (int n = 0; n < 3; ++n)
+        if (g.owns(n, e, row)) ++owners, ++owned[static_cast<std::size_t>(n)];
+      CHECK(owners == 1);
+    }
+  CHECK(owned == std::vector<int>{2, 2, 2});
+
   g.agree_on_layout(7);
   g.agree_on_layout(7);
   CHECK_THROWS_AS(g.agree_on_layout(9), std::logic_error);

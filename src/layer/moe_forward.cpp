@@ -282,27 +282,12 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       std::fill(dst + hidden, dst + ld, bf16(0));
     }
   };
-  // One gather unit: up to 16 rows of expert e from `row` on: this node's h padding, and the rows
-  // of x (with a SharedGather, only if this node claims the unit first).
+  // The rows of x of one gather unit: up to 16 rows of expert e from `row` on.
   static_assert(SharedGather::kUnitRows == kernels::kATileRows && SharedGather::kUnitRows == kernels::kIntATileRows,
                 "a gather unit is one A row tile");
-  auto gather_unit = [&](int e, int row) {
+  auto copy_unit = [&](int e, int row) {
     const int count = std::min(kernels::kATileRows, groups.count(e) - row);
     const int pos0 = groups.offsets[e] + row;
-    if (tiled_[e]) {
-      if (inter % kernels::kBlockK != 0) {
-        for (int r = row; r < row + count; ++r) {
-          bf16* tail = kernels::tile_row(h_.data() + block_row_[e] * ik, static_cast<int>(ik), r, static_cast<int>(inter / kernels::kBlockK));
-          std::fill(tail + inter % kernels::kBlockK, tail + kernels::kBlockK, bf16(0));
-        }
-      }
-    } else {
-      for (int r = 0; r < count; ++r) {
-        bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
-        std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
-      }
-    }
-    if (shared && !shared->claim(e, row)) return;
     try {
       if (quantized) {
         std::int8_t* codes = xq_data_ + qblock_row_[e] * xq_ld;
@@ -327,6 +312,36 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       throw;
     }
     if (shared) shared->done(e);
+  };
+  // One gather unit as a prep item: this node's h padding, and the rows of x (with a
+  // SharedGather, only of a unit this node owns and claims first).
+  auto gather_unit = [&](int e, int row) {
+    const int count = std::min(kernels::kATileRows, groups.count(e) - row);
+    if (tiled_[e]) {
+      if (inter % kernels::kBlockK != 0) {
+        for (int r = row; r < row + count; ++r) {
+          bf16* tail = kernels::tile_row(h_.data() + block_row_[e] * ik, static_cast<int>(ik), r, static_cast<int>(inter / kernels::kBlockK));
+          std::fill(tail + inter % kernels::kBlockK, tail + kernels::kBlockK, bf16(0));
+        }
+      }
+    } else {
+      for (int r = 0; r < count; ++r) {
+        bf16* hrow = h_.data() + (block_row_[e] + row + r) * ik;
+        std::fill(hrow + s.intermediate, hrow + ik, bf16(0));
+      }
+    }
+    if (shared && (!shared->owns(nodes.node, e, row) || !shared->claim(e, row))) return;
+    copy_unit(e, row);
+  };
+  // Every row of expert e gathered, before this node reads them: the units still unclaimed (this
+  // node's own are claimed by its prep items, which come first) are copied here, the others waited
+  // for. A claimed unit is copied by a running worker that waits for nothing in between, so no
+  // order of the nodes' items can deadlock.
+  auto gathered = [&](int e) {
+    if (!shared) return;
+    for (int row = 0; row < groups.count(e); row += SharedGather::kUnitRows)
+      if (shared->claim(e, row)) copy_unit(e, row);
+    shared->wait(e);
   };
 
   // The caller's B rows that an item's LoRA terms read (the f32 form's add, or a packed term's
@@ -399,7 +414,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // did not change.
   auto project_xa_here = [&](int e, int worker) {
     if (x_rows) {
-      if (shared) shared->wait(e);  // units another node claimed
+      gathered(e);
       const ExpertRows xe = expert_rows(xs, e, hk);
       for (Projection p : {Projection::gate, Projection::up})
         lora_[e][static_cast<int>(p)].project(kt_, xe.p, hk, groups.count(e), static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
@@ -504,7 +519,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     // The product reads the gathered rows, and a packed term whole: those prep items first. An f32
     // term's x Aᵀ is waited for only where it is added, after the product.
     ready_.wait((any_lora && m >= lora_pack_rows(kt_) ? 0 : experts) + static_cast<std::size_t>(e));
-    if (shared) shared->wait(e);
+    gathered(e);
     auto& scratch = scratch_[worker];
     scratch.resize(static_cast<std::size_t>(2) * m * cols);
     float* cg = scratch.data();

@@ -27,8 +27,9 @@ void SharedGather::reset_units(const TokenGroups& groups) {
   layout_.store(0, std::memory_order_relaxed);
 }
 
-void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld) {
+void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld, int nodes) {
   reset_units(groups);
+  nodes_ = std::max(nodes, 1);
   // Padding varies with the routing: grow straight to the most this row count can need (every
   // expert with rows one short of a whole unit), not by what each call needs, which would copy and
   // fault in the buffers again on many calls of a new batch size.
@@ -42,6 +43,7 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
 
 void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld) {
   reset_units(groups);
+  nodes_ = 1;
   const std::size_t total = static_cast<std::size_t>(groups.total());
   if (dy.size() < total * dy_ld) dy.resize(total * dy_ld);
   if (xs.size() < total * x_ld) xs.resize(total * x_ld);
@@ -49,7 +51,10 @@ void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld
 
 bool SharedGather::claim(int e, int row) {
   const std::size_t u = static_cast<std::size_t>(first_unit_[static_cast<std::size_t>(e)] + row / kUnitRows);
-  return std::atomic_ref<int>(claimed_[u]).exchange(1, std::memory_order_relaxed) == 0;
+  // A load first: every item of an expert asks for its units, most long claimed, and an exchange
+  // would take the line from the other cores each time.
+  std::atomic_ref<int> flag(claimed_[u]);
+  return flag.load(std::memory_order_relaxed) == 0 && flag.exchange(1, std::memory_order_relaxed) == 0;
 }
 
 void SharedGather::done(int e) { std::atomic_ref<int>(left_[static_cast<std::size_t>(e)]).fetch_sub(1, std::memory_order_acq_rel); }
