@@ -149,6 +149,29 @@ TEST_CASE("tensor-parallel layer: failures leave every node's stack as it was", 
   CHECK(stacks() == std::vector<int>{0, 0, 0});
 }
 
+namespace {
+
+// A thread blocked in `wait` stops with `Stopped` once `object` fails with `message`, and the object
+// keeps that error for the layer to rethrow.
+template <typename Stopped, typename Object, typename Wait>
+void check_failure_stops_waiter(Object& object, Wait wait, const char* message) {
+  std::atomic<bool> stopped{false};
+  std::thread blocked([&] {
+    try {
+      wait();
+    } catch (const Stopped&) {
+      stopped = true;
+    }
+  });
+  object.fail(std::make_exception_ptr(std::runtime_error(message)));
+  blocked.join();
+  CHECK(stopped.load());
+  REQUIRE(object.error());
+  CHECK_THROWS_WITH(std::rethrow_exception(object.error()), message);
+}
+
+}  // namespace
+
 TEST_CASE("SharedGather: each unit claimed once, waits end when its expert's units are written, a failure stops them", "[tp]") {
   MoeShape s{16, 32, 4, 2};
   std::vector<std::int64_t> ids;
@@ -197,19 +220,7 @@ TEST_CASE("SharedGather: each unit claimed once, waits end when its expert's uni
   REQUIRE(g.claim(3, 0));
   g.done(3);
   REQUIRE(g.claim(3, 16));
-  std::atomic<bool> stopped{false};
-  std::thread waiter([&] {
-    try {
-      g.wait(3);
-    } catch (const SharedGather::Stopped&) {
-      stopped = true;
-    }
-  });
-  g.fail(std::make_exception_ptr(std::runtime_error("copy failed")));
-  waiter.join();
-  CHECK(stopped.load());
-  REQUIRE(g.error());
-  CHECK_THROWS_WITH(std::rethrow_exception(g.error()), "copy failed");
+  check_failure_stops_waiter<SharedGather::Stopped>(g, [&] { g.wait(3); }, "copy failed");
   g.agree_on_layout(9);  // a new call: no layout yet
 }
 
@@ -264,19 +275,7 @@ TEST_CASE("CrossNodeSums: sums wait for every node, add in node order, hand out 
   CHECK_FALSE(sums.error());
   CHECK(sums.claim_block() == 0);
   sums.publish(0, {part(0, 0), part(0, 1), part(0, 2)});
-  std::atomic<bool> stopped{false};
-  std::thread blocked([&] {
-    try {
-      sums.sum_rows(0, 0, rows, rank, got.data());
-    } catch (const CrossNodeSums::Stopped&) {
-      stopped = true;
-    }
-  });
-  sums.fail(std::make_exception_ptr(std::runtime_error("node 1 failed")));
-  blocked.join();
-  CHECK(stopped.load());
-  REQUIRE(sums.error());
-  CHECK_THROWS_WITH(std::rethrow_exception(sums.error()), "node 1 failed");
+  check_failure_stops_waiter<CrossNodeSums::Stopped>(sums, [&] { sums.sum_rows(0, 0, rows, rank, got.data()); }, "node 1 failed");
   sums.prepare(1);
   CHECK_FALSE(sums.error());
   sums.publish(0, {part(0, 0), part(0, 1), part(0, 2)});
@@ -326,19 +325,7 @@ TEST_CASE("ExpertPartialSums: a sum waits for every node's rows of its expert, a
   CHECK_FALSE(sums.error());
   sums.set_rows(0, parts[0].data(), ld);
   sums.publish(0);
-  std::atomic<bool> stopped{false};
-  std::thread blocked([&] {
-    try {
-      sums.sum(0, 0, rows, cols, got.data(), cols);
-    } catch (const ExpertPartialSums::Stopped&) {
-      stopped = true;
-    }
-  });
-  sums.fail(std::make_exception_ptr(std::runtime_error("node 1 failed")));
-  blocked.join();
-  CHECK(stopped.load());
-  REQUIRE(sums.error());
-  CHECK_THROWS_WITH(std::rethrow_exception(sums.error()), "node 1 failed");
+  check_failure_stops_waiter<ExpertPartialSums::Stopped>(sums, [&] { sums.sum(0, 0, rows, cols, got.data(), cols); }, "node 1 failed");
   sums.prepare(1, 1);
   CHECK_FALSE(sums.error());
   sums.set_rows(0, parts[2].data(), ld);
