@@ -85,20 +85,30 @@ inline void prefetch_block_to_l2(const std::uint8_t* block) {
   for (std::size_t line = 0; line < kBlockBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block) + line, _MM_HINT_T1);
 }
 
-// int8 experts of 33 to this many rows (A at most 128 KiB at K = 2048) run panel pairs outside and
-// row blocks inside (pairs_outside): the first row block streams a pair's B from memory, the others
-// re-read it hot, and the last one sends the next pair's first kNextPairBlocks blocks to L2, so
-// that the core's memory stream goes on while it computes from cache. Row blocks outside, the
-// tail rows of a panel group ran after all its pairs' 32-row blocks, computing from L2 while
-// nothing streamed. On the device (512 tokens of DeepSeek-V2-Lite, about 48 rows an expert; three
-// orders in one process taking turns call by call, three rounds) the int8 forward went from 9.00
-// to 7.99 ms (8.30 without the snake order). The same change in the bf16 kernel gained nothing
-// (14.39 / 14.51 ms), and the fine-tuning step neither.
+// Experts of 33 to this many rows (A at most 128 KiB of int8 at K = 2048) run panel pairs outside
+// and row blocks inside (pairs_outside): int8's first row block streams a pair's B from memory (int4
+// unpacks the pair first), the others re-read it hot, and the last one sends the next pair's first
+// kNextPairBlocks KiB a panel (int4: its codes) to L2, so that the core's memory stream goes on
+// while it computes from cache. Row blocks outside, the tail rows of a panel group ran after all
+// its pairs' 32-row blocks, computing from L2 while nothing streamed. On the device (512 tokens of
+// DeepSeek-V2-Lite, about 48 rows an expert; three orders in one process taking turns call by
+// call, three rounds) the int8 forward went from 9.00 to 7.99 ms (8.30 without the snake order).
+// int4 (g128, pairs unpacked as they come) went from 7.25 to 6.93 ms (r=16: 8.15 to 7.87), taking
+// turns in the same way. The same order in the bf16 kernel gained nothing (14.39 / 14.51 ms), nor
+// did it in the fine-tuning step: at 48 rows bf16 items are as much compute as memory.
 constexpr int kPairsOutsideMaxRows = 64;
 constexpr int kNextPairBlocks = 16;
 
+// The next panel pair's B in memory, sent to L2 a KiB a panel at each of the first `blocks` k-steps:
+// the first panel from `first`, the second `stride` bytes on.
+struct NextPair {
+  const std::uint8_t* first = nullptr;
+  std::size_t stride = 0;
+  int blocks = 0;
+};
+
 template <bool TwoRowTiles, bool TwoPanels>
-void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool prefetch, const std::uint8_t* next_pair = nullptr) {
+void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool prefetch, const NextPair& next = {}) {
   const GemmIntArgs& g = *job.g;
   // By rows: tile 2 starts 16 rows down. In tile order: the row tile's blocks are 1 KiB apart
   // along K and the next row tile's start kblocks blocks later.
@@ -139,16 +149,15 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     }
   };
   auto flush_group = [&](int grp) { for_each_c_tile<TwoRowTiles, TwoPanels>([&](int t) { flush_one(grp, t); }); };
-  const int next_blocks = next_pair ? std::min(job.kblocks, kNextPairBlocks) : 0;
   for (int grp = 0; grp < groups; ++grp) {
     zero_c_tiles<TwoRowTiles, TwoPanels>();
     const int kb_end = std::min(job.kblocks, (grp + 1) * job.group_blocks);
     for (int kb = grp * job.group_blocks; kb < kb_end; ++kb) {
       const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
       const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * a_kstep;
-      if (kb < next_blocks) {
-        prefetch_block_to_l2(next_pair + static_cast<std::size_t>(kb) * kBlockBytes);
-        prefetch_block_to_l2(next_pair + job.panel_stride + static_cast<std::size_t>(kb) * kBlockBytes);
+      if (kb < next.blocks) {
+        prefetch_block_to_l2(next.first + static_cast<std::size_t>(kb) * kBlockBytes);
+        prefetch_block_to_l2(next.first + next.stride + static_cast<std::size_t>(kb) * kBlockBytes);
       }
       if (prefetch) {
         // Past the panel's end this reaches into the next panel or beyond the matrix: a prefetch
@@ -209,41 +218,6 @@ void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows
   }
 }
 
-// One row block of pairs_outside: `full` 32 rows at `row` (16/16 tiles), or the m - row tail rows.
-struct RowBlock {
-  int row;
-  bool full;
-};
-
-void pair_block(const Job& job, const RowBlock& b, int m, int p, bool two, bool prefetch, const std::uint8_t* next_pair) {
-  const int rows = b.full ? kBlockRows : m - b.row;
-  if (rows > kTileRows) {
-    ensure_tile_config(make_tile_config(kTileRows, rows - kTileRows));
-    if (two) return tile_block<true, true>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next_pair);
-    return tile_block<true, false>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next_pair);
-  }
-  ensure_tile_config(make_tile_config(rows, rows));
-  if (two) return tile_block<false, true>(job, b.row, rows, rows, p, prefetch, next_pair);
-  tile_block<false, false>(job, b.row, rows, rows, p, prefetch, next_pair);
-}
-
-// Few rows (int8): for each panel pair every row block. The blocks run in snake order, the odd
-// pairs' backwards, so that a tail of its own tile configuration costs one change a pair, not two.
-void pairs_outside(const Job& job, int m, int p_begin, int p_end) {
-  RowBlock blocks[kPairsOutsideMaxRows / kBlockRows + 1];
-  int count = 0;
-  for (int row = 0; row < m; row += kBlockRows) blocks[count++] = {row, row + kBlockRows <= m};
-  for (int p = p_begin, pair = 0; p < p_end; p += 2, ++pair) {
-    const bool two = p + 1 < p_end;
-    // The next pair's first blocks; a prefetch past the matrix (a last pair of one panel) never faults.
-    const std::uint8_t* next = p + 2 < p_end ? job.b + static_cast<std::size_t>(p + 2 - job.b_panel0) * job.panel_stride : nullptr;
-    for (int j = 0; j < count; ++j) {
-      const RowBlock& b = blocks[pair % 2 == 0 ? j : count - 1 - j];
-      pair_block(job, b, m, p, two, j == 0, j == count - 1 ? next : nullptr);
-    }
-  }
-}
-
 // Panels [p0, p1) of an int4 matrix as int8 blocks (nibble - 8), in the int8 packed order.
 void unpack_int4_panels(const PackedIntShape& s, const std::uint8_t* codes, int p0, int p1, std::uint8_t* out) {
   const __m512i low = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
@@ -292,6 +266,70 @@ void unpack_int4_panels_scaled(const PackedIntShape& s, const std::uint8_t* code
   }
 }
 
+// One row block of pairs_outside: `full` 32 rows at `row` (16/16 tiles), or the m - row tail rows.
+struct RowBlock {
+  int row;
+  bool full;
+};
+
+void pair_block(const Job& job, const RowBlock& b, int m, int p, bool two, bool prefetch, const NextPair& next) {
+  const int rows = b.full ? kBlockRows : m - b.row;
+  if (rows > kTileRows) {
+    ensure_tile_config(make_tile_config(kTileRows, rows - kTileRows));
+    if (two) return tile_block<true, true>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next);
+    return tile_block<true, false>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next);
+  }
+  ensure_tile_config(make_tile_config(rows, rows));
+  if (two) return tile_block<false, true>(job, b.row, rows, rows, p, prefetch, next);
+  tile_block<false, false>(job, b.row, rows, rows, p, prefetch, next);
+}
+
+// int4's codes of one panel pair, unpacked into int8 blocks just before the pair runs.
+struct Int4Pairs {
+  const PackedIntShape* shape;
+  const std::uint8_t* codes;
+  const std::uint8_t* multiples;  // or null: unpack without them
+  std::uint8_t* out;              // two int8 panels
+};
+
+// Few rows: for each panel pair every row block. The blocks run in snake order, the odd pairs'
+// backwards, so that a tail of its own tile configuration costs one change a pair, not two. int4
+// unpacks each pair as it comes, and its last row block sends the next pair's codes to L2.
+void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int4) {
+  RowBlock blocks[kPairsOutsideMaxRows / kBlockRows + 1];
+  int count = 0;
+  for (int row = 0; row < m; row += kBlockRows) blocks[count++] = {row, row + kBlockRows <= m};
+  const PackedIntShape* s = int4 ? int4->shape : nullptr;
+  for (int p = p_begin, pair = 0; p < p_end; p += 2, ++pair) {
+    const int p1 = std::min(p_end, p + 2);
+    if (int4) {
+      if (int4->multiples) {
+        unpack_int4_panels_scaled(*s, int4->codes, int4->multiples, p, p1, int4->out);
+      } else {
+        unpack_int4_panels(*s, int4->codes, p, p1, int4->out);
+      }
+      job.b = int4->out;
+      job.b_panel0 = p;
+    }
+    // The next pair's first blocks (int4: its codes, 512 bytes a k-block). A prefetch past the
+    // matrix (a last pair of one panel) never faults.
+    NextPair next;
+    if (p + 2 < p_end) {
+      if (int4) {
+        next = {int4->codes + static_cast<std::size_t>(p + 2) * s->panel_bytes(), s->panel_bytes(),
+                static_cast<int>(std::min<std::size_t>(kNextPairBlocks, (s->panel_bytes() + kBlockBytes - 1) / kBlockBytes))};
+      } else {
+        next = {job.b + static_cast<std::size_t>(p + 2 - job.b_panel0) * job.panel_stride, job.panel_stride, std::min(job.kblocks, kNextPairBlocks)};
+      }
+    }
+    for (int j = 0; j < count; ++j) {
+      const RowBlock& b = blocks[pair % 2 == 0 ? j : count - 1 - j];
+      // int8 streams B from memory on a pair's first block; int4's unpacked pair is in cache.
+      pair_block(job, b, m, p, p + 1 < p_end, !int4 && j == 0, j == count - 1 ? next : NextPair{});
+    }
+  }
+}
+
 }  // namespace
 
 void gemm_int_amx(const GemmIntArgs& args) {
@@ -309,6 +347,23 @@ void gemm_int_amx(const GemmIntArgs& args) {
   const int m_full = args.m / kBlockRows * kBlockRows;
   const int tail = args.m - m_full;
 
+  if (args.m > kBlockRows && args.m <= kPairsOutsideMaxRows) {
+    Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
+    Int4Pairs int4{&s, args.b.codes, multiples ? args.b.group_multiples : nullptr, nullptr};
+    if (s.bits == 4) {
+      unpacked.resize(2 * int8_panel_bytes);
+      int4.out = unpacked.data();
+      job.panel_stride = int8_panel_bytes;
+      if (multiples) {
+        job.group_blocks = s.kblocks;
+        job.scales = args.b.column_scales;
+        job.groups = 1;
+      }
+    }
+    pairs_outside(job, args.m, args.panel_begin, args.panel_end, s.bits == 4 ? &int4 : nullptr);
+    __asm__ volatile("" ::: "memory");
+    return;
+  }
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);
     Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
@@ -325,10 +380,6 @@ void gemm_int_amx(const GemmIntArgs& args) {
       job.b = unpacked.data();
       job.b_panel0 = g0;
       job.panel_stride = int8_panel_bytes;
-    }
-    if (s.bits == 8 && args.m > kBlockRows && args.m <= kPairsOutsideMaxRows) {
-      pairs_outside(job, args.m, g0, g1);
-      continue;
     }
     if (m_full > 0) {
       ensure_tile_config(make_tile_config(kTileRows, kTileRows));
