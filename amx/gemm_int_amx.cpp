@@ -24,7 +24,7 @@
 //
 // m tail: as in the bf16 kernel, whole 32-row blocks run with a 16/16 tile configuration and the
 // last m % 32 rows with one whose tiles have exactly that many rows. Row blocks go outside the
-// panel pairs, except for int8 at 33-64 rows (pairs_outside, below).
+// panel pairs, except for int8 at 33-128 rows and int4 up to 128 (pairs_outside, below).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -85,18 +85,21 @@ inline void prefetch_block_to_l2(const std::uint8_t* block) {
   for (std::size_t line = 0; line < kBlockBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block) + line, _MM_HINT_T1);
 }
 
-// Experts of 33 to this many rows (A at most 128 KiB of int8 at K = 2048) run panel pairs outside
-// and row blocks inside (pairs_outside): int8's first row block streams a pair's B from memory (int4
-// unpacks the pair first), the others re-read it hot, and the last one sends the next pair's first
-// kNextPairBlocks KiB a panel (int4: its codes) to L2, so that the core's memory stream goes on
-// while it computes from cache. Row blocks outside, the tail rows of a panel group ran after all
-// its pairs' 32-row blocks, computing from L2 while nothing streamed. On the device (512 tokens of
-// DeepSeek-V2-Lite, about 48 rows an expert; three orders in one process taking turns call by
-// call, three rounds) the int8 forward went from 9.00 to 7.99 ms (8.30 without the snake order).
-// int4 (g128, pairs unpacked as they come) went from 7.25 to 6.93 ms (r=16: 8.15 to 7.87), taking
-// turns in the same way. The same order in the bf16 kernel gained nothing (14.39 / 14.51 ms), nor
-// did it in the fine-tuning step: at 48 rows bf16 items are as much compute as memory.
-constexpr int kPairsOutsideMaxRows = 64;
+// int8 experts of 33 to this many rows and int4 experts of up to this many (A at most 256 KiB of
+// int8 at K = 2048) run panel pairs outside and row blocks inside (pairs_outside): int8's first row
+// block streams a pair's B from memory (int4 unpacks the pair first), the others re-read it hot,
+// and the last one sends the next pair's first kNextPairBlocks KiB a panel (int4: its codes) to
+// L2, so that the core's memory stream goes on while it computes from cache. Row blocks outside,
+// the tail rows of a panel group ran after all its pairs' 32-row blocks, computing from L2 while
+// nothing streamed, and int4 unpacked a whole group before any product. On the device (DeepSeek-
+// V2-Lite; old and new orders in one process taking turns call by call, three rounds, every round
+// in favour): int8 at 512 tokens (about 48 rows an expert) 9.00 -> 7.99 ms (8.30 without the snake
+// order), at 1024 tokens (about 96 rows) 12.19 -> 11.45; int4 g128 at 512 tokens 7.25 -> 6.93, at
+// 128 tokens (about 12 rows) 4.99 -> 4.49, at 1024 tokens 14.00 -> 13.06. One int8 row block (32
+// rows or fewer) already streams B as it computes; at 4096 tokens (384 rows) A no longer fits L2
+// beside the pairs. The same order in the bf16 kernel gained nothing at 512 tokens (14.39 / 14.51
+// ms), nor did it in the fine-tuning step: there a bf16 item is as much compute as memory.
+constexpr int kPairsOutsideMaxRows = 128;
 constexpr int kNextPairBlocks = 16;
 
 // The next panel pair's B in memory, sent to L2 a KiB a panel at each of the first `blocks` k-steps:
@@ -347,7 +350,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
   const int m_full = args.m / kBlockRows * kBlockRows;
   const int tail = args.m - m_full;
 
-  if (args.m > kBlockRows && args.m <= kPairsOutsideMaxRows) {
+  if ((s.bits == 4 || args.m > kBlockRows) && args.m <= kPairsOutsideMaxRows) {
     Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
     Int4Pairs int4{&s, args.b.codes, multiples ? args.b.group_multiples : nullptr, nullptr};
     if (s.bits == 4) {

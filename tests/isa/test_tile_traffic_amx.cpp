@@ -114,20 +114,25 @@ TEST_CASE("bf16 tiles: the configuration is loaded only when it changes") {
   release_amx_tiles();
 }
 
-TEST_CASE("int tiles at 33-64 rows: pair by pair, row blocks in snake order, a configuration change a pair") {
+TEST_CASE("int tiles pair by pair (int8 33-128 rows, int4 up to 128): row blocks in snake order, a configuration change a pair") {
   std::mt19937 rng(43);
   for (int bits : {8, 4}) {
-    INFO("bits " << bits);
-    release_amx_tiles();
-    test::IntGemmCase tc{bits, 128, 39, 80, 256};  // 5 panels: pairs (0,1), (2,3), (4); rows 32 + 7
-    tc.a_tiles = true;
-    test::check_int_gemm_case(counted_int, tc, rng);
-    // 16/16, 7/7 | 7/7, 16/16 | 16/16, 7/7: four loads, where the tail after every pair would take six.
-    CHECK(last.configs == 4);
-    // The counts of the shared-tile contract hold in this order too (int4 g128: two scale groups).
-    const int groups = bits == 8 ? 1 : 2;
-    check_counts(expected(39, 5, 4, groups, false), static_cast<std::uint64_t>(39) * 5 * 64 * groups);
+    for (int m : {39, 100}) {
+      INFO("bits " << bits << " m " << m);
+      release_amx_tiles();
+      test::IntGemmCase tc{bits, 128, m, 80, 256};  // 5 panels: pairs (0,1), (2,3), (4); a 7- or 4-row tail
+      tc.a_tiles = true;
+      test::check_int_gemm_case(counted_int, tc, rng);
+      // 16/16 .. t/t | t/t .. 16/16 | 16/16 .. t/t: four loads, where the tail after every pair would take six.
+      CHECK(last.configs == 4);
+      // The counts of the shared-tile contract hold in this order too (int4 g128: two scale groups).
+      const int groups = bits == 8 ? 1 : 2;
+      check_counts(expected(m, 5, 4, groups, false), static_cast<std::uint64_t>(m) * 5 * 64 * groups);
+    }
   }
+  test::IntGemmCase small{4, 128, 7, 80, 256};  // int4, one row block: 7/7 once for every pair
+  test::check_int_gemm_case(counted_int, small, rng);
+  CHECK(last.configs == 1);
   test::IntGemmCase even{8, 128, 48, 64, 256};  // a 16-row tail: 16/16 once (7/7 was left), for every block
   test::check_int_gemm_case(counted_int, even, rng);
   CHECK(last.configs == 1);
