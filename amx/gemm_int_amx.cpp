@@ -7,13 +7,14 @@
 // and are scaled in f32: int8's single group straight into C, int4's groups into a 4 KiB f32
 // block on the stack that goes to C once, after the last group.
 //
-// int4: each panel group's codes are first unpacked into int8 blocks in a thread-local buffer
-// (nibble - 8), which stays in L2 while every row block passes over it. When the group scales are
-// integer multiples of one scale per column (pack_int.hpp), the unpack multiplies each code by
-// its group's multiple and the whole of K is one group, as for int8: on the device (two rounds, one
-// call) that took int4 g128 at 4096 tokens from 73.4-73.8 to 59.6-63.3 ms (gate_up 43.0 -> 33.6-36.4)
-// and at 512 tokens from 10.9-11.0 to 9.6-9.7, level with int8. Otherwise groups of 32 are shorter
-// than a 64-k tile, so the kernel table sends int4 at group 32 to the AVX512-VNNI kernel.
+// int4: each panel group's codes (up to 128 rows, each panel pair's) are first unpacked into int8
+// blocks in a thread-local buffer (nibble - 8), which stays in L2 while every row block passes over
+// it. When the group scales are integer multiples of one scale per column (pack_int.hpp), the
+// unpack multiplies each code by its group's multiple and the whole of K is one group, as for int8:
+// on the device (two rounds, one call) that took int4 g128 at 4096 tokens from 73.4-73.8 to
+// 59.6-63.3 ms (gate_up 43.0 -> 33.6-36.4) and at 512 tokens from 10.9-11.0 to 9.6-9.7, level with
+// int8. Otherwise groups of 32 are shorter than a 64-k tile, so the kernel table sends int4 at
+// group 32 to the AVX512-VNNI kernel.
 //
 // A by rows or in tile order (pack_int.hpp), where each A tile load is one contiguous 1 KiB.
 //
