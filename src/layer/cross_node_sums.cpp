@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "src/layer/node_order_sum.hpp"
 #include "src/layer/spin_wait.hpp"
 
 namespace tilemoe {
@@ -22,13 +23,10 @@ void CrossNodeSums::sum_rows(int projection, std::size_t row0, int rows, int ran
   spin_until_zero(unpublished_, [this] {
     if (error_.failed()) throw Stopped{};
   });
-  const std::size_t r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(rows) * r;
-  const float* first = partials_[0].of(projection) + row0 * r;
-  std::copy_n(first, n, dst);
-  for (std::size_t node = 1; node < partials_.size(); ++node) {
-    const float* src = partials_[node].of(projection) + row0 * r;
-    for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
-  }
+  const std::size_t r = static_cast<std::size_t>(rank);
+  sum_in_node_order(
+      static_cast<int>(partials_.size()), [&](int node) { return partials_[static_cast<std::size_t>(node)].of(projection) + row0 * r; },
+      static_cast<std::size_t>(rows) * r, dst);
 }
 
 }  // namespace tilemoe

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "src/layer/node_order_sum.hpp"
 #include "src/layer/spin_wait.hpp"
 
 namespace tilemoe {
@@ -28,14 +29,11 @@ void ExpertPartialSums::sum(int e, std::size_t row0, int rows, int cols, float* 
   spin_until_zero(unpublished_[static_cast<std::size_t>(e)], [this] {
     if (error_.failed()) throw Stopped{};
   });
-  const std::size_t c = static_cast<std::size_t>(cols);
   for (int i = 0; i < rows; ++i) {
-    float* d = dst + static_cast<std::size_t>(i) * ld_dst;
-    std::copy_n(rows_[0] + (row0 + i) * ld_[0], c, d);
-    for (std::size_t node = 1; node < rows_.size(); ++node) {
-      const float* src = rows_[node] + (row0 + i) * ld_[node];
-      for (std::size_t j = 0; j < c; ++j) d[j] += src[j];
-    }
+    const std::size_t row = row0 + static_cast<std::size_t>(i);
+    sum_in_node_order(
+        nodes(), [&](int node) { return rows_[static_cast<std::size_t>(node)] + row * ld_[static_cast<std::size_t>(node)]; },
+        static_cast<std::size_t>(cols), dst + static_cast<std::size_t>(i) * ld_dst);
   }
 }
 
