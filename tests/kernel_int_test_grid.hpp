@@ -287,7 +287,7 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
 
 inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
   std::mt19937 rng(77);
-  static const int ms[] = {1, 2, 3, 4, 5, 16, 17, 31, 33, 50};
+  static const int ms[] = {1, 2, 3, 4, 5, 16, 17, 31, 33, 50, 130};
   static const int ns[] = {1, 17, 33, 100};
   static const int ks[] = {1, 31, 64, 100, 200, 257};
   for (int bits : {8, 4}) {
@@ -334,11 +334,12 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
   }
 }
 
-// K large enough for several L2 panel groups and many scale groups.
+// K large enough for several L2 panel groups and many scale groups; rows on both sides of the AMX
+// kernel's pairs-outside bound (128 rows).
 inline void check_int_gemm_large(GemmIntFn gemm, bool amx) {
   std::mt19937 rng(12);
   for (int bits : {8, 4})
-    for (int m : {1, 7, 40, 70}) {
+    for (int m : {1, 7, 40, 70, 161, 300}) {
       IntGemmCase tc{bits, (amx || m % 2) ? 128 : 32, m, 130, 4100};
       tc.accumulate = m % 2 == 0;
       tc.panel_begin = 1;

@@ -9,6 +9,7 @@
 
 #include "amx/aligned_vector.hpp"
 #include "src/layer/pool_workspace.hpp"
+#include "src/layer/token_codes.hpp"
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe {
@@ -19,6 +20,7 @@ struct ForwardWorkspace {
   // Cache-line aligned: tile rows are read and written here.
   AlignedVector<bf16> xs, h;
   AlignedVector<std::int8_t> xq, hq;
+  TokenCodes token_codes;  // integer weights: each token's codes of x, quantized once a call
   AlignedVector<bf16> y;  // the down outputs, one row per routed row
   std::vector<AlignedVector<float>> scratch;  // per worker of the pool
 };

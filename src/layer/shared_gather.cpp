@@ -27,7 +27,7 @@ void SharedGather::reset_units(const TokenGroups& groups) {
   layout_.store(0, std::memory_order_relaxed);
 }
 
-void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld, int nodes) {
+void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld, int nodes, int tokens) {
   reset_units(groups);
   nodes_ = std::max(nodes, 1);
   // Padding varies with the routing: grow straight to the most this row count can need (every
@@ -39,6 +39,7 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   if (x.size() < padded_rows * x_ld) x.resize(padded_rows * x_ld);
   if (codes.size() < padded_rows * code_ld) codes.resize(padded_rows * code_ld);
   if (code_ld > 0 && code_scales.size() < total) code_scales.resize(total);
+  if (code_ld > 0) token_codes.prepare(tokens, code_ld);
 }
 
 void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld) {

@@ -23,6 +23,7 @@
 
 #include "amx/aligned_vector.hpp"
 #include "src/layer/first_error.hpp"
+#include "src/layer/token_codes.hpp"
 #include "src/routing/token_groups.hpp"
 #include "tilemoe/bf16.hpp"
 
@@ -46,8 +47,9 @@ class SharedGather {
   // Before the nodes start, on one thread: this call's units, none claimed, and the buffers
   // grown for `groups` (rows of x: bf16 at x_ld elements, or int8 codes at code_ld bytes with a
   // scale each; 0 for a form not used). Rows of experts held in tile order are padded to whole
-  // tiles: the buffers allow for that. `nodes`: the nodes that share the rows (owns()).
-  void prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld, int nodes = 1);
+  // tiles: the buffers allow for that. `nodes`: the nodes that share the rows (owns()). With
+  // codes, token_codes holds `tokens` rows.
+  void prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld, int nodes = 1, int tokens = 0);
   // The same for a backward: units as above, over rows of dY (dy_ld elements) and, for x_ld > 0,
   // of x (rows in TokenGroups order, no padding).
   void prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld);
@@ -93,6 +95,7 @@ class SharedGather {
   AlignedVector<bf16> x;           // bf16 rows (bf16 weights)
   AlignedVector<std::int8_t> codes;  // int8 codes (integer weights)
   std::vector<float> code_scales;  // one per routed row, in TokenGroups order
+  TokenCodes token_codes;          // each token's codes, quantized once for every node
   AlignedVector<bf16> dy, xs;      // the backward's rows of w dO and of x
 
  private:

@@ -208,7 +208,7 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
       const PackedExpertWeights& w = shards_[0]->weights;
       const bool quantized = type_ != WeightType::bf16;
       shared->prepare(groups, quantized ? 0 : static_cast<std::size_t>(w.up_shape().k_padded),
-                      quantized ? static_cast<std::size_t>(w.int_shape(Projection::gate).k_padded) : 0, n_nodes);
+                      quantized ? static_cast<std::size_t>(w.int_shape(Projection::gate).k_padded) : 0, n_nodes, tokens);
     }
   }
   down_lora_sums_.prepare(n_nodes, shape_.num_experts);
