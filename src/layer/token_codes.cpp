@@ -3,11 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
-#include <thread>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
+#include "src/layer/spin_wait.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe {
@@ -35,22 +32,14 @@ void TokenCodes::publish(int t, int state) {
 }
 
 void TokenCodes::wait(int t) const {
-  // const_cast: atomic_ref needs a non-const object; this only loads.
+  // const_cast: atomic_ref needs a non-const object; this only loads. A wait is at most one row's
+  // quantization (about a microsecond) unless the claimer lost its core.
   std::atomic_ref<int> state(const_cast<int&>(state_[static_cast<std::size_t>(t)]));
-  // One row's quantization (about a microsecond) is all a wait can be; past that the claimer may
-  // have lost its core (more threads than cores), so give the core up.
-  for (unsigned spins = 0;; ++spins) {
+  spin_until([&] {
     const int s = state.load(std::memory_order_acquire);
-    if (s == kReady) return;
     if (s == kFailed) fail(ErrorKind::state, "forward: quantizing token " + std::to_string(t) + "'s input failed in another worker");
-    if (spins < 4096) {
-#if defined(__x86_64__) || defined(__i386__)
-      _mm_pause();
-#endif
-    } else {
-      std::this_thread::yield();
-    }
-  }
+    return s == kReady;
+  });
 }
 
 }  // namespace tilemoe
