@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <sys/wait.h>
 #include <filesystem>
 #include <tuple>
+#include <vector>
 
 #include "amx/isa.hpp"
 #include "catch.hpp"
@@ -263,4 +265,36 @@ TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
   CHECK(o.status == 0);
   auto c = run_cli("bench --backward --backward-weight-copy --shape mini --tokens 40 --lora-rank 4 --layers 2 --iter-scale 0.05");
   CHECK(c.status == 0);
+}
+
+TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run", "[cli][bench]") {
+  // stdout into a file: the rows are what is checked.
+  auto bench_out = [](const std::string& args, std::string& out) {
+    const std::string file = test::temp_dir() + "/bench_groups.txt";
+    const int raw = std::system((std::string(TILEMOE_CLI) + " bench " + args + " > " + file + " 2> /dev/null").c_str());
+    std::ifstream in(file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out = ss.str();
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  };
+  std::string json, table;
+  REQUIRE(bench_out("--weights int4 --group-size 64,128,32 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json",
+                    json) == 0);
+  // One line per token count, rank and group size, the groups in the order given.
+  std::vector<int> groups;
+  std::istringstream lines(json);
+  for (std::string line; std::getline(lines, line);) {
+    const auto at = line.find("\"group_size\":");
+    if (at != std::string::npos) groups.push_back(std::stoi(line.substr(at + 13)));
+  }
+  CHECK(groups == std::vector<int>{64, 128, 32, 64, 128, 32, 64, 128, 32, 64, 128, 32});
+  REQUIRE(bench_out("--weights int4 --group-size 64,128 --shape mini --tokens 1 --lora-rank 0 --layers 2 --iter-scale 0.05", table) == 0);
+  INFO(table);
+  CHECK(table.find("(group 64)") != std::string::npos);
+  CHECK(table.find("(group 128)") != std::string::npos);
+  CHECK(table.find("node_GB/s group") != std::string::npos);
+  test::expect_failure("bench --weights int8 --group-size 64,128 --shape mini --tokens 1 --layers 1",
+                       "several group sizes apply to int4 only", "");
+  test::expect_failure("bench --weights int4 --group-size 64,48 --shape mini --tokens 1 --layers 1", "48", "");
 }

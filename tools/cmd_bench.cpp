@@ -131,7 +131,8 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
 void add_bench_command(CLI::App& app, int& status) {
   struct Args {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16";
-    int threads = 0, layers = 0, group_size = quant::kDefaultInt4Group;
+    int threads = 0, layers = 0;
+    std::string group_sizes = std::to_string(quant::kDefaultInt4Group);
     std::string numa_nodes = "1";
     double iter_scale = 1.0;
     bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false, weight_copy = false, lora_held = false;
@@ -146,7 +147,9 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--weights", a->weights, "Base weight type: bf16, int8 (per-channel scales, int8 activations) or int4")
       ->capture_default_str();
-  cmd->add_option("--group-size", a->group_size, "int4: inputs per scale (32, 64 or 128)")->capture_default_str();
+  cmd->add_option("--group-size", a->group_sizes,
+                  "int4: inputs per scale (32, 64 or 128). Several (128,64): each gets its own layers and they take turns call by call")
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
   cmd->add_option("--numa-nodes", a->numa_nodes,
                   "Split each layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's "
@@ -185,6 +188,9 @@ void add_bench_command(CLI::App& app, int& status) {
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
     const std::vector<int> node_counts = parse_int_list(a->numa_nodes, "--numa-nodes");
+    const std::vector<int> group_list = parse_int_list(a->group_sizes, "--group-size");
+    if (group_list.size() > 1 && weight_type != WeightType::int4)
+      fail(ErrorKind::invalid_argument, "--group-size " + a->group_sizes + ": several group sizes apply to int4 only");
     numa::ThreadPool& pool = pool_for_threads(a->threads);
     const auto& topo = numa::system_topology();
     pin_caller_to_first_core();
@@ -195,25 +201,30 @@ void add_bench_command(CLI::App& app, int& status) {
     ExpertWeights source = random_expert_weights(s, 1, &pool);
     double gen_s = seconds_since(t0);
     double quantize_s = 0;
-    quant::QuantizedExperts quantized;
+    std::vector<quant::QuantizedExperts> quantized(group_list.size());  // one per group size
     if (weight_type != WeightType::bf16) {
       t0 = Clock::now();
-      quantized = quant::quantize_experts(source.view(), weight_type, a->group_size, &pool);
+      for (std::size_t gi = 0; gi < group_list.size(); ++gi)
+        quantized[gi] = quant::quantize_experts(source.view(), weight_type, group_list[gi], &pool);
       quantize_s = seconds_since(t0);
     }
     // Every layer is a tensor-parallel layer: with one node it is the plain layer, no split.
     const int max_tokens = std::max(1, *std::max_element(token_list.begin(), token_list.end()));
-    const TensorParallelLayer::PackSlice pack_slice = [&](quant::IntermediateSlice sl, numa::ThreadPool& node_pool, int node) {
-      return weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
-                                             : PackedExpertWeights::pack_quantized(quant::slice_experts(quantized, sl), node_pool, node);
+    auto pack_slice_of = [&](std::size_t gi) -> TensorParallelLayer::PackSlice {
+      return [&, gi](quant::IntermediateSlice sl, numa::ThreadPool& node_pool, int node) {
+        return weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
+                                               : PackedExpertWeights::pack_quantized(quant::slice_experts(quantized[gi], sl), node_pool, node);
+      };
     };
     SftLayerOptions layer_options{max_tokens, a->backward ? 1 : 0, *std::max_element(rank_list.begin(), rank_list.end()), s.top_k};
     layer_options.backward_weight_copy = a->weight_copy;
-    // Every case (LoRA rank x node count) has its own layers, and the cases take turns call by
-    // call, so that they are compared under the same conditions (drift within a run, not between
-    // runs): the LoRA cost and the split's cost are differences of a few percent.
+    // Every case (LoRA rank x node count x int4 group size) has its own layers, and the cases take
+    // turns call by call, so that they are compared under the same conditions (drift within a run,
+    // not between runs): the LoRA cost and the split's cost are differences of a few percent, and
+    // the device's instances drift by 10-30 % within a minute.
     struct Case {
       int rank = 0;
+      std::size_t group_index = 0;
       numa::NodeGroup* nodes = nullptr;
       std::unique_ptr<LayerLora> lora, grads;  // the layers read them in place
       std::vector<std::unique_ptr<TensorParallelLayer>> layers;
@@ -221,24 +232,30 @@ void add_bench_command(CLI::App& app, int& status) {
     };
     std::vector<Case> cases;
     t0 = Clock::now();
+    auto new_layer = [&](const Case& c) {
+      return std::make_unique<TensorParallelLayer>(s, weight_type, group_list[c.group_index], *c.nodes, isa, layer_options,
+                                                   pack_slice_of(c.group_index));
+    };
     for (int rank : rank_list)
-      for (int n : node_counts) {
-        Case c;
-        c.rank = rank;
-        c.nodes = &node_group_for(pool, n);
-        c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
-        c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
-        c.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *c.nodes, isa, layer_options, pack_slice));
-        c.slices = c.layers[0]->node_count();
-        cases.push_back(std::move(c));
-      }
-    const std::size_t layer_bytes = std::max<std::size_t>(cases[0].layers[0]->weight_bytes(), 1);
-    const std::size_t bytes_per_expert = layer_bytes / static_cast<std::size_t>(s.num_experts);
+      for (int n : node_counts)
+        for (std::size_t gi = 0; gi < group_list.size(); ++gi) {
+          Case c;
+          c.rank = rank;
+          c.group_index = gi;
+          c.nodes = &node_group_for(pool, n);
+          c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
+          c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
+          c.layers.push_back(new_layer(c));
+          c.slices = c.layers[0]->node_count();
+          cases.push_back(std::move(c));
+        }
+    // Enough layers that the smallest case's weights exceed the last-level cache 4 times over.
+    std::size_t layer_bytes = 0;
+    for (const Case& c : cases) layer_bytes = std::max<std::size_t>(1, layer_bytes == 0 ? c.layers[0]->weight_bytes() : std::min(layer_bytes, c.layers[0]->weight_bytes()));
     int layers = a->layers > 0 ? a->layers
                                : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
     for (Case& c : cases) {
-      while (static_cast<int>(c.layers.size()) < layers)
-        c.layers.push_back(std::make_unique<TensorParallelLayer>(s, weight_type, a->group_size, *c.nodes, isa, layer_options, pack_slice));
+      while (static_cast<int>(c.layers.size()) < layers) c.layers.push_back(new_layer(c));
       for (auto& l : c.layers) l->update_lora_weights(lora_view(*c.lora), a->lora_held);
     }
     double pack_s = seconds_since(t0);
@@ -249,7 +266,7 @@ void add_bench_command(CLI::App& app, int& status) {
       for (int l = 0; l < layers; ++l) baselines.emplace_back(source.view());
     }
     source = ExpertWeights{};
-    quantized = quant::QuantizedExperts{};
+    quantized.clear();
     // Integer products: VPDPBUSD and TDPBSSD do twice the multiply-adds of their bf16 twins per
     // instruction, so the floor takes the integer peak as twice the measured bf16 one.
     const double product_peak = weight_type == WeightType::bf16 ? peak : 2 * peak;
@@ -258,18 +275,22 @@ void add_bench_command(CLI::App& app, int& status) {
                   s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_label(isa).c_str(), pool.size());
       std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n",
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_label(isa).c_str(), peak / 1e12);
-      std::printf("weights: %s%s, %d layers x %.2f GB packed per case (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n",
-                  a->weights.c_str(), weight_type == WeightType::int4 ? (" group " + std::to_string(a->group_size)).c_str() : "", layers,
-                  layer_bytes / 1e9, gen_s, quantize_s, pack_s);
+      std::printf("weights: %s, %d layers per case of", a->weights.c_str(), layers);
+      for (const Case& c : cases)
+        if (c.rank == cases[0].rank && c.nodes == cases[0].nodes)
+          std::printf("%s %.2f GB%s", c.group_index > 0 ? "," : "", c.layers[0]->weight_bytes() / 1e9,
+                      weight_type == WeightType::int4 ? (" (group " + std::to_string(group_list[c.group_index]) + ")").c_str() : "");
+      std::printf(" packed (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n", gen_s, quantize_s, pack_s);
       for (const Case& c : cases) {
         if (c.rank != cases[0].rank) break;  // the same splits for every rank
+        if (c.group_index != 0) continue;    // and every group size
         std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", c.nodes->size(),
                     static_cast<std::size_t>(c.nodes->size()) == topo.nodes.size() ? "the machine's" : "virtual", c.slices);
         for (int n = 0; n < c.slices; ++n)
           std::printf(" [%d, %d) on %d threads", c.layers[0]->slice(n).begin, c.layers[0]->slice(n).end, c.nodes->pool(n).size());
         std::printf("\n");
       }
-      if (cases.size() > 1) std::printf("the cases (LoRA ranks x node counts) take turns call by call\n");
+      if (cases.size() > 1) std::printf("the cases (LoRA ranks x node counts x group sizes) take turns call by call\n");
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
@@ -277,8 +298,8 @@ void add_bench_command(CLI::App& app, int& status) {
       if (a->backward && a->weight_copy)
         std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
                     cases[0].layers[0]->weight_copy_bytes() / 1e9, cases[0].layers[0]->weight_bytes() / 1e9);
-      std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
-                  "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "");
+      std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
+                  "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "", group_list.size() > 1 ? " group" : "");
     }
     std::vector<std::pair<int, double>> r0_medians;  // (tokens, ms) of the first node count, r=0
     // Phases are node 0's: the nodes run theirs at the same time.
@@ -363,6 +384,7 @@ void add_bench_command(CLI::App& app, int& status) {
         for (Projection p : kProjections)
           lora_bytes_per_expert += packed_form ? (rank * projection_in(s, p) + rank_padded * projection_out(s, p)) * sizeof(bf16)
                                                : static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
+        const std::size_t bytes_per_expert = cs.layers[0]->weight_bytes() / static_cast<std::size_t>(s.num_experts);
         const double bytes = (a->backward ? 2.0 : 1.0) * experts_sum / iters * static_cast<double>(bytes_per_expert + lora_bytes_per_expert);
         // Backward does twice the forward's products (dH through down, dX through gate and up).
         double flops = (a->backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *
@@ -376,17 +398,19 @@ void add_bench_command(CLI::App& app, int& status) {
           std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                       "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                       "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                      "\"node_gbps\":%.2f}\n",
+                      "\"node_gbps\":%.2f,\"group_size\":%d}\n",
                       a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
                       median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
-                      bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6);
+                      bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6,
+                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0);
         else if (a->backward)
-          std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f\n", tokens, rank, split, iters, median, min_ms,
+          std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,
                       bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
                       bwd_median);
         else
-          std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f\n", tokens, rank, split, iters, median, min_ms,
+          std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f", tokens, rank, split, iters, median, min_ms,
                       bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
+        if (!a->json) std::printf("%s\n", group_list.size() > 1 ? (" " + std::to_string(group_list[cs.group_index])).c_str() : "");
         if (a->phases) {
           auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
             std::printf("        %s phases, mean ms per call:", what);
