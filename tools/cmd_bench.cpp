@@ -250,8 +250,9 @@ void add_bench_command(CLI::App& app, int& status) {
           cases.push_back(std::move(c));
         }
     // Enough layers that the smallest case's weights exceed the last-level cache 4 times over.
-    std::size_t layer_bytes = 0;
-    for (const Case& c : cases) layer_bytes = std::max<std::size_t>(1, layer_bytes == 0 ? c.layers[0]->weight_bytes() : std::min(layer_bytes, c.layers[0]->weight_bytes()));
+    std::size_t layer_bytes = cases[0].layers[0]->weight_bytes();
+    for (const Case& c : cases) layer_bytes = std::min(layer_bytes, c.layers[0]->weight_bytes());
+    layer_bytes = std::max<std::size_t>(layer_bytes, 1);
     int layers = a->layers > 0 ? a->layers
                                : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
     for (Case& c : cases) {
