@@ -97,9 +97,11 @@ inline void prefetch_block_to_l2(const std::uint8_t* block) {
 // in favour): int8 at 512 tokens (about 48 rows an expert) 9.00 -> 7.99 ms (8.30 without the snake
 // order), at 1024 tokens (about 96 rows) 12.19 -> 11.45; int4 g128 at 512 tokens 7.25 -> 6.93, at
 // 128 tokens (about 12 rows) 4.99 -> 4.49, at 1024 tokens 14.00 -> 13.06. One int8 row block (32
-// rows or fewer) already streams B as it computes; at 4096 tokens (384 rows) A no longer fits L2
-// beside the pairs. The same order in the bf16 kernel gained nothing at 512 tokens (14.39 / 14.51
-// ms), nor did it in the fine-tuning step: there a bf16 item is as much compute as memory.
+// rows or fewer) already streams B as it computes. Up to 1 MiB of A instead (384 rows at 4096
+// tokens) made int8 at 4096 tokens slower in the same kind of comparison (37.8 -> 40.1 and 42.6 ->
+// 43.7 ms), and int4 no better. The same order in the bf16 kernel gained nothing at 512 tokens
+// (14.39 / 14.51 ms), nor did it in the fine-tuning step: there a bf16 item is as much compute as
+// memory.
 constexpr int kPairsOutsideMaxRows = 128;
 constexpr int kNextPairBlocks = 16;
 
