@@ -69,6 +69,12 @@ TEST_CASE("work split: chunk widths by rows, reduction, density and the few-row 
   // A short reduction (k = 1408 -> twice) and int8 density (twice) multiply every width.
   w = widths(split_expert_columns(active, g, panels, 1, 1408, 2, 4), active, panels, 1);
   CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 16}, {3, 16}, {4, 16}, {5, 16}, {6, 32}});
+  // int4 density (4) widens every width below 64 rows by 4; from 64 rows, where an item is tile
+  // products more than bytes, by 2 as int8 (an integer k-block is twice a bf16 one).
+  w = widths(split_expert_columns(active, g, panels, 1, 2048, 4, 4), active, panels, 1);
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 16}, {3, 16}, {4, 16}, {5, 16}, {6, 16}});
+  w = widths(split_expert_columns(active, g, panels, 1, 1408, 4, 4), active, panels, 1);
+  CHECK(w == std::map<int, int>{{0, 8}, {1, 8}, {2, 32}, {3, 32}, {4, 32}, {5, 32}, {6, 32}});
   // Whole units of 2 panels: a width of 1 rounds up to one unit.
   w = widths(split_expert_columns(active, g, panels, 2), active, panels, 2);
   CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}, {4, 4}, {5, 4}, {6, 8}});

@@ -18,14 +18,24 @@ int panels_per_item(int rows, int few_row_panels) { return rows >= 64 ? 8 : rows
 // 7.14 to 6.48 ms at 512 tokens (bf16, r=16), 4.09 to 3.71 (int8), and 31 to 29 ms at 4096 tokens,
 // against 1024 here before.
 constexpr int kItemReduction = 2048;
+// From 64 rows an item's time is its tile products more than its bytes, and an int8 or int4
+// k-block (64 inputs) is twice a bf16 one (32): integer items of twice bf16's panels are as much
+// work. int4 widened as its bytes (4x) had items of 32 panels of gate_up and 64 of down at 384 rows
+// (4096 tokens of DeepSeek-V2-Lite): 3 and 2 items an expert. On the device (cases taking turns in
+// one process, two calls) int4 sized as int8 took 4096 tokens from 36.80 / 38.89 to 35.57 / 36.40 ms
+// (r=16: 48.54 to 47.01) and 1024 tokens from 10.89 / 11.52 to 10.59 / 11.02.
+constexpr int kProductBoundRows = 64;
+constexpr int kProductBoundDensity = 2;
 }  // namespace
 
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k,
                                              int denser, int few_row_panels) {
   std::vector<ExpertItem> items;
-  const int widen = (k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1) * std::clamp(denser, 1, 4);
+  const int reduction_widen = k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1;
   for (int e : active) {
-    const int step = std::max(unit, panels_per_item(groups.count(e), std::max(1, few_row_panels)) * widen / unit * unit);
+    const int rows = groups.count(e);
+    const int density = std::clamp(rows >= kProductBoundRows ? std::min(denser, kProductBoundDensity) : denser, 1, 4);
+    const int step = std::max(unit, panels_per_item(rows, std::max(1, few_row_panels)) * reduction_widen * density / unit * unit);
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
   }
   return items;
