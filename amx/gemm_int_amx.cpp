@@ -272,6 +272,29 @@ void unpack_int4_panels_scaled(const PackedIntShape& s, const std::uint8_t* code
   }
 }
 
+// Panels [p0, p1) of int4 codes as int8 blocks: times their group multiples when given (the
+// column-scale form), else as they are.
+void unpack_int4(const PackedIntShape& s, const std::uint8_t* codes, const std::uint8_t* multiples, int p0, int p1, std::uint8_t* out) {
+  if (multiples) return unpack_int4_panels_scaled(s, codes, multiples, p0, p1, out);
+  unpack_int4_panels(s, codes, p0, p1, out);
+}
+
+// The job over B as the tiles read it: int8's codes; or int4's panels unpacked into int8 blocks
+// (whoever unpacks them sets b and b_panel0), summed over all of K under one scale per column when
+// `multiples` (their group scales decompose into column scales), else group by group.
+Job make_job(const GemmIntArgs& args, bool multiples) {
+  const PackedIntShape& s = args.shape;
+  Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
+  if (s.bits != 4) return job;
+  job.panel_stride = static_cast<std::size_t>(s.kblocks) * kBlockBytes;
+  if (multiples) {
+    job.group_blocks = s.kblocks;
+    job.scales = args.b.column_scales;
+    job.groups = 1;
+  }
+  return job;
+}
+
 // One row block of pairs_outside: `full` 32 rows at `row` (16/16 tiles), or the m - row tail rows.
 struct RowBlock {
   int row;
@@ -309,11 +332,7 @@ void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int
   for (int p = p_begin, pair = 0; p < p_end; p += 2, ++pair) {
     const int p1 = std::min(p_end, p + 2);
     if (int4) {
-      if (int4->multiples) {
-        unpack_int4_panels_scaled(*s, int4->codes, int4->multiples, p, p1, int4->out);
-      } else {
-        unpack_int4_panels(*s, int4->codes, p, p1, int4->out);
-      }
+      unpack_int4(*s, int4->codes, int4->multiples, p, p1, int4->out);
       job.b = int4->out;
       job.b_panel0 = p;
     }
@@ -354,17 +373,11 @@ void gemm_int_amx(const GemmIntArgs& args) {
   const int tail = args.m - m_full;
 
   if ((s.bits == 4 || args.m > kBlockRows) && args.m <= kPairsOutsideMaxRows) {
-    Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
+    Job job = make_job(args, multiples);
     Int4Pairs int4{&s, args.b.codes, multiples ? args.b.group_multiples : nullptr, nullptr};
     if (s.bits == 4) {
       unpacked.resize(2 * int8_panel_bytes);
       int4.out = unpacked.data();
-      job.panel_stride = int8_panel_bytes;
-      if (multiples) {
-        job.group_blocks = s.kblocks;
-        job.scales = args.b.column_scales;
-        job.groups = 1;
-      }
     }
     pairs_outside(job, args.m, args.panel_begin, args.panel_end, s.bits == 4 ? &int4 : nullptr);
     __asm__ volatile("" ::: "memory");
@@ -372,20 +385,12 @@ void gemm_int_amx(const GemmIntArgs& args) {
   }
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);
-    Job job{&args, args.b.codes, 0, s.panel_bytes(), s.kblocks, s.group / kIntBlockK, args.b.scales, s.groups};
+    Job job = make_job(args, multiples);
     if (s.bits == 4) {
       unpacked.resize(static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
-      if (multiples) {
-        unpack_int4_panels_scaled(s, args.b.codes, args.b.group_multiples, g0, g1, unpacked.data());
-        job.group_blocks = s.kblocks;
-        job.scales = args.b.column_scales;
-        job.groups = 1;
-      } else {
-        unpack_int4_panels(s, args.b.codes, g0, g1, unpacked.data());
-      }
+      unpack_int4(s, args.b.codes, multiples ? args.b.group_multiples : nullptr, g0, g1, unpacked.data());
       job.b = unpacked.data();
       job.b_panel0 = g0;
-      job.panel_stride = int8_panel_bytes;
     }
     if (m_full > 0) {
       ensure_tile_config(make_tile_config(kTileRows, kTileRows));
