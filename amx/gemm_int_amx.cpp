@@ -376,7 +376,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
     Job job = make_job(args, multiples);
     Int4Pairs int4{&s, args.b.codes, multiples ? args.b.group_multiples : nullptr, nullptr};
     if (s.bits == 4) {
-      unpacked.resize(2 * int8_panel_bytes);
+      grow_to(unpacked, 2 * int8_panel_bytes);
       int4.out = unpacked.data();
     }
     pairs_outside(job, args.m, args.panel_begin, args.panel_end, s.bits == 4 ? &int4 : nullptr);
@@ -387,7 +387,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
     const int g1 = std::min(args.panel_end, g0 + group);
     Job job = make_job(args, multiples);
     if (s.bits == 4) {
-      unpacked.resize(static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
+      grow_to(unpacked, static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
       unpack_int4(s, args.b.codes, multiples ? args.b.group_multiples : nullptr, g0, g1, unpacked.data());
       job.b = unpacked.data();
       job.b_panel0 = g0;

@@ -55,7 +55,7 @@ void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_
   if (!packed_ && v_tiles) {
     // The f32 loops read rows: the tiles' rows back into a per-thread buffer (rows × k_padded).
     thread_local std::vector<bf16> by_rows;
-    by_rows.resize(static_cast<std::size_t>(rows) * k_padded);
+    grow_to(by_rows, static_cast<std::size_t>(rows) * k_padded);
     kernels::unpack_tiles_to_rows(v, rows, k_padded, by_rows.data(), static_cast<std::size_t>(k_padded));
     v = by_rows.data();
     ldv = static_cast<std::size_t>(k_padded);
@@ -105,7 +105,7 @@ void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std:
   }
   // V A'ᵀ on the tile kernels (A' packed as a weight matrix of `rank` outputs), then scaled once.
   const int cols = rank_panels_ * kernels::kPanelColumns;
-  scratch.resize(static_cast<std::size_t>(count) * cols);
+  grow_to(scratch, static_cast<std::size_t>(count) * cols);
   if (!a_owner_ && !a_ready_) throw std::logic_error("LoraTerm: a projection before A' was packed or borrowed");
   const bf16* a_packed = (a_owner_ ? a_owner_ : this)->a_packed_.data();
   kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, a_packed, 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));

@@ -23,11 +23,6 @@ void prepare_backward_term(const kernels::KernelTable& kt, const LoraProjectionV
                /*b_by_item=*/true);
 }
 
-template <typename Vector>
-void grow(Vector& v, std::size_t n) {
-  if (v.size() < n) v.resize(n);
-}
-
 // Experts with at most this many rows take the split-K form of the products with W: decode.
 // There a column-split item would read one 1 KiB block from each of W's panels (scattered over
 // the whole matrix, which the hardware prefetchers cannot follow) for a row or two of work; a
@@ -45,7 +40,7 @@ void split_k_partial(const kernels::KernelTable& kt, const Transpose& transpose,
                      const bf16* a, std::size_t lda, int m, AlignedVector<bf16>& buffer, float* c) {
   const int panels = nb1 - nb0;
   const std::size_t panel_stride = static_cast<std::size_t>(kernels::transposed_kblocks(panels)) * kernels::kBlockElements;
-  grow(buffer, 2 * static_cast<std::size_t>(w.kblocks) * panel_stride);
+  grow_to(buffer, 2 * static_cast<std::size_t>(w.kblocks) * panel_stride);
   for (int kb = 0; kb < w.kblocks; ++kb)
     transpose(nb0, nb1, kb, buffer.data() + 2 * static_cast<std::size_t>(kb) * panel_stride, panel_stride);
   kt.gemm_bf16(kernels::gemm_args(a + static_cast<std::size_t>(nb0) * kernels::kPanelColumns, lda, m,
@@ -123,20 +118,20 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   const bool need_x = needs_x_rows(lora, grads);
   const bool need_h = grads[2].a && lora[Projection::down].rank > 0;
   if (!shared) {
-    grow(dy_, rows * hk);
-    if (need_x) grow(xs_, rows * hidden);
+    grow_to(dy_, rows * hk);
+    if (need_x) grow_to(xs_, rows * hidden);
   } else if (shared->dy.size() < rows * hk || (need_x && shared->xs.size() < rows * hidden)) {
     throw std::logic_error("MoeBackward: the shared gather was not prepared for this backward");
   }
   bf16* const dy_rows = shared ? shared->dy.data() : dy_.data();
   bf16* const x_rows = shared ? shared->xs.data() : xs_.data();
-  grow(dgu_, rows * gu_ld);
+  grow_to(dgu_, rows * gu_ld);
   // dX: one bf16 row per routed row in TokenGroups order, written by the dx items from their f32
   // products (as the forward's y: half the bytes written here and read by the combine, which
   // sums a token's rows in f32).
   const std::size_t dx_ld = padded_row_stride<bf16>(hidden, 2 * kernels::kPanelColumns);
-  grow(dx_, static_cast<std::size_t>(rows) * dx_ld);
-  for (int p = 0; p < 3; ++p) grow(dp_[p], static_cast<std::size_t>(rows) * lora.proj[p].rank);
+  grow_to(dx_, static_cast<std::size_t>(rows) * dx_ld);
+  for (int p = 0; p < 3; ++p) grow_to(dp_[p], static_cast<std::size_t>(rows) * lora.proj[p].rank);
   active_.clear();
   column_split_.clear();
   split_k_.clear();
@@ -164,7 +159,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       for (int nb = 0; nb < gate_up.panels; nb += kSplitKPanels, partial_floats += m * gate_up.k_padded)
         dx_split.push_back({e, proj, nb, std::min(gate_up.panels, nb + kSplitKPanels), partial_floats});
   }
-  grow(partials_, partial_floats);
+  grow_to(partials_, partial_floats);
   const int dh_items_per_expert = (down.panels + kSplitKPanels - 1) / kSplitKPanels;
   const int dx_items_per_expert = 2 * ((gate_up.panels + kSplitKPanels - 1) / kSplitKPanels);
   if (terms_.size() < static_cast<std::size_t>(s.num_experts)) terms_.resize(s.num_experts);
@@ -253,7 +248,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     bf16* gu = dgu_.data() + off(e) * gu_ld + col0;
     bf16* h = nullptr;
     if (need_h && terms_[e][2].active()) {
-      grow(ws.h, static_cast<std::size_t>(m) * n);
+      grow_to(ws.h, static_cast<std::size_t>(m) * n);
       h = ws.h.data();
     }
     kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
@@ -284,12 +279,12 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.intermediate - col0);
     const std::size_t panel_stride = static_cast<std::size_t>(tk_down) * kernels::kBlockElements;
-    grow(ws.c, static_cast<std::size_t>(m) * cols);
+    grow_to(ws.c, static_cast<std::size_t>(m) * cols);
     const bf16* wt = nullptr;  // Wdᵀ panels [p0, p1)
     if (copy_) {
       wt = copy_->down(e) + static_cast<std::size_t>(p0) * panel_stride;
     } else {
-      grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
+      grow_to(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
       const auto transpose_down = transposer(Projection::down, e);
       for (int kb = p0 / 2; kb < p1 / 2; ++kb)
         transpose_down(0, down.panels, kb, ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride, panel_stride);
@@ -304,7 +299,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
     AlignedVector<float>& c = scratch_[worker].c;
-    grow(c, static_cast<std::size_t>(m) * down.k_padded);
+    grow_to(c, static_cast<std::size_t>(m) * down.k_padded);
     const SplitKItem& first = dh_split[dh_first[e]];
     sum_partials(partials_.data() + first.partial, dh_items_per_expert, static_cast<std::size_t>(m) * down.k_padded, m, s.intermediate,
                  static_cast<std::size_t>(down.k_padded), c.data(), static_cast<std::size_t>(down.k_padded));
@@ -356,7 +351,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       const SumBlock& sb = sum_blocks[b];
       const int m = groups.count(sb.e);
       const std::size_t r = rank_of(static_cast<Projection>(sb.p));
-      grow(ws.proj, static_cast<std::size_t>(m) * r);
+      grow_to(ws.proj, static_cast<std::size_t>(m) * r);
       sums->sum_rows(sb.p, off(sb.e), m, static_cast<int>(r), ws.proj.data());
       if (sb.p == 2)
         kt_.lora_grad_outer(dy_rows + off(sb.e) * hk + sb.col0, hk, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
@@ -390,7 +385,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     if (copy_) {
       wt = copy_->gate_up(e) + static_cast<std::size_t>(p0) * panel_stride;
     } else {
-      grow(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
+      grow_to(ws.transposed, static_cast<std::size_t>(p1 - p0) * panel_stride);
       const auto transpose_gate = transposer(Projection::gate, e), transpose_up = transposer(Projection::up, e);
       for (int kb = p0 / 2; kb < p1 / 2; ++kb) {
         bf16* dst = ws.transposed.data() + static_cast<std::size_t>(2 * kb - p0) * panel_stride;
@@ -399,7 +394,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       }
       wt = ws.transposed.data();
     }
-    grow(ws.c, static_cast<std::size_t>(m) * cols);
+    grow_to(ws.c, static_cast<std::size_t>(m) * cols);
     const kernels::GemmBf16Args g = kernels::gemm_args(dgu_.data() + off(e) * gu_ld, gu_ld, m, static_cast<int>(gu_ld), wt, 0, p1 - p0,
                                                        ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
@@ -412,7 +407,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const int e = split_k_[item], m = groups.count(e);
     const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);
     AlignedVector<float>& c = scratch_[worker].c;
-    grow(c, static_cast<std::size_t>(m) * ld);
+    grow_to(c, static_cast<std::size_t>(m) * ld);
     const SplitKItem& first = dx_split[dx_first[e]];
     sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
     if (any_lora)

@@ -409,7 +409,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     // The expert's few x rows into a per-thread block, so that A is read once for all of them
     // (the f32 form reads `in` elements a row: no padding needed).
     thread_local std::vector<bf16> rows_of_x;
-    rows_of_x.resize(static_cast<std::size_t>(m) * hidden);
+    grow_to(rows_of_x, static_cast<std::size_t>(m) * hidden);
     copy_x_rows(e, 0, m, rows_of_x.data(), hidden);
     term.project(kt_, rows_of_x.data(), hidden, m, static_cast<int>(hk), scratch_[worker], saved_xa(p, e), rank);
   };
@@ -527,7 +527,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     ready_.wait((any_lora && m >= lora_pack_rows(kt_) ? 0 : experts) + static_cast<std::size_t>(e));
     gathered(e);
     auto& scratch = scratch_[worker];
-    scratch.resize(static_cast<std::size_t>(2) * m * cols);
+    grow_to(scratch, static_cast<std::size_t>(2) * m * cols);
     float* cg = scratch.data();
     float* cu = cg + static_cast<std::size_t>(m) * cols;
     const std::size_t row0 = static_cast<std::size_t>(groups.offsets[e]);
@@ -574,7 +574,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
         // The summed term this node adds: every node's s h A_downᵀ of e, in node order.
         const int m = groups.count(e);
         auto& sum = scratch_[worker];
-        sum.resize(static_cast<std::size_t>(m) * down_rank);
+        grow_to(sum, static_cast<std::size_t>(m) * down_rank);
         down_sums->sum(e, static_cast<std::size_t>(groups.offsets[e]), m, static_cast<int>(down_rank), sum.data(), down_rank);
         term.load_xa(sum.data(), down_rank, m);
       } else {
@@ -596,7 +596,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     const int m = groups.count(e);
     const std::size_t cols = static_cast<std::size_t>(p1 - p0) * kernels::kPanelColumns;
     auto& c = scratch_[worker];
-    c.resize(static_cast<std::size_t>(m) * cols);
+    grow_to(c, static_cast<std::size_t>(m) * cols);
     project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_);
     for (int i = 0; i < m; ++i)
       kt_.convert_to_bf16(c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f,
