@@ -134,7 +134,7 @@ bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
     thread_local std::vector<bf16> scratch;
     const int p0 = g.panel_begin + panel_shift, p1 = g.panel_end + panel_shift;
     const std::size_t need = kernels::packed_bf16_elements(std::max(padded_out_rows(out_), p1 * kernels::kPanelColumns), rank_);
-    if (item_b.size() < need) item_b.resize(need);
+    grow_to(item_b, need);
     const int row0 = p0 * kernels::kPanelColumns;
     const int rows = std::min(out_, p1 * kernels::kPanelColumns) - row0;
     int written = 0;  // panels from p0 that the packer wrote

@@ -134,13 +134,13 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // converts its C, which stays in its worker's scratch, into its rows of y; the combine then
   // reads half the bytes of f32 rows (at 4096 tokens of DeepSeek-V2-Lite 100 MB instead of 201).
   const std::size_t y_ld = padded_row_stride<bf16>(hidden, kernels::kBlockK);
-  if (y_.size() < static_cast<std::size_t>(rows) * y_ld) y_.resize(static_cast<std::size_t>(rows) * y_ld);
+  grow_to(y_, static_cast<std::size_t>(rows) * y_ld);
   const bool quantized = w_.weight_type() != WeightType::bf16;
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
   if (quantized) {
     if (!shared && xq_scale_.size() < static_cast<std::size_t>(rows)) xq_scale_.resize(rows);
-    if (hq_scale_.size() < static_cast<std::size_t>(rows)) hq_scale_.resize(rows);
+    grow_to(hq_scale_, static_cast<std::size_t>(rows));
   }
   active_.clear();
   for (int e = 0; e < s.num_experts; ++e)
@@ -241,7 +241,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   if (down_sums && any_lora && down_rank > 0) {
     down_partials = save ? save->xa[static_cast<int>(Projection::down)] : nullptr;
     if (!down_partials) {
-      if (down_partial_.size() < static_cast<std::size_t>(rows) * down_rank) down_partial_.resize(static_cast<std::size_t>(rows) * down_rank);
+      grow_to(down_partial_, static_cast<std::size_t>(rows) * down_rank);
       down_partials = down_partial_.data();
     }
     down_sums->set_rows(nodes.node, down_partials, down_rank);

@@ -36,8 +36,8 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   const std::size_t experts = groups.offsets.size() - 1, total = static_cast<std::size_t>(groups.total());
   const std::size_t padded_rows = total + static_cast<std::size_t>(kUnitRows - 1) * std::min(experts, total);
   // Grown, never shrunk: the same buffers serve every call.
-  if (x.size() < padded_rows * x_ld) x.resize(padded_rows * x_ld);
-  if (codes.size() < padded_rows * code_ld) codes.resize(padded_rows * code_ld);
+  grow_to(x, padded_rows * x_ld);
+  grow_to(codes, padded_rows * code_ld);
   if (code_ld > 0 && code_scales.size() < total) code_scales.resize(total);
   if (code_ld > 0) token_codes.prepare(tokens, code_ld);
 }
@@ -46,8 +46,8 @@ void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld
   reset_units(groups);
   nodes_ = 1;
   const std::size_t total = static_cast<std::size_t>(groups.total());
-  if (dy.size() < total * dy_ld) dy.resize(total * dy_ld);
-  if (xs.size() < total * x_ld) xs.resize(total * x_ld);
+  grow_to(dy, total * dy_ld);
+  grow_to(xs, total * x_ld);
 }
 
 bool SharedGather::claim(int e, int row) {

@@ -12,8 +12,8 @@ namespace tilemoe {
 void TokenCodes::prepare(int tokens, std::size_t ld) {
   const std::size_t n = static_cast<std::size_t>(std::max(tokens, 0));
   ld_ = ld;
-  if (codes_.size() < n * ld) codes_.resize(n * ld);
-  if (scales_.size() < n) scales_.resize(n);
+  grow_to(codes_, n * ld);
+  grow_to(scales_, n);
   state_.assign(n, kFresh);
 }
 
