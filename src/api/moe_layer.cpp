@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "amx/aligned_vector.hpp"
 #include "amx/kernel_table.hpp"
 #include "src/api/runtime_impl.hpp"
 #include "numa/node_group.hpp"
@@ -126,7 +127,7 @@ struct MoeLayer::Impl {
     check_batch(who, tokens, top_k, x, ids, w, out);
     float* y = static_cast<float*>(out);
     if (out_bf16) {
-      if (out_f32.size() < hidden_elems(tokens)) out_f32.resize(hidden_elems(tokens));
+      grow_to(out_f32, hidden_elems(tokens));
       y = out_f32.data();
     }
     sft->forward_sft(tokens, top_k, x, ids, w, y, save);
@@ -139,13 +140,13 @@ struct MoeLayer::Impl {
       fail(ErrorKind::invalid_argument, "MoeLayer::backward: grad_output and grad_input must not be null");
     const float* go = static_cast<const float*>(grad_out);
     if (in_bf16) {
-      if (grad_out_f32.size() < hidden_elems(tokens)) grad_out_f32.resize(hidden_elems(tokens));
+      grow_to(grad_out_f32, hidden_elems(tokens));
       to_f32(static_cast<const bf16*>(grad_out), tokens, grad_out_f32.data());
       go = grad_out_f32.data();
     }
     float* gi = static_cast<float*>(grad_in);
     if (gi_bf16) {
-      if (grad_in_f32.size() < hidden_elems(tokens)) grad_in_f32.resize(hidden_elems(tokens));
+      grow_to(grad_in_f32, hidden_elems(tokens));
       gi = grad_in_f32.data();
     }
     sft->backward(go, gi, grads, accumulate);

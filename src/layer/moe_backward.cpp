@@ -162,7 +162,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   grow_to(partials_, partial_floats);
   const int dh_items_per_expert = (down.panels + kSplitKPanels - 1) / kSplitKPanels;
   const int dx_items_per_expert = 2 * ((gate_up.panels + kSplitKPanels - 1) / kSplitKPanels);
-  if (terms_.size() < static_cast<std::size_t>(s.num_experts)) terms_.resize(s.num_experts);
+  grow_to(terms_, static_cast<std::size_t>(s.num_experts));
   auto off = [&](int e) { return static_cast<std::size_t>(groups.offsets[e]); };
   auto rank_of = [&](Projection p) { return static_cast<std::size_t>(lora[p].rank); };
 

@@ -139,7 +139,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
   if (quantized) {
-    if (!shared && xq_scale_.size() < static_cast<std::size_t>(rows)) xq_scale_.resize(rows);
+    if (!shared) grow_to(xq_scale_, static_cast<std::size_t>(rows));
     grow_to(hq_scale_, static_cast<std::size_t>(rows));
   }
   active_.clear();
@@ -211,7 +211,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     mix(quantized ? xq_ld : 0);
     shared->agree_on_layout(key);
   }
-  if (lora_.size() < static_cast<std::size_t>(s.num_experts)) lora_.resize(s.num_experts);
+  grow_to(lora_, static_cast<std::size_t>(s.num_experts));
   auto saved_xa = [&](Projection p, int e) -> float* {
     float* base = save ? save->xa[static_cast<int>(p)] : nullptr;
     return base ? base + static_cast<std::size_t>(groups.offsets[e]) * lora[p].rank : nullptr;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 
+#include "amx/aligned_vector.hpp"
 #include "numa/thread_pool.hpp"
 
 namespace tilemoe {
@@ -32,7 +33,7 @@ std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
   }
   std::lock_guard<std::mutex> idle(ws->in_use);
   if constexpr (requires { ws->scratch; })
-    if (ws->scratch.size() < static_cast<std::size_t>(pool.size())) ws->scratch.resize(static_cast<std::size_t>(pool.size()));
+    grow_to(ws->scratch, static_cast<std::size_t>(pool.size()));
   return ws;
 }
 

@@ -38,7 +38,7 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   // Grown, never shrunk: the same buffers serve every call.
   grow_to(x, padded_rows * x_ld);
   grow_to(codes, padded_rows * code_ld);
-  if (code_ld > 0 && code_scales.size() < total) code_scales.resize(total);
+  if (code_ld > 0) grow_to(code_scales, total);
   if (code_ld > 0) token_codes.prepare(tokens, code_ld);
 }
 
