@@ -418,6 +418,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
   if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "gemm_int_amx: " + isa_unavailable_reason(Isa::amx_bf16));
   const PackedIntShape& s = args.shape;
   const bool multiples = s.bits == 4 && args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
+  const std::uint8_t* const group_multiples = multiples ? args.b.group_multiples : nullptr;  // what int4's unpack multiplies by
   if (s.group % kIntBlockK != 0 && !multiples)
     fail(ErrorKind::invalid_argument, "gemm_int_amx: scale groups must be multiples of 64, or decompose into column scales");
   __asm__ volatile("" ::: "memory");
@@ -434,7 +435,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
   if ((s.bits == 4 || args.m > kBlockRows) && args.m <= kPairsOutsideMaxRows) {
     Job job = make_job(args, multiples);
     job.deferred = &deferred;
-    Int4Pairs int4{&s, args.b.codes, multiples ? args.b.group_multiples : nullptr, nullptr};
+    Int4Pairs int4{&s, args.b.codes, group_multiples, nullptr};
     if (s.bits == 4) {
       grow_to(unpacked, 2 * int8_panel_bytes);
       int4.out = unpacked.data();
@@ -450,7 +451,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
     job.deferred = &deferred;
     if (s.bits == 4) {
       grow_to(unpacked, static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
-      unpack_int4(s, args.b.codes, multiples ? args.b.group_multiples : nullptr, g0, g1, unpacked.data());
+      unpack_int4(s, args.b.codes, group_multiples, g0, g1, unpacked.data());
       job.b = unpacked.data();
       job.b_panel0 = g0;
     }
