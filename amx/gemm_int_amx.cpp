@@ -198,21 +198,6 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   DeferredFlush* const deferred = direct ? job.deferred : nullptr;
   const int slot = deferred ? deferred->slot : 0;
   auto& extra_tiles = deferred ? deferred->extra[slot] : extra;
-  auto second_product = [&] {
-    const long lda2_bytes = static_cast<long>(g.lda2 * sizeof(bf16));
-    const bf16* a2 = g.a2 + static_cast<std::size_t>(row0) * g.lda2;
-    const int kblocks2 = g.k2_padded / kBlockK;
-    const bf16* b2 = g.packed_b2 + static_cast<std::size_t>(panel) * kblocks2 * kBlockElements;
-    const std::size_t b2_panel = static_cast<std::size_t>(kblocks2) * kBlockElements;
-    zero_c_tiles<TwoRowTiles, TwoPanels>();
-    for (int kb = 0; kb < kblocks2; ++kb) {
-      const bf16* ak = a2 + static_cast<std::size_t>(kb) * kBlockK;
-      const bf16* bk = b2 + static_cast<std::size_t>(kb) * kBlockElements;
-      tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, kTileRows * lda2_bytes, lda2_bytes, bk, b2_panel * sizeof(bf16));
-    }
-    store_c_tiles<TwoRowTiles, TwoPanels>([&](int t) { return extra_tiles[t]; }, kTileRowBytes);
-    __asm__ volatile("" ::: "memory");
-  };
   for (int grp = 0; grp < groups; ++grp) {
     zero_c_tiles<TwoRowTiles, TwoPanels>();
     const int kb_end = std::min(job.kblocks, (grp + 1) * job.group_blocks);
@@ -237,7 +222,21 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     store_c_tiles<TwoRowTiles, TwoPanels>([&](int t) { return b[t]; }, kTileRowBytes);
     __asm__ volatile("" ::: "memory");
   }
-  if (second) second_product();
+  if (second) {
+    const long lda2_bytes = static_cast<long>(g.lda2 * sizeof(bf16));
+    const bf16* a2 = g.a2 + static_cast<std::size_t>(row0) * g.lda2;
+    const int kblocks2 = g.k2_padded / kBlockK;
+    const bf16* b2 = g.packed_b2 + static_cast<std::size_t>(panel) * kblocks2 * kBlockElements;
+    const std::size_t b2_panel = static_cast<std::size_t>(kblocks2) * kBlockElements;
+    zero_c_tiles<TwoRowTiles, TwoPanels>();
+    for (int kb = 0; kb < kblocks2; ++kb) {
+      const bf16* ak = a2 + static_cast<std::size_t>(kb) * kBlockK;
+      const bf16* bk = b2 + static_cast<std::size_t>(kb) * kBlockElements;
+      tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, kTileRows * lda2_bytes, lda2_bytes, bk, b2_panel * sizeof(bf16));
+    }
+    store_c_tiles<TwoRowTiles, TwoPanels>([&](int t) { return extra_tiles[t]; }, kTileRowBytes);
+    __asm__ volatile("" ::: "memory");
+  }
   if (deferred) {
     deferred->run_all();  // what the k-steps did not reach (fewer k-steps than tiles)
     for_each_c_tile<TwoRowTiles, TwoPanels>([&](int t) {
