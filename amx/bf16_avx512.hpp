@@ -18,4 +18,11 @@ inline __m256i to_bf16(__m512 v) {
 
 inline __m512 bf16_to_f32(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
 
+// 16 consecutive elements of f32 or bf16 storage (the caller's LoRA factors may be either), as
+// f32 or as bf16: masked-off lanes are zero and their memory is not touched.
+inline __m512 load_f32x16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_f32x16(const bf16* p, __mmask16 m) { return bf16_to_f32(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m256i load_bf16x16(const float* p, __mmask16 m) { return to_bf16(_mm512_maskz_loadu_ps(m, p)); }
+inline __m256i load_bf16x16(const bf16* p, __mmask16 m) { return _mm256_maskz_loadu_epi16(m, p); }
+
 }  // namespace tilemoe::kernels

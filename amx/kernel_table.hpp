@@ -34,7 +34,7 @@ struct KernelTable {
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients
   LoraProjectRowsFn lora_project_rows;      // LoRA of experts with few rows, from the f32 factors
   LoraExpandRowsAddFn lora_expand_rows_add;
-  PackStridedFn pack_strided_f32;           // the per-call LoRA packing for the tile kernels
+  PackStridedFn pack_strided;           // the per-call LoRA packing for the tile kernels
   ConvertToBf16Fn convert_to_bf16;
   CombineBf16RowsFn combine_bf16_rows;  // the forward's combine of a token's bf16 slot rows
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)

@@ -1,4 +1,5 @@
-// LoRA for a few rows with AVX-512, straight from the caller's f32 factors.
+// LoRA for a few rows with AVX-512, straight from the caller's factors (f32 or bf16, widened to
+// f32 as they are loaded; the arithmetic is the same for both).
 //
 // Project, A by rows (a(j, k) contiguous along k, the forward): blocks of 4 rows of v (widened to
 // f32 once) × 4 rows of A, 16 accumulators reduced once per block, so v is read rank/4 times
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "amx/bf16_avx512.hpp"
 #include "amx/lora_rows.hpp"
 #include "amx/transpose_avx512.hpp"
 
@@ -30,31 +32,26 @@ inline __mmask16 tail_mask(int count) {
   return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
 
-inline __m512 load_bf16(const bf16* p, __mmask16 mask) {
-  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 // Rows of v widened to f32, each padded with zeros to a multiple of 16.
 void widen_rows(const bf16* v, std::size_t ldv, int rows, int in, int in16, std::vector<float>& out) {
   out.resize(static_cast<std::size_t>(rows) * in16);
   for (int i = 0; i < rows; ++i) {
     const bf16* vi = v + static_cast<std::size_t>(i) * ldv;
     float* o = out.data() + static_cast<std::size_t>(i) * in16;
-    for (int k = 0; k < in16; k += 16) _mm512_storeu_ps(o + k, load_bf16(vi + k, tail_mask(in - k)));
+    for (int k = 0; k < in16; k += 16) _mm512_storeu_ps(o + k, load_f32x16(vi + k, tail_mask(in - k)));
   }
 }
 
 // R rows × J consecutive j's of xa: each 16-float load of v serves J products, each load of A R.
-template <int R, int J>
-void project_block(const float* vf, int in, int in16, const float* const* aj, float scale, float* xa, std::size_t ldxa) {
+template <int R, int J, typename T>
+void project_block(const float* vf, int in, int in16, const T* const* aj, float scale, float* xa, std::size_t ldxa) {
   const __mmask16 last = tail_mask(in - (in16 - 16));
   __m512 acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int q = 0; q < J; ++q) acc[r][q] = _mm512_setzero_ps();
   for (int k = 0; k < in16; k += 16) {
     __m512 av[J];
-    for (int q = 0; q < J; ++q) av[q] = k + 16 <= in ? _mm512_loadu_ps(aj[q] + k) : _mm512_maskz_loadu_ps(last, aj[q] + k);
+    for (int q = 0; q < J; ++q) av[q] = load_f32x16(aj[q] + k, k + 16 <= in ? static_cast<__mmask16>(0xffff) : last);
     for (int r = 0; r < R; ++r) {
       const __m512 x = _mm512_loadu_ps(vf + static_cast<std::size_t>(r) * in16 + k);
       for (int q = 0; q < J; ++q) acc[r][q] = _mm512_fmadd_ps(x, av[q], acc[r][q]);
@@ -64,17 +61,17 @@ void project_block(const float* vf, int in, int in16, const float* const* aj, fl
     for (int q = 0; q < J; ++q) xa[static_cast<std::size_t>(r) * ldxa + q] = scale * _mm512_reduce_add_ps(acc[r][q]);
 }
 
-template <int R>
-void project_by_rows(const float* vf, int in, int in16, StridedF32 a, int rank, float scale, float* xa, std::size_t ldxa) {
+template <int R, typename T>
+void project_by_rows(const float* vf, int in, int in16, StridedFactor a, int rank, float scale, float* xa, std::size_t ldxa) {
   for (int j = 0; j < rank; j += kJGroup) {
-    const float* aj[kJGroup];
+    const T* aj[kJGroup];
     const int count = std::min(kJGroup, rank - j);
-    for (int q = 0; q < count; ++q) aj[q] = a.data + static_cast<std::size_t>(j + q) * a.row_stride;
+    for (int q = 0; q < count; ++q) aj[q] = a.as<T>() + static_cast<std::size_t>(j + q) * a.row_stride;
     switch (count) {
-      case 4: project_block<R, 4>(vf, in, in16, aj, scale, xa + j, ldxa); break;
-      case 3: project_block<R, 3>(vf, in, in16, aj, scale, xa + j, ldxa); break;
-      case 2: project_block<R, 2>(vf, in, in16, aj, scale, xa + j, ldxa); break;
-      default: project_block<R, 1>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      case 4: project_block<R, 4, T>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      case 3: project_block<R, 3, T>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      case 2: project_block<R, 2, T>(vf, in, in16, aj, scale, xa + j, ldxa); break;
+      default: project_block<R, 1, T>(vf, in, in16, aj, scale, xa + j, ldxa); break;
     }
   }
 }
@@ -84,14 +81,15 @@ void project_by_rows(const float* vf, int in, int in16, StridedF32 a, int rank, 
 // 1.4-5.6 with this, one row, 64-256 columns, on Zen 5 (at decode the forward expands about
 // 29,000 columns of V2-Lite's LoRA B per layer call). Columns [n, round16(n)) of t get zeros;
 // src is not read past row n - 1 or column rank - 1.
-void transpose_rows_to(const float* src, std::size_t lds, int n, int rank, float* t, std::size_t ldt) {
+template <typename T>
+void transpose_rows_to(const T* src, std::size_t lds, int n, int rank, float* t, std::size_t ldt) {
   for (int j0 = 0; j0 < n; j0 += 16) {
     const int rows = std::min(16, n - j0);
     for (int q0 = 0; q0 < rank; q0 += 16) {
       const __mmask16 lanes = tail_mask(rank - q0);
       __m512 x[16];
       for (int r = 0; r < 16; ++r)
-        x[r] = r < rows ? _mm512_maskz_loadu_ps(lanes, src + static_cast<std::size_t>(j0 + r) * lds + q0) : _mm512_setzero_ps();
+        x[r] = r < rows ? load_f32x16(src + static_cast<std::size_t>(j0 + r) * lds + q0, lanes) : _mm512_setzero_ps();
       transpose16(x);
       const int count = std::min(16, rank - q0);
       for (int c = 0; c < count; ++c) _mm512_storeu_ps(t + static_cast<std::size_t>(q0 + c) * ldt + j0, x[c]);
@@ -99,31 +97,11 @@ void transpose_rows_to(const float* src, std::size_t lds, int n, int rank, float
   }
 }
 
-}  // namespace
-
-void lora_project_rows_avx512(const bf16* v, std::size_t ldv, int rows, int in, StridedF32 a, int rank, float scale, float* xa,
-                              std::size_t ldxa) {
-  if (rows <= 0 || rank <= 0) return;
-  if (a.col_stride != 1 && a.row_stride != 1) return lora_project_rows_portable(v, ldv, rows, in, a, rank, scale, xa, ldxa);
-  const int in16 = (std::max(in, 1) + 15) / 16 * 16;
-  thread_local std::vector<float> vf;
-  widen_rows(v, ldv, rows, in, in16, vf);
-  if (a.col_stride == 1) {
-    for (int i = 0; i < rows; i += kRowGroup) {
-      const float* vi = vf.data() + static_cast<std::size_t>(i) * in16;
-      float* out = xa + static_cast<std::size_t>(i) * ldxa;
-      switch (std::min(kRowGroup, rows - i)) {
-        case 4: project_by_rows<4>(vi, in, in16, a, rank, scale, out, ldxa); break;
-        case 3: project_by_rows<3>(vi, in, in16, a, rank, scale, out, ldxa); break;
-        case 2: project_by_rows<2>(vi, in, in16, a, rank, scale, out, ldxa); break;
-        default: project_by_rows<1>(vi, in, in16, a, rank, scale, out, ldxa); break;
-      }
-    }
-    return;
-  }
-  // a(j, k) = a.data[k * col_stride + j]: an axpy over j for each k.
+// The axpy form of the projection: a(j, k) = a[k * col_stride + j].
+template <typename T>
+void project_by_columns(const float* vf, int rows, int in, int in16, StridedFactor a, int rank, float scale, float* xa, std::size_t ldxa) {
   for (int i = 0; i < rows; ++i) {
-    const float* vi = vf.data() + static_cast<std::size_t>(i) * in16;
+    const float* vi = vf + static_cast<std::size_t>(i) * in16;
     float* out = xa + static_cast<std::size_t>(i) * ldxa;
     for (int j0 = 0; j0 < rank; j0 += 16 * kMaxRankVectors) {
       const int vecs = std::min(kMaxRankVectors, (rank - j0 + 15) / 16);
@@ -132,28 +110,35 @@ void lora_project_rows_avx512(const bf16* v, std::size_t ldv, int rows, int in, 
       for (int q = 0; q < kMaxRankVectors; ++q) acc[q] = _mm512_setzero_ps(), mask[q] = tail_mask(rank - j0 - 16 * q);
       for (int k = 0; k < in; ++k) {
         const __m512 x = _mm512_set1_ps(vi[k]);
-        const float* ak = a.data + static_cast<std::size_t>(k) * a.col_stride + j0;
-        for (int q = 0; q < vecs; ++q) acc[q] = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(mask[q], ak + 16 * q), acc[q]);
+        const T* ak = a.as<T>() + static_cast<std::size_t>(k) * a.col_stride + j0;
+        for (int q = 0; q < vecs; ++q) acc[q] = _mm512_fmadd_ps(x, load_f32x16(ak + 16 * q, mask[q]), acc[q]);
       }
       for (int q = 0; q < vecs; ++q) _mm512_mask_storeu_ps(out + j0 + 16 * q, mask[q], _mm512_mul_ps(_mm512_set1_ps(scale), acc[q]));
     }
   }
 }
 
-void lora_expand_rows_add_avx512(const float* xa, std::size_t ldxa, int rows, int rank, StridedF32 b, int col0, int n, float* c,
-                                 std::size_t ldc) {
-  if (rows <= 0 || rank <= 0 || n <= 0) return;
-  if (b.col_stride != 1 && b.row_stride != 1) return lora_expand_rows_add_portable(xa, ldxa, rows, rank, b, col0, n, c, ldc);
-  // bt[q][j] = b(col0 + j, q), contiguous along j: read in place when B is by columns.
-  const float* bt = b.data + static_cast<std::size_t>(col0) * b.row_stride;
-  std::size_t ldbt = b.col_stride;
-  thread_local std::vector<float> transposed;
-  if (b.col_stride == 1) {
-    ldbt = static_cast<std::size_t>((n + 15) / 16 * 16);
-    transposed.resize(static_cast<std::size_t>(rank) * ldbt);
-    transpose_rows_to(b.data + static_cast<std::size_t>(col0) * b.row_stride, b.row_stride, n, rank, transposed.data(), ldbt);
-    bt = transposed.data();
+template <typename T>
+void project(const bf16* v, std::size_t ldv, int rows, int in, StridedFactor a, int rank, float scale, float* xa, std::size_t ldxa) {
+  const int in16 = (std::max(in, 1) + 15) / 16 * 16;
+  thread_local std::vector<float> vf;
+  widen_rows(v, ldv, rows, in, in16, vf);
+  if (a.col_stride != 1) return project_by_columns<T>(vf.data(), rows, in, in16, a, rank, scale, xa, ldxa);
+  for (int i = 0; i < rows; i += kRowGroup) {
+    const float* vi = vf.data() + static_cast<std::size_t>(i) * in16;
+    float* out = xa + static_cast<std::size_t>(i) * ldxa;
+    switch (std::min(kRowGroup, rows - i)) {
+      case 4: project_by_rows<4, T>(vi, in, in16, a, rank, scale, out, ldxa); break;
+      case 3: project_by_rows<3, T>(vi, in, in16, a, rank, scale, out, ldxa); break;
+      case 2: project_by_rows<2, T>(vi, in, in16, a, rank, scale, out, ldxa); break;
+      default: project_by_rows<1, T>(vi, in, in16, a, rank, scale, out, ldxa); break;
+    }
   }
+}
+
+// c[i][j] += sum_q x[i][q] * bt[q][j], bt contiguous along j.
+template <typename T>
+void expand_add(const float* xa, std::size_t ldxa, int rows, int rank, const T* bt, std::size_t ldbt, int n, float* c, std::size_t ldc) {
   for (int i = 0; i < rows; ++i) {
     const float* x = xa + static_cast<std::size_t>(i) * ldxa;
     float* ci = c + static_cast<std::size_t>(i) * ldc;
@@ -161,10 +146,40 @@ void lora_expand_rows_add_avx512(const float* xa, std::size_t ldxa, int rows, in
       const __mmask16 mask = tail_mask(n - j);
       __m512 acc = _mm512_maskz_loadu_ps(mask, ci + j);
       for (int q = 0; q < rank; ++q)
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[q]), _mm512_maskz_loadu_ps(mask, bt + static_cast<std::size_t>(q) * ldbt + j), acc);
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(x[q]), load_f32x16(bt + static_cast<std::size_t>(q) * ldbt + j, mask), acc);
       _mm512_mask_storeu_ps(ci + j, mask, acc);
     }
   }
+}
+
+template <typename T>
+void expand(const float* xa, std::size_t ldxa, int rows, int rank, StridedFactor b, int col0, int n, float* c, std::size_t ldc) {
+  const T* first = b.as<T>() + static_cast<std::size_t>(col0) * b.row_stride;
+  // bt[q][j] = b(col0 + j, q), contiguous along j: read in place when B is by columns.
+  if (b.col_stride != 1) return expand_add(xa, ldxa, rows, rank, first, b.col_stride, n, c, ldc);
+  thread_local std::vector<float> transposed;
+  const std::size_t ldbt = static_cast<std::size_t>((n + 15) / 16 * 16);
+  transposed.resize(static_cast<std::size_t>(rank) * ldbt);
+  transpose_rows_to(first, b.row_stride, n, rank, transposed.data(), ldbt);
+  expand_add(xa, ldxa, rows, rank, transposed.data(), ldbt, n, c, ldc);
+}
+
+}  // namespace
+
+void lora_project_rows_avx512(const bf16* v, std::size_t ldv, int rows, int in, StridedFactor a, int rank, float scale, float* xa,
+                              std::size_t ldxa) {
+  if (rows <= 0 || rank <= 0) return;
+  if (a.col_stride != 1 && a.row_stride != 1) return lora_project_rows_portable(v, ldv, rows, in, a, rank, scale, xa, ldxa);
+  if (a.is_bf16()) return project<bf16>(v, ldv, rows, in, a, rank, scale, xa, ldxa);
+  project<float>(v, ldv, rows, in, a, rank, scale, xa, ldxa);
+}
+
+void lora_expand_rows_add_avx512(const float* xa, std::size_t ldxa, int rows, int rank, StridedFactor b, int col0, int n, float* c,
+                                 std::size_t ldc) {
+  if (rows <= 0 || rank <= 0 || n <= 0) return;
+  if (b.col_stride != 1 && b.row_stride != 1) return lora_expand_rows_add_portable(xa, ldxa, rows, rank, b, col0, n, c, ldc);
+  if (b.is_bf16()) return expand<bf16>(xa, ldxa, rows, rank, b, col0, n, c, ldc);
+  expand<float>(xa, ldxa, rows, rank, b, col0, n, c, ldc);
 }
 
 }  // namespace tilemoe::kernels

@@ -24,13 +24,15 @@ struct SftResult {
 
 // forward_sft (saved) then backward on `isa`, gradients overwritten into buffers full of junk.
 // With weight_copy the backward reads a Wᵀ copy of the weights (SftLayerOptions::backward_weight_copy).
+// `view`, when given, is what the layer reads instead of lora_view(lora) (the same set stored
+// otherwise); the gradients still take lora's shapes.
 inline SftResult run_sft(kernels::Isa isa, numa::ThreadPool& pool, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
                          const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
-                         const std::vector<float>& grad_out, bool weight_copy = false) {
+                         const std::vector<float>& grad_out, bool weight_copy = false, const LayerLoraView* view = nullptr) {
   auto packed = PackedExpertWeights::pack(w.view(), pool);
   SftLayerOptions options{std::max(tokens, 1), 1, lora_view(lora).max_rank()};
   options.backward_weight_copy = weight_copy;
-  MoeSftLayer layer(packed, isa, pool, options, lora_view(lora));
+  MoeSftLayer layer(packed, isa, pool, options, view ? *view : lora_view(lora));
   CHECK((layer.weight_copy_bytes() > 0) == weight_copy);
   SftResult r;
   r.out.resize(x.size());
@@ -56,6 +58,28 @@ inline void check_lora_grads(const LayerLora& got, const LayerLora& want, double
   }
 }
 
+// A LoRA set's factors stored as bf16 instead of f32 (the same values: random_lora draws them
+// bf16-exact) give every output and gradient bit for bit: the packed form is the same bf16, the
+// f32 form the same floats. `what` says which run the two are.
+inline void check_same_bits(const SftResult& f32, const SftResult& bf16, const char* what) {
+  INFO(what);
+  CHECK(bf16.out == f32.out);
+  CHECK(bf16.grad_input == f32.grad_input);
+  for (Projection p : kProjections) {
+    INFO(projection_name(p));
+    CHECK(bf16.grads[p].a == f32.grads[p].a);
+    CHECK(bf16.grads[p].b == f32.grads[p].b);
+  }
+}
+
+// random_lora's factors are bf16 values held in f32, which the bit-for-bit comparisons rely on.
+inline LayerLoraBf16 bf16_copy_of_exact(const LayerLora& lora) {
+  LayerLoraBf16 l16 = round_lora_to_bf16(lora);
+  for (int p = 0; p < 3; ++p)
+    for (std::size_t i = 0; i < lora.proj[p].a.size(); ++i) REQUIRE(bf16_to_float(l16.proj[p].a[i]) == lora.proj[p].a[i]);
+  return l16;
+}
+
 inline void check_backward_case(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
                                 std::uint64_t seed) {
   auto w = random_expert_weights(s, seed);
@@ -73,6 +97,12 @@ inline void check_backward_case(kernels::Isa isa, const MoeShape& s, int tokens,
   CHECK(rel_error(got.out, want_out) <= 1e-2);
   CHECK(rel_error(got.grad_input, want_dx) <= 1e-2);
   check_lora_grads(got.grads, want_grads, 2e-2);
+  if (rank > 0) {
+    const LayerLoraBf16 lora16 = bf16_copy_of_exact(lora);
+    const LayerLoraView view16 = lora_view(lora16);
+    check_same_bits(got, run_sft(isa, pool, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, false, &view16),
+                    "the set stored as bf16");
+  }
 }
 
 inline void run_backward_grid(kernels::Isa isa) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "catch.hpp"
+#include "moe_backward_grid.hpp"
 #include "moe_forward_quantized_grid.hpp"
 #include "src/layer/tensor_parallel_layer.hpp"
 
@@ -47,6 +48,15 @@ inline QuantSftErrors quantized_sft_errors(kernels::Isa isa, const QuantCase& qc
   }
   layer.forward_sft(tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), out.data(), true);
   layer.backward(go.data(), dx.data(), lora_grad_view(grads));
+  if (rank > 0) {
+    // The set stored as bf16, swapped in by pointer: the same bits (see check_same_bits).
+    const LayerLoraBf16 lora16 = bf16_copy_of_exact(lora);
+    layer.update_lora_weights(lora_view(lora16));
+    SftResult f32{out, dx, grads}, b16{std::vector<float>(x.size()), std::vector<float>(x.size(), 7.0f), lora.zeros_like()};
+    layer.forward_sft(tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), b16.out.data(), true);
+    layer.backward(go.data(), b16.grad_input.data(), lora_grad_view(b16.grads));
+    check_same_bits(f32, b16, "the set stored as bf16");
+  }
   QuantSftErrors e;
   e.out = rel_error(out, want_out);
   e.grad_input = rel_error(dx, want_dx);

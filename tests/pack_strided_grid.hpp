@@ -1,5 +1,5 @@
 #pragma once
-// pack_strided_f32 against pack_weights_with (the element-by-element packer): the same bits for
+// pack_strided against pack_weights_with (the element-by-element packer): the same bits for
 // rows along k (the forward's factors), along n (the backward's transposed ones) and any other
 // strides, over awkward sizes, with NaN, infinities, denormals and round-to-even ties among the
 // values. Included by one test file per ISA.
@@ -25,12 +25,17 @@ inline void run_pack_strided_grid(kernels::PackStridedFn pack) {
       for (float& v : data) v = dist(rng);
       const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 1e-40f, -1e-40f, 1.00390625f, 1.01171875f, 0.0f, -0.0f, 3.0e38f};
       for (std::size_t i = 0; i < data.size(); i += 13) data[i] = specials[(i / 13) % std::size(specials)];
-      const kernels::StridedF32 layouts[3] = {{data.data(), ld_k, 1}, {data.data(), 1, ld_n}, {data.data() + 1, 2 * ld_k, 2}};
-      for (int l = 0; l < 3; ++l) {
-        INFO("n " << n << " k " << k << " layout " << l);
-        const kernels::StridedF32 w = layouts[l];
+      std::vector<bf16> data16(data.size());
+      for (std::size_t i = 0; i < data.size(); ++i) data16[i] = float_to_bf16(data[i]);
+      for (std::size_t i = 5; i < data16.size(); i += 29) data16[i] = bf16{0x7f81};  // a signalling NaN: copied as it is
+      const kernels::StridedFactor layouts[6] = {{data.data(), ld_k, 1},   {data.data(), 1, ld_n},   {data.data() + 1, 2 * ld_k, 2},
+                                                 {data16.data(), ld_k, 1}, {data16.data(), 1, ld_n}, {data16.data() + 1, 2 * ld_k, 2}};
+      for (int l = 0; l < 6; ++l) {
+        INFO("n " << n << " k " << k << " layout " << l % 3 << (l < 3 ? " f32" : " bf16"));
+        const kernels::StridedFactor w = layouts[l];
+        const bf16* raw = w.is_bf16() ? w.as<bf16>() : nullptr;
         std::vector<bf16> want(kernels::packed_bf16_elements(n, k)), got(want.size(), bf16{0x5555});
-        kernels::pack_weights_with(n, k, want.data(), [&](int c, int kk) { return float_to_bf16(w.at(c, kk)); });
+        kernels::pack_weights_with(n, k, want.data(), [&](int c, int kk) { return raw ? raw[w.index(c, kk)] : float_to_bf16(w.at(c, kk)); });
         pack(w, n, k, got.data(), scratch);
         REQUIRE(got == want);
       }

@@ -267,6 +267,23 @@ TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
   CHECK(c.status == 0);
 }
 
+TEST_CASE("bench reads LoRA factors stored as bf16 with --lora-dtype bf16", "[cli][bench]") {
+  const std::string file = test::temp_dir() + "/bench_lora_bf16.json";
+  const int raw = std::system((std::string(TILEMOE_CLI) +
+                               " bench --lora-dtype bf16 --shape mini --tokens 1,40 --lora-rank 4 --layers 2 --iter-scale 0.05 --json > " +
+                               file + " 2> /dev/null").c_str());
+  REQUIRE(WIFEXITED(raw));
+  CHECK(WEXITSTATUS(raw) == 0);
+  std::ifstream in(file);
+  std::stringstream json;
+  json << in.rdbuf();
+  INFO(json.str());
+  CHECK(json.str().find("\"lora_dtype\":\"bf16\"") != std::string::npos);
+  auto b = run_cli("bench --backward --lora-dtype bf16 --shape mini --tokens 20 --lora-rank 4 --layers 2 --iter-scale 0.05");
+  CHECK(b.status == 0);
+  test::expect_failure("bench --lora-dtype f16 --shape mini --tokens 1 --layers 1", "--lora-dtype f16", "");
+}
+
 TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run", "[cli][bench]") {
   // stdout into a file: the rows are what is checked.
   auto bench_out = [](const std::string& args, std::string& out) {

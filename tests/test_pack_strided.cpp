@@ -2,6 +2,6 @@
 
 using namespace tilemoe;
 
-TEST_CASE("the portable pack_strided_f32 equals the element-by-element packer", "[kernels][pack]") {
-  test::run_pack_strided_grid(kernels::pack_strided_f32_portable);
+TEST_CASE("the portable pack_strided equals the element-by-element packer", "[kernels][pack]") {
+  test::run_pack_strided_grid(kernels::pack_strided_portable);
 }

@@ -42,6 +42,11 @@ TEST_CASE("node_slices cover the intermediate size in aligned, balanced slices",
   CHECK_THROWS_AS(node_slices(100, 2, 0), Error);
 }
 
+namespace {
+const float* f32s(const void* p) { return static_cast<const float*>(p); }
+const bf16* bf16s(const void* p) { return static_cast<const bf16*>(p); }
+}  // namespace
+
 TEST_CASE("slice_lora_view gives windows of the caller's arrays", "[tp]") {
   MoeShape s{40, 200, 3, 2};
   LayerLora lora = random_lora(s, 4, 8.0f, 3, 1);
@@ -53,20 +58,38 @@ TEST_CASE("slice_lora_view gives windows of the caller's arrays", "[tp]") {
       CHECK(v[p].out == 64);
       CHECK(v[p].in == 40);
       CHECK(v[p].a_of(e) == full[p].a_of(e));
-      CHECK(v[p].b_of(e) == full[p].b_of(e) + 64 * 4);  // rows [64, 128) of B
-      CHECK(v[p].b_of(e)[3 * 4 + 1] == lora[p].b_of(e)[(64 + 3) * 4 + 1]);
+      CHECK(f32s(v[p].b_of(e)) == f32s(full[p].b_of(e)) + 64 * 4);  // rows [64, 128) of B
+      CHECK(f32s(v[p].b_of(e))[3 * 4 + 1] == lora[p].b_of(e)[(64 + 3) * 4 + 1]);
     }
     const auto& d = v[Projection::down];
     CHECK(d.in == 64);
     CHECK(d.out == 40);
     CHECK(d.lda() == 200);
-    CHECK(d.a_of(e)[2 * d.lda() + 5] == lora[Projection::down].a_of(e)[2 * 200 + 64 + 5]);  // A column 64 + 5
+    CHECK(f32s(d.a_of(e))[2 * d.lda() + 5] == lora[Projection::down].a_of(e)[2 * 200 + 64 + 5]);  // A column 64 + 5
     CHECK(d.b_of(e) == full[Projection::down].b_of(e));
   }
   // A window of a window keeps the outer strides.
   const LayerLoraView vv = slice_lora_view(v, {32, 64});
-  CHECK(vv[Projection::down].a_of(1)[3 * 200 + 7] == lora[Projection::down].a_of(1)[3 * 200 + 64 + 32 + 7]);
-  CHECK(vv[Projection::gate].b_of(2)[5 * 4] == lora[Projection::gate].b_of(2)[(96 + 5) * 4]);
+  CHECK(f32s(vv[Projection::down].a_of(1))[3 * 200 + 7] == lora[Projection::down].a_of(1)[3 * 200 + 64 + 32 + 7]);
+  CHECK(f32s(vv[Projection::gate].b_of(2))[5 * 4] == lora[Projection::gate].b_of(2)[(96 + 5) * 4]);
+}
+
+TEST_CASE("slice_lora_view counts bf16 sets' offsets in elements, not bytes of f32", "[tp]") {
+  MoeShape s{40, 200, 3, 2};
+  LayerLora lora = random_lora(s, 4, 8.0f, 3, 1);
+  const LayerLoraBf16 held = round_lora_to_bf16(lora);
+  const LayerLoraView full = lora_view(held);
+  const LayerLoraView v = slice_lora_view(full, {64, 128});
+  for (int e = 0; e < 3; ++e) {
+    for (Projection p : {Projection::gate, Projection::up}) {
+      CHECK(v[p].dtype == LoraDType::bf16);
+      CHECK(bf16_to_float(bf16s(v[p].b_of(e))[3 * 4 + 1]) == bf16_to_float(float_to_bf16(lora[p].b_of(e)[(64 + 3) * 4 + 1])));
+    }
+    const auto& d = v[Projection::down];
+    CHECK(bf16_to_float(bf16s(d.a_of(e))[2 * 200 + 5]) == bf16_to_float(float_to_bf16(lora[Projection::down].a_of(e)[2 * 200 + 64 + 5])));
+  }
+  const LayerLoraView vv = slice_lora_view(v, {32, 64});
+  CHECK(bf16s(vv[Projection::down].a_of(1))[3 * 200 + 7] == float_to_bf16(lora[Projection::down].a_of(1)[3 * 200 + 64 + 32 + 7]));
 }
 
 TEST_CASE("NodeGroup runs every node once, concurrently, and reports the lowest node's failure", "[tp]") {

@@ -130,7 +130,7 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
 
 void add_bench_command(CLI::App& app, int& status) {
   struct Args {
-    std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16";
+    std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16", lora_dtype = "f32";
     int threads = 0, layers = 0;
     std::string group_sizes = std::to_string(quant::kDefaultInt4Group);
     std::string numa_nodes = "1";
@@ -161,6 +161,9 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward), page faults per call, and with several NUMA nodes the merge and when each node started and ended");
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
+  cmd->add_option("--lora-dtype", a->lora_dtype,
+                  "How the LoRA factors are stored: f32 or bf16 (read in place either way; bf16 is half the bytes)")
+      ->capture_default_str();
   cmd->add_flag("--lora-held", a->lora_held,
                 "The LoRA sets are held by the layers, as a loaded adapter is (nothing writes them): packed once, not at every "
                 "call as the caller's arrays are");
@@ -187,6 +190,9 @@ void add_bench_command(CLI::App& app, int& status) {
     if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
+    if (a->lora_dtype != "f32" && a->lora_dtype != "bf16")
+      fail(ErrorKind::invalid_argument, "--lora-dtype " + a->lora_dtype + ": expected f32 or bf16");
+    const bool lora_bf16 = a->lora_dtype == "bf16";
     const std::vector<int> node_counts = parse_int_list(a->numa_nodes, "--numa-nodes");
     const std::vector<int> group_list = parse_int_list(a->group_sizes, "--group-size");
     if (group_list.size() > 1 && weight_type != WeightType::int4)
@@ -227,6 +233,7 @@ void add_bench_command(CLI::App& app, int& status) {
       std::size_t group_index = 0;
       numa::NodeGroup* nodes = nullptr;
       std::unique_ptr<LayerLora> lora, grads;  // the layers read them in place
+      std::unique_ptr<LayerLoraBf16> lora16;    // lora's factors as bf16, read instead with --lora-dtype bf16
       std::vector<std::unique_ptr<TensorParallelLayer>> layers;
       int slices = 1;
     };
@@ -245,6 +252,7 @@ void add_bench_command(CLI::App& app, int& status) {
           c.nodes = &node_group_for(pool, n);
           c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
           c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
+          if (lora_bf16) c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
           c.layers.push_back(new_layer(c));
           c.slices = c.layers[0]->node_count();
           cases.push_back(std::move(c));
@@ -257,7 +265,7 @@ void add_bench_command(CLI::App& app, int& status) {
                                : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
     for (Case& c : cases) {
       while (static_cast<int>(c.layers.size()) < layers) c.layers.push_back(new_layer(c));
-      for (auto& l : c.layers) l->update_lora_weights(lora_view(*c.lora), a->lora_held);
+      for (auto& l : c.layers) l->update_lora_weights(c.lora16 ? lora_view(*c.lora16) : lora_view(*c.lora), a->lora_held);
     }
     double pack_s = seconds_since(t0);
     // The baseline's layers: as many as ours, so that its weights do not fit in cache either.
@@ -296,6 +304,7 @@ void add_bench_command(CLI::App& app, int& status) {
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
       if (a->lora_held) std::printf("LoRA held by the layers (as a loaded adapter): packed once\n");
+      std::printf("LoRA factors stored as %s\n", a->lora_dtype.c_str());
       if (a->backward && a->weight_copy)
         std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
                     cases[0].layers[0]->weight_copy_bytes() / 1e9, cases[0].layers[0]->weight_bytes() / 1e9);
@@ -377,14 +386,15 @@ void add_bench_command(CLI::App& app, int& status) {
       for (std::size_t c = 0; c < cases.size(); ++c) {
         const Case& cs = cases[c];
         const int rank = cs.rank;
-        // The factors read per expert: the caller's f32 A and B; or, held, their packed bf16 forms
+        // The factors read per expert: the caller's A and B (f32 or bf16); or, held, their packed bf16 forms
         // (B's rank padded to a whole k-block of 32) where experts have the rows for that form.
         std::size_t lora_bytes_per_expert = 0;
         const std::size_t rank_padded = (static_cast<std::size_t>(rank) + 31) / 32 * 32;
         const bool packed_form = a->lora_held && static_cast<double>(tokens) * s.top_k * iters >= 16.0 * experts_sum;
         for (Projection p : kProjections)
           lora_bytes_per_expert += packed_form ? (rank * projection_in(s, p) + rank_padded * projection_out(s, p)) * sizeof(bf16)
-                                               : static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) * sizeof(float);
+                                               : static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) *
+                                                     (lora_bf16 ? sizeof(bf16) : sizeof(float));
         const std::size_t bytes_per_expert = cs.layers[0]->weight_bytes() / static_cast<std::size_t>(s.num_experts);
         const double bytes = (a->backward ? 2.0 : 1.0) * experts_sum / iters * static_cast<double>(bytes_per_expert + lora_bytes_per_expert);
         // Backward does twice the forward's products (dH through down, dX through gate and up).
@@ -399,11 +409,11 @@ void add_bench_command(CLI::App& app, int& status) {
           std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                       "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                       "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                      "\"node_gbps\":%.2f,\"group_size\":%d}\n",
+                      "\"node_gbps\":%.2f,\"group_size\":%d,\"lora_dtype\":\"%s\"}\n",
                       a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
                       median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
                       bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6,
-                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0);
+                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0, a->lora_dtype.c_str());
         else if (a->backward)
           std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,
                       bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,

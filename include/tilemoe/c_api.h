@@ -120,6 +120,13 @@ typedef struct tilemoe_lora_grads {
 TILEMOE_API tilemoe_status tilemoe_layer_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input,
                                                   tilemoe_dtype dtype, const tilemoe_lora_grads* grads, int accumulate);
 TILEMOE_API tilemoe_status tilemoe_layer_update_lora_weights(tilemoe_layer* layer, const tilemoe_lora_weights* weights);
+/* The same with the factors' element type: TILEMOE_F32 (as above) or TILEMOE_BF16 (uint16_t bf16
+ * bits, read in place: half the bytes at every call). Gradients stay f32 (tilemoe_lora_grads). */
+typedef struct tilemoe_lora_weights_typed {
+  const void *gate_a, *gate_b, *up_a, *up_b, *down_a, *down_b;
+  tilemoe_dtype dtype;
+} tilemoe_lora_weights_typed;
+TILEMOE_API tilemoe_status tilemoe_layer_update_lora_weights_typed(tilemoe_layer* layer, const tilemoe_lora_weights_typed* weights);
 /* layer_index: the layer's index in the model, or -1 for a layer from a checkpoint. */
 TILEMOE_API tilemoe_status tilemoe_layer_load_adapter(tilemoe_layer* layer, const char* path, int layer_index);
 TILEMOE_API tilemoe_status tilemoe_layer_unload_adapter(tilemoe_layer* layer);

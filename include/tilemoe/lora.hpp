@@ -15,7 +15,7 @@
 
 namespace tilemoe {
 
-// Strides, in floats, of a set that is a window of larger arrays (the NUMA split hands each node
+// Strides, in elements, of a set that is a window of larger arrays (the NUMA split hands each node
 // the B rows or A columns of its slice of the intermediate dimension); 0 means dense. Dense: A's
 // rows are `in` apart, experts rank * in (A) and out * rank (B) apart; B's rows are always rank.
 struct LoraStrides {
@@ -28,21 +28,31 @@ struct LoraStrides {
   std::size_t b_expert_of(int rank, int out) const { return b_expert != 0 ? b_expert : static_cast<std::size_t>(out) * rank; }
 };
 
+// How a set's A and B are stored: f32, or bf16 (a trainer's bf16 parameters, or an adapter kept in
+// bf16 for inference), read in place either way; bf16 streams half the bytes at every call.
+// Gradients are always written in f32 (LoraProjectionGrad).
+enum class LoraDType { f32, bf16 };
+
 struct LoraProjectionView {
   int rank = 0;  // 0: no LoRA on this projection
   int in = 0, out = 0;
-  const float* a = nullptr;               // [E][rank][in]
-  const float* b = nullptr;               // [E][out][rank]
+  const void* a = nullptr;                // [E][rank][in] of dtype (const float* or const bf16*)
+  const void* b = nullptr;                // [E][out][rank] of dtype
+  LoraDType dtype = LoraDType::f32;
   const float* scale = nullptr;           // [E]; nullptr: uniform_scale for every expert
   float uniform_scale = 1.0f;
   const std::uint8_t* present = nullptr;  // [E]; nullptr: every expert has LoRA
-  LoraStrides strides;                    // of a and b; default: dense
+  LoraStrides strides;                    // of a and b, in elements; default: dense
 
   bool active(int e) const { return rank > 0 && (present == nullptr || present[e] != 0); }
   float scale_of(int e) const { return scale != nullptr ? scale[e] : uniform_scale; }
+  std::size_t element_bytes() const { return dtype == LoraDType::bf16 ? 2 : 4; }
   std::size_t lda() const { return strides.a_row_of(in); }
-  const float* a_of(int e) const { return a + static_cast<std::size_t>(e) * strides.a_expert_of(rank, in); }
-  const float* b_of(int e) const { return b + static_cast<std::size_t>(e) * strides.b_expert_of(rank, out); }
+  // The first element of expert e's A or B, and element `i` of A or B counted from their start.
+  const void* a_of(int e) const { return a_at(static_cast<std::size_t>(e) * strides.a_expert_of(rank, in)); }
+  const void* b_of(int e) const { return b_at(static_cast<std::size_t>(e) * strides.b_expert_of(rank, out)); }
+  const void* a_at(std::size_t i) const { return static_cast<const char*>(a) + i * element_bytes(); }
+  const void* b_at(std::size_t i) const { return static_cast<const char*>(b) + i * element_bytes(); }
   bool dense() const { return lda() == static_cast<std::size_t>(in) && strides.a_expert_of(rank, in) == static_cast<std::size_t>(rank) * in &&
                               strides.b_expert_of(rank, out) == static_cast<std::size_t>(out) * rank; }
 };

@@ -71,15 +71,17 @@ struct ExpertWeightsRef {
   const bf16* down = nullptr;
 };
 
-// A LoRA set of the layer's rank and scale on all experts: A [E][rank][in], B [E][out][rank] in
-// f32. A null A and B leaves that projection without LoRA. Read in place at every call (zero copy).
+// A LoRA set of the layer's rank and scale on all experts: A [E][rank][in], B [E][out][rank] of
+// `dtype` (const float* for f32, const bf16* for bf16). A null A and B leaves that projection
+// without LoRA. Read in place at every call (zero copy); gradients (LoraGrads) are f32 either way.
 struct LoraWeights {
-  const float* gate_a = nullptr;
-  const float* gate_b = nullptr;
-  const float* up_a = nullptr;
-  const float* up_b = nullptr;
-  const float* down_a = nullptr;
-  const float* down_b = nullptr;
+  const void* gate_a = nullptr;
+  const void* gate_b = nullptr;
+  const void* up_a = nullptr;
+  const void* up_b = nullptr;
+  const void* down_a = nullptr;
+  const void* down_b = nullptr;
+  LoraDType dtype = LoraDType::f32;
 };
 
 // Where backward writes LoRA gradients, shaped like the set's A and B; null: not wanted.

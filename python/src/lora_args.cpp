@@ -70,14 +70,19 @@ LoraSetArg lora_set_arg(const MoeLayerConfig& cfg, const std::array<py::object, 
     if (cfg.lora_rank == 0)
       value_error(std::string(kFactorNames[2 * i]) + ": the layer was built with lora_rank 0 and takes no LoRA; set "
                   "MoEConfig.lora_rank (or lora_rank= of from_checkpoint)");
-    TensorArg a = tensor_arg(a_obj, kFactorNames[2 * i], Access::read, {DType::f32});
-    TensorArg b = tensor_arg(b_obj, kFactorNames[2 * i + 1], Access::read, {DType::f32});
+    // f32 or bf16 (numpy: uint16 bits), read in place either way; A and B of a projection alike.
+    TensorArg a = tensor_arg(a_obj, kFactorNames[2 * i], Access::read, {DType::f32, DType::bf16});
+    TensorArg b = tensor_arg(b_obj, kFactorNames[2 * i + 1], Access::read, {DType::f32, DType::bf16});
+    if (a.dtype != b.dtype)
+      type_error(std::string(kFactorNames[2 * i]) + " is " + dtype_name(a.dtype, a.is_torch) + " but " + kFactorNames[2 * i + 1] + " is " +
+                 dtype_name(b.dtype, b.is_torch) + "; A and B of one projection must share a dtype (float32 or bfloat16)");
     auto& v = out.view[p];
     v.rank = check_factor_pair(cfg, p, a, b);
     v.in = projection_in(s, p);
     v.out = projection_out(s, p);
-    v.a = static_cast<const float*>(a.data);
-    v.b = static_cast<const float*>(b.data);
+    v.a = a.data;
+    v.b = b.data;
+    v.dtype = a.dtype == DType::bf16 ? LoraDType::bf16 : LoraDType::f32;
     v.uniform_scale = uniform_given ? uniform : static_cast<float>(lora_scaling(cfg.lora_alpha, v.rank, cfg.use_rslora));
     if (scale_rows) v.scale = scale_rows + static_cast<std::size_t>(i) * E;
     if (present_rows) v.present = present_rows + static_cast<std::size_t>(i) * E;

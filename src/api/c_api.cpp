@@ -224,6 +224,19 @@ tilemoe_status tilemoe_layer_update_lora_weights(tilemoe_layer* layer, const til
   });
 }
 
+tilemoe_status tilemoe_layer_update_lora_weights_typed(tilemoe_layer* layer, const tilemoe_lora_weights_typed* w) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_update_lora_weights_typed: layer is NULL");
+    tilemoe::LoraWeights lw;
+    if (w) {
+      check_dtype(w->dtype, "tilemoe_layer_update_lora_weights_typed");
+      lw = {w->gate_a, w->gate_b, w->up_a, w->up_b, w->down_a, w->down_b,
+            w->dtype == TILEMOE_BF16 ? tilemoe::LoraDType::bf16 : tilemoe::LoraDType::f32};
+    }
+    layer->layer.update_lora_weights(lw);
+  });
+}
+
 tilemoe_status tilemoe_layer_load_adapter(tilemoe_layer* layer, const char* path, int layer_index) {
   return guard([&] {
     require(layer && path, "tilemoe_layer_load_adapter: layer and path must not be NULL");

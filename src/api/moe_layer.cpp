@@ -154,8 +154,8 @@ struct MoeLayer::Impl {
   }
 
   LayerLoraView view_of(const LoraWeights& w) const {
-    const float* a[3] = {w.gate_a, w.up_a, w.down_a};
-    const float* b[3] = {w.gate_b, w.up_b, w.down_b};
+    const void* a[3] = {w.gate_a, w.up_a, w.down_a};
+    const void* b[3] = {w.gate_b, w.up_b, w.down_b};
     LayerLoraView v;
     for (int i = 0; i < 3; ++i) {
       Projection p = kProjections[static_cast<std::size_t>(i)];
@@ -170,6 +170,7 @@ struct MoeLayer::Impl {
       d.out = projection_out(model.shape, p);
       d.a = a[i];
       d.b = b[i];
+      d.dtype = w.dtype;
       d.uniform_scale = scale;
     }
     return v;

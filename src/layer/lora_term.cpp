@@ -13,7 +13,7 @@ namespace {
 int padded_out_rows(int out) { return (out + 2 * kernels::kPanelColumns - 1) / (2 * kernels::kPanelColumns) * (2 * kernels::kPanelColumns); }
 }  // namespace
 
-void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out,
+void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedFactor a, kernels::StridedFactor b, int rank, int in, int out,
                        float scale, bool packed, std::uint64_t held_generation, bool b_by_item, bool pack_a) {
   active_ = rank > 0;
   a_owner_ = xa_owner_ = nullptr;
@@ -24,7 +24,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   in_ = in;
   out_ = out;
   scale_ = scale;
-  pack_ = kt.pack_strided_f32;
+  pack_ = kt.pack_strided;
   packed_ = packed;
   b_by_item_ = false;
   if (!packed_) return;
@@ -35,15 +35,15 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, ke
   a_ready_ = pack_a || held_generation != 0;
   if (a_ready_) {
     a_packed_.resize(kernels::packed_bf16_elements(rank, in));
-    kt.pack_strided_f32(a, rank, in, a_packed_.data(), pack_scratch_);
+    kt.pack_strided(a, rank, in, a_packed_.data(), pack_scratch_);
   }
   if (b_by_item && held_generation == 0) {
     b_by_item_ = true;
     return;
   }
   b_packed_.resize(kernels::packed_bf16_elements(padded_out_rows(out), rank));
-  // Rows of B' from out on are the zero padding pack_strided_f32 writes for n_padded > out.
-  kt.pack_strided_f32(b, out, rank, b_packed_.data(), pack_scratch_);
+  // Rows of B' from out on are the zero padding pack_strided writes for n_padded > out.
+  kt.pack_strided(b, out, rank, b_packed_.data(), pack_scratch_);
   const std::size_t b_written = kernels::packed_bf16_elements(out, rank);
   std::fill(b_packed_.begin() + static_cast<std::ptrdiff_t>(b_written), b_packed_.end(), bf16{0});
   packed_generation_ = held_generation;
@@ -139,8 +139,7 @@ bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
     const int rows = std::min(out_, p1 * kernels::kPanelColumns) - row0;
     int written = 0;  // panels from p0 that the packer wrote
     if (rows > 0) {
-      const kernels::StridedF32 slice{b_.data + static_cast<std::size_t>(row0) * b_.row_stride, b_.row_stride, b_.col_stride};
-      pack_(slice, rows, rank_, item_b.data() + static_cast<std::size_t>(p0) * panel_stride, scratch);
+      pack_(b_.offset(row0, 0), rows, rank_, item_b.data() + static_cast<std::size_t>(p0) * panel_stride, scratch);
       written = (rows + kernels::kPanelColumns - 1) / kernels::kPanelColumns;
     }
     std::fill(item_b.begin() + static_cast<std::ptrdiff_t>((p0 + written) * panel_stride),
@@ -171,10 +170,22 @@ void LoraTerm::add_f32(const kernels::KernelTable& kt, int rows, int col0, int n
   kt.lora_expand_rows_add(xa_f32_.data(), static_cast<std::size_t>(rank_), rows, rank_, b_, col0, n, c, ldc);
 }
 
-void prefetch_f32_range(const float* p, std::size_t count) {
-  if (count == 0) return;
-  const char* first = reinterpret_cast<const char*>(p);
-  const char* last = reinterpret_cast<const char*>(p + count) - 1;
+namespace {
+kernels::StridedFactor factor(const void* first, LoraDType dtype, std::size_t row_stride) {
+  if (dtype == LoraDType::bf16) return {static_cast<const bf16*>(first), row_stride, 1};
+  return {static_cast<const float*>(first), row_stride, 1};
+}
+}  // namespace
+
+kernels::StridedFactor lora_a_factor(const LoraProjectionView& lp, int e) { return factor(lp.a_of(e), lp.dtype, lp.lda()); }
+kernels::StridedFactor lora_b_factor(const LoraProjectionView& lp, int e) {
+  return factor(lp.b_of(e), lp.dtype, static_cast<std::size_t>(lp.rank));
+}
+
+void prefetch_range(const void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  const char* first = static_cast<const char*>(p);
+  const char* last = first + bytes - 1;
   for (const char* q = first; q < last; q += 64) __builtin_prefetch(q);
   __builtin_prefetch(last);
 }

@@ -10,7 +10,7 @@
 // Two forms, chosen by the caller from the number of rows (kLoraPackRows, or kLoraPackRowsAmx
 // where the tile kernels run): from there on, A' and B' are packed to bf16 so that the GEMM
 // kernels fuse B' as extra K steps of the main product (the packing is amortised over the rows);
-// below, the term is computed from the f32 factors.
+// below, the term is computed from the factors as they are (f32 or bf16).
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -18,6 +18,7 @@
 #include "amx/aligned_vector.hpp"
 #include "amx/kernel_table.hpp"
 #include "amx/lora_rows.hpp"
+#include "tilemoe/lora.hpp"
 
 namespace tilemoe {
 
@@ -27,9 +28,13 @@ inline constexpr int kLoraPackRows = 16;
 // device, three rounds in one call). On AVX-512 (2-core Zen 4) 8 was 1.5-2 % slower than 16.
 inline constexpr int kLoraPackRowsAmx = 8;
 
-// Asks for the cache lines of count floats from p: the few KiB of LoRA factors an item is about
+// Expert e's A [rank][in] and B [out][rank] of a caller's view, read in place as they are stored.
+kernels::StridedFactor lora_a_factor(const LoraProjectionView& lp, int e);
+kernels::StridedFactor lora_b_factor(const LoraProjectionView& lp, int e);
+
+// Asks for the cache lines of `bytes` bytes from p: the few KiB of LoRA factors an item is about
 // to read, so that their memory latency overlaps other work. Only a hint.
-void prefetch_f32_range(const float* p, std::size_t count);
+void prefetch_range(const void* p, std::size_t bytes);
 
 class LoraTerm {
  public:
@@ -48,7 +53,7 @@ class LoraTerm {
   // pack_a = false (the packed form, the caller's arrays): A' is not packed here; the term reads
   // another term's packed A' (read_packed_a_of) before it projects. The nodes of a layer on one
   // memory node share A's packing and x Aᵀ that way (shared_gather.hpp).
-  void prepare(const kernels::KernelTable& kt, kernels::StridedF32 a, kernels::StridedF32 b, int rank, int in, int out, float scale,
+  void prepare(const kernels::KernelTable& kt, kernels::StridedFactor a, kernels::StridedFactor b, int rank, int in, int out, float scale,
                bool packed, std::uint64_t held_generation = 0, bool b_by_item = false, bool pack_a = true);
   // The packed A' of `owner`, a term prepared with the same factors and shape, read in place by
   // this term's projections; and its xa, read in place by this term's fused products instead of a
@@ -99,7 +104,7 @@ class LoraTerm {
   std::uint64_t packed_generation_ = 0;  // the held set a_packed_ and b_packed_ hold; 0: none
   int rank_ = 0, in_ = 0;
   float scale_ = 0;
-  kernels::StridedF32 a_, b_;
+  kernels::StridedFactor a_, b_;
   AlignedVector<float> xa_f32_;  // [rows][rank], when not packed
   int rank_panels_ = 0;        // A' packed as n = rank
   int rank_k_padded_ = 0;      // B' packed as k = rank

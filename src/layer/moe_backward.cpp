@@ -16,8 +16,8 @@ namespace {
 // the term's first factor is Bᵀ ([rank][out]) and its second Aᵀ ([in][rank]), both read in place.
 void prepare_backward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, int rows, LoraTerm& term) {
   if (!lp.active(e)) return term.deactivate();
-  const kernels::StridedF32 b{lp.b_of(e), static_cast<std::size_t>(lp.rank), 1};
-  const kernels::StridedF32 a{lp.a_of(e), lp.lda(), 1};
+  const kernels::StridedFactor b = lora_b_factor(lp, e);
+  const kernels::StridedFactor a = lora_a_factor(lp, e);
   // Each dh / dx item packs its own panels of Aᵀ (b_by_item), as the forward's items do with B.
   term.prepare(kt, b.transposed(), a.transposed(), lp.rank, lp.out, lp.in, lp.scale_of(e), rows >= kLoraPackRows, 0,
                /*b_by_item=*/true);

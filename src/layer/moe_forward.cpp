@@ -37,7 +37,7 @@ void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const f
 void prepare_forward_term(const kernels::KernelTable& kt, const LoraProjectionView& lp, int e, bool packed, std::uint64_t held_generation,
                           LoraTerm& term, bool pack_a = true) {
   if (!lp.active(e)) return term.deactivate();
-  term.prepare(kt, {lp.a_of(e), lp.lda(), 1}, {lp.b_of(e), static_cast<std::size_t>(lp.rank), 1}, lp.rank, lp.in,
+  term.prepare(kt, lora_a_factor(lp, e), lora_b_factor(lp, e), lp.rank, lp.in,
                lp.out, lp.scale_of(e), packed, held_generation, /*b_by_item=*/true, pack_a);
 }
 
@@ -360,7 +360,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     if (!lp.active(e) || (lora_held_generation_ != 0 && packed_form(e))) return;
     const int rows = std::min(n, lp.out - col0);
     if (rows > 0)
-      prefetch_f32_range(lp.b_of(e) + static_cast<std::size_t>(col0) * lp.rank, static_cast<std::size_t>(rows) * lp.rank);
+      prefetch_range(lora_b_factor(lp, e).offset(col0, 0).data, static_cast<std::size_t>(rows) * lp.rank * lp.element_bytes());
   };
 
   // gate_up

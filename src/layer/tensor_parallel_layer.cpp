@@ -48,10 +48,10 @@ LayerLoraView slice_lora_view(const LayerLoraView& full, quant::IntermediateSlic
     d.strides = {f.lda(), f.strides.a_expert_of(f.rank, f.in), f.strides.b_expert_of(f.rank, f.out)};
     if (p == Projection::down) {
       d.in = slice.width();
-      d.a = f.a + slice.begin;
+      d.a = f.a_at(static_cast<std::size_t>(slice.begin));
     } else {
       d.out = slice.width();
-      d.b = f.b + static_cast<std::size_t>(slice.begin) * f.rank;
+      d.b = f.b_at(static_cast<std::size_t>(slice.begin) * f.rank);
     }
   }
   return v;

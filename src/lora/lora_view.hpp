@@ -3,6 +3,7 @@
 // views of the LoRA sets loaders own, and the check every entry point runs on a caller's view.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "src/lora/lora_weights.hpp"
 #include "tilemoe/config.hpp"
@@ -12,7 +13,9 @@
 namespace tilemoe {
 
 // Views of owned LoRA sets (loaders, tests): no copy, valid while `l` lives and is not resized.
-inline LayerLoraView lora_view(const LayerLora& l) {
+template <typename T>
+LayerLoraView lora_view(const LayerLoraT<T>& l) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::uint16_t>, "LoRA factors are f32 or bf16");
   LayerLoraView v;
   for (int i = 0; i < 3; ++i) {
     const auto& s = l.proj[i];
@@ -20,6 +23,7 @@ inline LayerLoraView lora_view(const LayerLora& l) {
     d.rank = s.rank;
     d.in = s.in;
     d.out = s.out;
+    d.dtype = std::is_same_v<T, float> ? LoraDType::f32 : LoraDType::bf16;
     if (s.rank == 0) continue;
     d.a = s.a.data();
     d.b = s.b.data();
@@ -55,6 +59,8 @@ inline void validate_lora_view(const LayerLoraView& v, const MoeShape& s, int ma
                                             ", rank] but the layer needs in = " + std::to_string(projection_in(s, p)) +
                                             ", out = " + std::to_string(projection_out(s, p)));
     if (l.a == nullptr || l.b == nullptr) fail(ErrorKind::invalid_argument, where + "A or B is a null pointer");
+    if (l.dtype != LoraDType::f32 && l.dtype != LoraDType::bf16)
+      fail(ErrorKind::invalid_argument, where + "unknown element type " + std::to_string(static_cast<int>(l.dtype)) + " (f32 or bf16)");
     // Windows of larger arrays may be strided, but rows and experts must not overlap.
     const std::size_t a_row = l.lda();
     if (a_row < static_cast<std::size_t>(l.in) || l.strides.a_expert_of(l.rank, l.in) < static_cast<std::size_t>(l.rank) * a_row ||

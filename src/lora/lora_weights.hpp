@@ -79,5 +79,11 @@ struct LayerLoraT {
 };
 
 using LayerLora = LayerLoraT<float>;
+// A set whose factors are stored as bf16 bits (tilemoe::bf16): the form of a trainer's bf16
+// parameters, read in place through lora_view as LoraDType::bf16.
+using LayerLoraBf16 = LayerLoraT<std::uint16_t>;
+
+// l's factors rounded to bf16 (as float_to_bf16), scales and presence as they are.
+LayerLoraBf16 round_lora_to_bf16(const LayerLora& l);
 
 }  // namespace tilemoe

@@ -114,6 +114,32 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   for (int i = 0; i < T * H; ++i) out[i] = bf16_to_f32(out_b[i]);
   CHECK(rel_error(out, want, T * H) <= 1e-2);
 
+  /* The factors stored as bf16 (tilemoe_lora_weights_typed) give the bits of f32 factors that hold
+   * the same values; an unknown dtype is refused and changes nothing. */
+  {
+    static const int sizes[6] = {E * R * H, E * I * R, E * R * H, E * I * R, E * R * I, E * H * R};
+    const float* src[6] = {ga, gb, ua, ub, da, db};
+    static float exact[6][E * I * R > E * R * H ? E * I * R : E * R * H];
+    static uint16_t bits[6][E * I * R > E * R * H ? E * I * R : E * R * H];
+    static float got32[T * H], got16[T * H];
+    for (int f = 0; f < 6; ++f)
+      for (int i = 0; i < sizes[f]; ++i) bits[f][i] = f32_to_bf16(src[f][i]), exact[f][i] = bf16_to_f32(bits[f][i]);
+    tilemoe_lora_weights_typed t32 = {exact[0], exact[1], exact[2], exact[3], exact[4], exact[5], TILEMOE_F32};
+    tilemoe_lora_weights_typed t16 = {bits[0], bits[1], bits[2], bits[3], bits[4], bits[5], TILEMOE_BF16};
+    REQUIRE_OK(tilemoe_layer_update_lora_weights_typed(layer, &t32));
+    REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, got32, TILEMOE_F32));
+    REQUIRE_OK(tilemoe_layer_update_lora_weights_typed(layer, &t16));
+    REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, got16, TILEMOE_F32));
+    CHECK(memcmp(got32, got16, sizeof got32) == 0);
+    CHECK(rel_error(got16, want, T * H) <= 1e-2);
+    t16.dtype = (tilemoe_dtype)5;
+    CHECK(tilemoe_layer_update_lora_weights_typed(layer, &t16) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(strstr(tilemoe_last_error(), "dtype 5") != NULL);
+    REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, got32, TILEMOE_F32));
+    CHECK(memcmp(got32, got16, sizeof got32) == 0);
+    REQUIRE_OK(tilemoe_layer_update_lora_weights(layer, &lw));
+  }
+
   /* Training step, async: the backward runs after its forward_sft; sync reports nothing. */
   static float dga[E * R * H], dgb[E * I * R], dua[E * R * H], dub[E * I * R], dda[E * R * I], ddb[E * H * R];
   tilemoe_lora_grads grads = {dga, dgb, dua, dub, dda, ddb};

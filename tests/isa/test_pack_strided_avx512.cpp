@@ -2,6 +2,6 @@
 
 using namespace tilemoe;
 
-TEST_CASE("the AVX-512 pack_strided_f32 equals the element-by-element packer", "[kernels][pack][avx512]") {
-  test::run_pack_strided_grid(kernels::pack_strided_f32_avx512);
+TEST_CASE("the AVX-512 pack_strided equals the element-by-element packer", "[kernels][pack][avx512]") {
+  test::run_pack_strided_grid(kernels::pack_strided_avx512);
 }

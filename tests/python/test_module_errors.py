@@ -136,7 +136,20 @@ raises(ValueError, ["scales", "shape"], layer.update_lora_weights, **lora, scale
 raises(ValueError, ["scales", "non-finite"], layer.update_lora_weights, **lora, scales=float("nan"))
 raises(TypeError, ["present", "uint8"], layer.update_lora_weights, **lora, present=torch.ones(3, E))
 raises(TypeError, ["scales"], layer.update_lora_weights, **lora, scales="2")
+raises(TypeError, ["up_a", "up_b", "share a dtype"], layer.update_lora_weights, **{**lora, "up_a": lora["up_a"].bfloat16()})
 still_works("refused LoRA sets")
+
+# bf16 factors are read in place as f32 ones are: a set stored as bf16 (torch bfloat16, or numpy
+# uint16 bits) gives the bits of an f32 set holding the same values.
+lora16 = {k: v.bfloat16() for k, v in lora.items()}
+layer.update_lora_weights(**{k: v.float() for k, v in lora16.items()})
+want16 = layer.forward(x, ids, w, torch.empty(T, H))
+layer.update_lora_weights(**lora16)
+expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), want16), "a bfloat16 LoRA set gives the float32 set's bits")
+layer.update_lora_weights(**{k: v.view(torch.int16).numpy().view(np.uint16) for k, v in lora16.items()})
+expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), want16), "a LoRA set of numpy uint16 bf16 bits gives the same bits")
+layer.update_lora_weights(**lora)
+still_works("a bf16 LoRA set swapped back")
 
 # Checkpoints and adapters.
 model = f"{DATA}/deepseek_tiny/model"
