@@ -267,10 +267,10 @@ TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
   CHECK(c.status == 0);
 }
 
-TEST_CASE("bench reads LoRA factors stored as bf16 with --lora-dtype bf16", "[cli][bench]") {
+TEST_CASE("bench reads LoRA factors stored as f32, bf16 or both in turns (--lora-dtype)", "[cli][bench]") {
   const std::string file = test::temp_dir() + "/bench_lora_bf16.json";
   const int raw = std::system((std::string(TILEMOE_CLI) +
-                               " bench --lora-dtype bf16 --shape mini --tokens 1,40 --lora-rank 4 --layers 2 --iter-scale 0.05 --json > " +
+                               " bench --lora-dtype f32,bf16 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json > " +
                                file + " 2> /dev/null").c_str());
   REQUIRE(WIFEXITED(raw));
   CHECK(WEXITSTATUS(raw) == 0);
@@ -278,7 +278,15 @@ TEST_CASE("bench reads LoRA factors stored as bf16 with --lora-dtype bf16", "[cl
   std::stringstream json;
   json << in.rdbuf();
   INFO(json.str());
-  CHECK(json.str().find("\"lora_dtype\":\"bf16\"") != std::string::npos);
+  // Rank 0 has no factors to store: one case; rank 4 one per type. Two token counts.
+  auto count = [&](const std::string& key) {
+    std::size_t n = 0;
+    for (std::size_t at = json.str().find(key); at != std::string::npos; at = json.str().find(key, at + 1)) ++n;
+    return n;
+  };
+  CHECK(count("\"lora_dtype\":\"none\"") == 2);
+  CHECK(count("\"lora_dtype\":\"f32\"") == 2);
+  CHECK(count("\"lora_dtype\":\"bf16\"") == 2);
   auto b = run_cli("bench --backward --lora-dtype bf16 --shape mini --tokens 20 --lora-rank 4 --layers 2 --iter-scale 0.05");
   CHECK(b.status == 0);
   test::expect_failure("bench --lora-dtype f16 --shape mini --tokens 1 --layers 1", "--lora-dtype f16", "");
@@ -310,7 +318,7 @@ TEST_CASE("bench takes several int4 group sizes, each with its own layers, in on
   INFO(table);
   CHECK(table.find("(group 64)") != std::string::npos);
   CHECK(table.find("(group 128)") != std::string::npos);
-  CHECK(table.find("node_GB/s group") != std::string::npos);
+  CHECK(table.find("node_GB/s lora group") != std::string::npos);
   test::expect_failure("bench --weights int8 --group-size 64,128 --shape mini --tokens 1 --layers 1",
                        "several group sizes apply to int4 only", "");
   test::expect_failure("bench --weights int4 --group-size 64,48 --shape mini --tokens 1 --layers 1", "48", "");

@@ -162,7 +162,8 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
   cmd->add_option("--lora-dtype", a->lora_dtype,
-                  "How the LoRA factors are stored: f32 or bf16 (read in place either way; bf16 is half the bytes)")
+                  "How the LoRA factors are stored: f32 or bf16 (read in place either way; bf16 is half the bytes); f32,bf16 "
+                  "gives each its own layers, taking turns call by call")
       ->capture_default_str();
   cmd->add_flag("--lora-held", a->lora_held,
                 "The LoRA sets are held by the layers, as a loaded adapter is (nothing writes them): packed once, not at every "
@@ -190,9 +191,14 @@ void add_bench_command(CLI::App& app, int& status) {
     if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
-    if (a->lora_dtype != "f32" && a->lora_dtype != "bf16")
-      fail(ErrorKind::invalid_argument, "--lora-dtype " + a->lora_dtype + ": expected f32 or bf16");
-    const bool lora_bf16 = a->lora_dtype == "bf16";
+    std::vector<bool> lora_bf16_list;  // per --lora-dtype entry: bf16 factors
+    for (std::size_t from = 0; from <= a->lora_dtype.size();) {
+      std::size_t comma = std::min(a->lora_dtype.find(',', from), a->lora_dtype.size());
+      const std::string d = a->lora_dtype.substr(from, comma - from);
+      if (d != "f32" && d != "bf16") fail(ErrorKind::invalid_argument, "--lora-dtype " + a->lora_dtype + ": expected f32, bf16 or both");
+      lora_bf16_list.push_back(d == "bf16");
+      from = comma + 1;
+    }
     const std::vector<int> node_counts = parse_int_list(a->numa_nodes, "--numa-nodes");
     const std::vector<int> group_list = parse_int_list(a->group_sizes, "--group-size");
     if (group_list.size() > 1 && weight_type != WeightType::int4)
@@ -234,6 +240,7 @@ void add_bench_command(CLI::App& app, int& status) {
       numa::NodeGroup* nodes = nullptr;
       std::unique_ptr<LayerLora> lora, grads;  // the layers read them in place
       std::unique_ptr<LayerLoraBf16> lora16;    // lora's factors as bf16, read instead with --lora-dtype bf16
+      bool lora_bf16 = false;
       std::vector<std::unique_ptr<TensorParallelLayer>> layers;
       int slices = 1;
     };
@@ -244,15 +251,18 @@ void add_bench_command(CLI::App& app, int& status) {
                                                    pack_slice_of(c.group_index));
     };
     for (int rank : rank_list)
+      for (bool lora_bf16 : lora_bf16_list)
       for (int n : node_counts)
         for (std::size_t gi = 0; gi < group_list.size(); ++gi) {
+          if (rank == 0 && lora_bf16 != lora_bf16_list[0]) continue;  // no factors to store
           Case c;
           c.rank = rank;
+          c.lora_bf16 = lora_bf16;
           c.group_index = gi;
           c.nodes = &node_group_for(pool, n);
           c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
           c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
-          if (lora_bf16) c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
+          if (c.lora_bf16) c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
           c.layers.push_back(new_layer(c));
           c.slices = c.layers[0]->node_count();
           cases.push_back(std::move(c));
@@ -286,12 +296,13 @@ void add_bench_command(CLI::App& app, int& status) {
                   topo.cpu_model.c_str(), topo.cores, topo.llc_bytes / 1e6, bw / 1e9, kernels::isa_label(isa).c_str(), peak / 1e12);
       std::printf("weights: %s, %d layers per case of", a->weights.c_str(), layers);
       for (const Case& c : cases)
-        if (c.rank == cases[0].rank && c.nodes == cases[0].nodes)
+        if (c.rank == cases[0].rank && c.lora_bf16 == cases[0].lora_bf16 && c.nodes == cases[0].nodes)
           std::printf("%s %.2f GB%s", c.group_index > 0 ? "," : "", c.layers[0]->weight_bytes() / 1e9,
                       weight_type == WeightType::int4 ? (" (group " + std::to_string(group_list[c.group_index]) + ")").c_str() : "");
       std::printf(" packed (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n", gen_s, quantize_s, pack_s);
       for (const Case& c : cases) {
         if (c.rank != cases[0].rank) break;  // the same splits for every rank
+        if (c.lora_bf16 != cases[0].lora_bf16) continue;  // and factor type
         if (c.group_index != 0) continue;    // and every group size
         std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", c.nodes->size(),
                     static_cast<std::size_t>(c.nodes->size()) == topo.nodes.size() ? "the machine's" : "virtual", c.slices);
@@ -299,17 +310,17 @@ void add_bench_command(CLI::App& app, int& status) {
           std::printf(" [%d, %d) on %d threads", c.layers[0]->slice(n).begin, c.layers[0]->slice(n).end, c.nodes->pool(n).size());
         std::printf("\n");
       }
-      if (cases.size() > 1) std::printf("the cases (LoRA ranks x node counts x group sizes) take turns call by call\n");
+      if (cases.size() > 1) std::printf("the cases (LoRA ranks x factor types x node counts x group sizes) take turns call by call\n");
       if (a->backward)
         std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                     a->grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
       if (a->lora_held) std::printf("LoRA held by the layers (as a loaded adapter): packed once\n");
-      std::printf("LoRA factors stored as %s\n", a->lora_dtype.c_str());
       if (a->backward && a->weight_copy)
         std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
                     cases[0].layers[0]->weight_copy_bytes() / 1e9, cases[0].layers[0]->weight_bytes() / 1e9);
-      std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
-                  "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "", group_list.size() > 1 ? " group" : "");
+      std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s%s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
+                  "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", a->backward ? "    fwd_ms    bwd_ms" : "", " lora",
+                  group_list.size() > 1 ? " group" : "");
     }
     std::vector<std::pair<int, double>> r0_medians;  // (tokens, ms) of the first node count, r=0
     // Phases are node 0's: the nodes run theirs at the same time.
@@ -394,7 +405,7 @@ void add_bench_command(CLI::App& app, int& status) {
         for (Projection p : kProjections)
           lora_bytes_per_expert += packed_form ? (rank * projection_in(s, p) + rank_padded * projection_out(s, p)) * sizeof(bf16)
                                                : static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) *
-                                                     (lora_bf16 ? sizeof(bf16) : sizeof(float));
+                                                     (cs.lora_bf16 ? sizeof(bf16) : sizeof(float));
         const std::size_t bytes_per_expert = cs.layers[0]->weight_bytes() / static_cast<std::size_t>(s.num_experts);
         const double bytes = (a->backward ? 2.0 : 1.0) * experts_sum / iters * static_cast<double>(bytes_per_expert + lora_bytes_per_expert);
         // Backward does twice the forward's products (dH through down, dX through gate and up).
@@ -413,7 +424,7 @@ void add_bench_command(CLI::App& app, int& status) {
                       a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
                       median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
                       bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6,
-                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0, a->lora_dtype.c_str());
+                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0, cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32");
         else if (a->backward)
           std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,
                       bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
@@ -421,7 +432,9 @@ void add_bench_command(CLI::App& app, int& status) {
         else
           std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f", tokens, rank, split, iters, median, min_ms,
                       bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
-        if (!a->json) std::printf("%s\n", group_list.size() > 1 ? (" " + std::to_string(group_list[cs.group_index])).c_str() : "");
+        if (!a->json)
+          std::printf(" %4s%s\n", rank == 0 ? "-" : cs.lora_bf16 ? "bf16" : "f32",
+                      group_list.size() > 1 ? (" " + std::to_string(group_list[cs.group_index])).c_str() : "");
         if (a->phases) {
           auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
             std::printf("        %s phases, mean ms per call:", what);
