@@ -7,23 +7,43 @@
 //
 // The sum over rows is accumulated in f32 and then added to g, or with `overwrite` stored in g
 // (g is then not read: a trainer that does not accumulate gradients saves a pass zeroing them and
-// the read of the zeros). Nothing outside the [rank][n] or [n][rank] block of g is written, and
+// the read of the zeros). g is f32 or bf16 (a trainer's bf16 parameters have bf16 gradients):
+// bf16 is rounded as float_to_bf16 once per element, after the add in f32. Nothing outside the [rank][n] or [n][rank] block of g is written, and
 // nothing past row rows-1 / column n-1 / rank-1 of v and u is read. NaN and infinity in v or u
 // propagate (no zero skipping). rows, n or rank of 0 leave g as it is, in both modes. Pure: no
 // allocation, no threads.
 #include <cstddef>
 
+#include "amx/strided_factor.hpp"
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe::kernels {
 
+// Where a gradient block goes: element i of an f32 or a bf16 array (strides are the callers').
+struct GradTarget {
+  void* data = nullptr;
+  FactorElement element = FactorElement::f32;
+
+  GradTarget() = default;
+  GradTarget(float* p) : data(p), element(FactorElement::f32) {}  // NOLINT: a float array is the common target
+  GradTarget(bf16* p) : data(p), element(FactorElement::bf16) {}   // NOLINT
+  bool is_bf16() const { return element == FactorElement::bf16; }
+  float* f32() const { return static_cast<float*>(data); }
+  bf16* bf16s() const { return static_cast<bf16*>(data); }
+  GradTarget offset(std::size_t i) const {
+    GradTarget t = *this;
+    t.data = static_cast<char*>(data) + i * (is_bf16() ? sizeof(bf16) : sizeof(float));
+    return t;
+  }
+};
+
 using LoraGradOuterFn = void (*)(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                                 int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite);
+                                 int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
 
 void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                              int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite);
+                              int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW/VL).
 void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                            int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite);
+                            int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
 
 }  // namespace tilemoe::kernels

@@ -7,6 +7,7 @@
 
 #include <utility>
 
+#include "amx/bf16_avx512.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/transpose_avx512.hpp"
 
@@ -19,28 +20,28 @@ inline __mmask16 tail_mask(int count) {
   return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
 
-// 16 bf16 (lanes outside the mask read as 0 and are not loaded) widened to f32: bf16 is the top
-// half of an f32.
-inline __m512 load_bf16(const bf16* p, __mmask16 mask) {
-  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-inline void add_masked(float* p, __mmask16 mask, __m512 v, bool overwrite) {
-  _mm512_mask_storeu_ps(p, mask, overwrite ? v : _mm512_add_ps(_mm512_maskz_loadu_ps(mask, p), v));
-}
-
 struct Args {
   const bf16* v;
   std::size_t ldv;
   const float* u;
   std::size_t ldu;
   int rows, n;
-  float* g;
+  GradTarget g;
   std::size_t ldg;
   bool rank_major;
   bool overwrite;
 };
+
+// g[at, at + 16) (+)= v in the lanes of mask, g f32 or bf16 (added in f32, then rounded).
+inline void add_masked(const Args& a, std::size_t at, __mmask16 mask, __m512 v) {
+  if (a.g.is_bf16()) {
+    bf16* p = a.g.bf16s() + at;
+    _mm256_mask_storeu_epi16(p, mask, to_bf16(a.overwrite ? v : _mm512_add_ps(load_f32x16(p, mask), v)));
+    return;
+  }
+  float* p = a.g.f32() + at;
+  _mm512_mask_storeu_ps(p, mask, a.overwrite ? v : _mm512_add_ps(_mm512_maskz_loadu_ps(mask, p), v));
+}
 
 // The tile q0..q0+Q-1 × o0..o0+16B-1 (o clipped to n).
 template <int Q, int B>
@@ -59,7 +60,7 @@ void tile(const Args& a, int q0, int o0) {
   for (int i = 0; i < a.rows; ++i, vi += a.ldv, ui += a.ldu) {
     __m512 x[B];
 #pragma GCC unroll 2
-    for (int b = 0; b < B; ++b) x[b] = load_bf16(vi + 16 * b, mask[b]);
+    for (int b = 0; b < B; ++b) x[b] = load_f32x16(vi + 16 * b, mask[b]);
 #pragma GCC unroll 16
     for (int q = 0; q < Q; ++q) {
       const __m512 uq = _mm512_set1_ps(ui[q]);
@@ -73,7 +74,7 @@ void tile(const Args& a, int q0, int o0) {
     for (int q = 0; q < Q; ++q)
 #pragma GCC unroll 2
       for (int b = 0; b < B; ++b) {
-        if (mask[b] != 0) add_masked(a.g + static_cast<std::size_t>(q0 + q) * a.ldg + o0 + 16 * b, mask[b], acc[q][b], a.overwrite);
+        if (mask[b] != 0) add_masked(a, static_cast<std::size_t>(q0 + q) * a.ldg + o0 + 16 * b, mask[b], acc[q][b]);
       }
     return;
   }
@@ -86,7 +87,7 @@ void tile(const Args& a, int q0, int o0) {
     transpose16(x);  // x[o] now holds the Q sums of column o0 + 16b + o
     const int count = a.n - o0 - 16 * b;
     for (int o = 0; o < 16 && o < count; ++o) {
-      add_masked(a.g + static_cast<std::size_t>(o0 + 16 * b + o) * a.ldg + q0, qmask, x[o], a.overwrite);
+      add_masked(a, static_cast<std::size_t>(o0 + 16 * b + o) * a.ldg + q0, qmask, x[o]);
     }
   }
 }
@@ -109,7 +110,7 @@ constexpr auto kTiles2 = make_tiles<2>(std::make_integer_sequence<int, kMaxQ / 2
 }  // namespace
 
 void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                            int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite) {
+                            int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0 || n <= 0) return;
   const Args a{v, ldv, u, ldu, rows, n, g, ldg, rank_major, overwrite};
   for (int q0 = 0; q0 < rank; q0 += kMaxQ) {

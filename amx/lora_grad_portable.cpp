@@ -8,7 +8,7 @@
 namespace tilemoe::kernels {
 
 void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
-                              int rank, float* g, std::size_t ldg, bool rank_major, bool overwrite) {
+                              int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0) return;
   constexpr int kChunk = 256;
   float sum[kChunk];
@@ -24,7 +24,13 @@ void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, st
       for (int o = 0; o < len; ++o) {
         const std::size_t at = rank_major ? static_cast<std::size_t>(q) * ldg + o0 + o
                                           : static_cast<std::size_t>(o0 + o) * ldg + q;
-        g[at] = overwrite ? sum[o] : g[at] + sum[o];
+        if (g.is_bf16()) {
+          bf16& t = g.bf16s()[at];
+          t = float_to_bf16(overwrite ? sum[o] : bf16_to_float(t) + sum[o]);
+        } else {
+          float& t = g.f32()[at];
+          t = overwrite ? sum[o] : t + sum[o];
+        }
       }
     }
   }

@@ -10,14 +10,18 @@
 
 namespace tilemoe::kernels {
 
-// p[0, n) = 0. Streaming stores are weakly ordered: call streaming_stores_done() before another
-// thread may read p.
-inline void zero_floats_streaming(float* p, std::size_t n) {
-  for (; n > 0 && (reinterpret_cast<std::uintptr_t>(p) & 15) != 0; --n) *p++ = 0.0f;
+// p[0, bytes) = 0. Streaming stores are weakly ordered: call streaming_stores_done() before
+// another thread may read p.
+inline void zero_bytes_streaming(void* dst, std::size_t bytes) {
+  auto* p = static_cast<unsigned char*>(dst);
+  for (; bytes > 0 && (reinterpret_cast<std::uintptr_t>(p) & 15) != 0; --bytes) *p++ = 0;
   const __m128i zero = _mm_setzero_si128();
-  for (; n >= 4; n -= 4, p += 4) _mm_stream_si128(reinterpret_cast<__m128i*>(p), zero);
-  for (; n > 0; --n) *p++ = 0.0f;
+  for (; bytes >= 16; bytes -= 16, p += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(p), zero);
+  for (; bytes > 0; --bytes) *p++ = 0;
 }
+
+// p[0, n) = 0.0f (all bits zero), as zero_bytes_streaming.
+inline void zero_floats_streaming(float* p, std::size_t n) { zero_bytes_streaming(p, n * sizeof(float)); }
 
 inline void streaming_stores_done() { _mm_sfence(); }
 

@@ -223,6 +223,39 @@ inline void check_lora_grad_grid(LoraGradOuterFn fn, LoraGradOuterFn also) {
           for (bool overwrite : {false, true}) check_lora_grad_case(fn, also, rows, n, rank, rank_major, overwrite, rng);
 }
 
+// A bf16 target gets float_to_bf16 of what an f32 target gets from the same start (bf16 values,
+// so that both start alike): one rounding per element, after the add; padding untouched.
+inline void check_lora_grad_bf16_target(LoraGradOuterFn fn) {
+  std::mt19937 rng(61);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (int rows : {1, 3, 17})
+    for (int n : {1, 17, 100})
+      for (int rank : {1, 8, 17, 64})
+        for (bool rank_major : {true, false})
+          for (bool overwrite : {false, true}) {
+            INFO("bf16 target rows=" << rows << " n=" << n << " rank=" << rank << " rank_major=" << rank_major << " overwrite=" << overwrite);
+            const std::size_t ldv = n + 1, ldu = rank + 3;
+            const int g_rows = rank_major ? rank : n, g_cols = rank_major ? n : rank;
+            const std::size_t ldg = g_cols + 2, g_count = (g_rows - 1) * ldg + g_cols;
+            std::vector<bf16> v(rows * ldv);
+            std::vector<float> u(rows * ldu);
+            for (auto& x : v) x = random_bf16(rng);
+            for (auto& x : u) x = uniform(rng);
+            std::vector<bf16> g16(g_count);
+            std::vector<float> g32(g_count);
+            for (std::size_t e = 0; e < g_count; ++e) {
+              g16[e] = e % ldg < static_cast<std::size_t>(g_cols) ? float_to_bf16(uniform(rng)) : bf16{0x7777};
+              g32[e] = bf16_to_float(g16[e]);
+            }
+            fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g32.data(), ldg, rank_major, overwrite);
+            fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g16.data(), ldg, rank_major, overwrite);
+            for (std::size_t e = 0; e < g_count; ++e) {
+              INFO("element " << e);
+              REQUIRE(g16[e] == (e % ldg < static_cast<std::size_t>(g_cols) ? float_to_bf16(g32[e]) : bf16{0x7777}));
+            }
+          }
+}
+
 // A NaN in v poisons its column o, a NaN in u its q; nothing else. Empty sizes change nothing, also
 // when overwriting.
 inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn) {
@@ -258,6 +291,7 @@ inline void check_backward_kernels(const BackwardKernels& kern, const BackwardKe
   SECTION("pack_transposed through the GEMM") { check_transposed_gemm(kern); }
   SECTION("lora_grad_outer grid") { check_lora_grad_grid(kern.lora_grad_outer, reference ? reference->lora_grad_outer : nullptr); }
   SECTION("lora_grad_outer NaN and empty sizes") { check_lora_grad_nan_and_empty(kern.lora_grad_outer); }
+  SECTION("lora_grad_outer into bf16") { check_lora_grad_bf16_target(kern.lora_grad_outer); }
 }
 
 }  // namespace tilemoe::kernels::test

@@ -20,6 +20,7 @@ namespace tilemoe::test {
 struct SftResult {
   std::vector<float> out, grad_input;
   LayerLora grads;
+  LayerLoraBf16 grads16;  // with bf16 gradients asked for: those, and grads is left as it was
 };
 
 // forward_sft (saved) then backward on `isa`, gradients overwritten into buffers full of junk.
@@ -28,7 +29,8 @@ struct SftResult {
 // otherwise); the gradients still take lora's shapes.
 inline SftResult run_sft(kernels::Isa isa, numa::ThreadPool& pool, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
                          const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
-                         const std::vector<float>& grad_out, bool weight_copy = false, const LayerLoraView* view = nullptr) {
+                         const std::vector<float>& grad_out, bool weight_copy = false, const LayerLoraView* view = nullptr,
+                         bool bf16_grads = false) {
   auto packed = PackedExpertWeights::pack(w.view(), pool);
   SftLayerOptions options{std::max(tokens, 1), 1, lora_view(lora).max_rank()};
   options.backward_weight_copy = weight_copy;
@@ -44,7 +46,12 @@ inline SftResult run_sft(kernels::Isa isa, numa::ThreadPool& pool, const ExpertW
   }
   auto xb = to_bf16(x.data(), x.size());
   layer.forward_sft(tokens, top_k, xb.data(), ids.data(), wts.data(), r.out.data(), true);
-  layer.backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads));
+  if (bf16_grads) {
+    r.grads16 = round_lora_to_bf16(r.grads);  // junk (7.0) to overwrite
+    layer.backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads16));
+  } else {
+    layer.backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads));
+  }
   CHECK(layer.cached_forwards() == 0);
   return r;
 }
@@ -69,6 +76,15 @@ inline void check_same_bits(const SftResult& f32, const SftResult& bf16, const c
     INFO(projection_name(p));
     CHECK(bf16.grads[p].a == f32.grads[p].a);
     CHECK(bf16.grads[p].b == f32.grads[p].b);
+  }
+}
+
+// bf16 gradients are the f32 ones rounded once (each element is written by one product).
+inline void check_bf16_grads(const LayerLora& f32, const LayerLoraBf16& bf16) {
+  for (Projection p : kProjections) {
+    INFO("bf16 gradients of " << projection_name(p));
+    CHECK(bf16[p].a == round_lora_to_bf16(f32).proj[static_cast<int>(p)].a);
+    CHECK(bf16[p].b == round_lora_to_bf16(f32).proj[static_cast<int>(p)].b);
   }
 }
 
@@ -100,8 +116,11 @@ inline void check_backward_case(kernels::Isa isa, const MoeShape& s, int tokens,
   if (rank > 0) {
     const LayerLoraBf16 lora16 = bf16_copy_of_exact(lora);
     const LayerLoraView view16 = lora_view(lora16);
-    check_same_bits(got, run_sft(isa, pool, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, false, &view16),
-                    "the set stored as bf16");
+    const SftResult b16 = run_sft(isa, pool, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, false, &view16, true);
+    INFO("the set and its gradients stored as bf16");
+    CHECK(b16.out == got.out);
+    CHECK(b16.grad_input == got.grad_input);
+    check_bf16_grads(got.grads, b16.grads16);
   }
 }
 

@@ -45,7 +45,7 @@ inline std::unique_ptr<TensorParallelLayer> make_tp_layer(kernels::Isa isa, numa
 inline SftResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWeights& w, const LayerLora& lora, int tokens, int top_k,
                        const std::vector<float>& x, const std::vector<std::int64_t>& ids, const std::vector<float>& wts,
                        const std::vector<float>& grad_out, const LayerLora* start = nullptr, bool weight_copy = false,
-                       const LayerLoraView* view = nullptr) {
+                       const LayerLoraView* view = nullptr, bool bf16_grads = false) {
   auto layer = make_tp_layer(isa, nodes, w, view ? *view : lora_view(lora), tokens, 1, weight_copy);
   CHECK((layer->weight_copy_bytes() > 0) == weight_copy);
   SftResult r;
@@ -60,7 +60,12 @@ inline SftResult run_tp(kernels::Isa isa, numa::NodeGroup& nodes, const ExpertWe
   auto xb = to_bf16(x.data(), x.size());
   layer->forward_sft(tokens, top_k, xb.data(), ids.data(), wts.data(), r.out.data(), true);
   CHECK(layer->cached_forwards() == 1);
-  layer->backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads), start != nullptr);
+  if (bf16_grads) {
+    r.grads16 = round_lora_to_bf16(r.grads);  // the start (bf16 values), or junk to overwrite
+    layer->backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads16), start != nullptr);
+  } else {
+    layer->backward(grad_out.data(), r.grad_input.data(), lora_grad_view(r.grads), start != nullptr);
+  }
   CHECK(layer->cached_forwards() == 0);
   return r;
 }
@@ -97,6 +102,10 @@ inline void check_tp_case(kernels::Isa isa, int nodes, const MoeShape& s, int to
     const LayerLoraView view16 = lora_view(lora16);
     check_same_bits(got, run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, nullptr, false, &view16),
                     "the set stored as bf16");
+    const SftResult g16 = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, nullptr, false, nullptr, true);
+    INFO("gradients in bf16 (the split's windows and the nodes' reduced blocks)");
+    CHECK(g16.out == got.out);
+    check_bf16_grads(got.grads, g16.grads16);
   }
   {
     // A forward that saves nothing keeps down's LoRA partials in buffers of its own: same bits.
@@ -123,6 +132,13 @@ inline void check_tp_case(kernels::Isa isa, int nodes, const MoeShape& s, int to
       for (std::size_t i = 0; i < b.size(); ++i) b[i] += want_grads.proj[p].b[i];
       CHECK(rel_error(acc.grads.proj[p].a, a) <= 2e-2);
       CHECK(rel_error(acc.grads.proj[p].b, b) <= 2e-2);
+    }
+    if (nodes % 2 == 1) {
+      // Added to bf16 gradients (the start's values are bf16): each element rounded once, after the add.
+      const SftResult acc16 = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go, &start, false,
+                                     nullptr, true);
+      INFO("accumulated into bf16 gradients");
+      check_bf16_grads(acc.grads, acc16.grads16);
     }
   }
 }

@@ -247,6 +247,20 @@ TEST_CASE("kernel_table refuses an ISA this machine lacks") {
   }
 }
 
+TEST_CASE("zero_bytes_streaming zeroes exactly its range of bf16 at any alignment and length") {
+  std::vector<tilemoe::bf16> buf(300);
+  for (std::size_t offset : {0, 1, 2, 3, 7, 8, 9})
+    for (std::size_t n : {0, 1, 3, 7, 8, 9, 31, 64, 129, 250}) {
+      std::fill(buf.begin(), buf.end(), tilemoe::bf16{0x4040});
+      tilemoe::kernels::zero_bytes_streaming(buf.data() + offset, n * sizeof(tilemoe::bf16));
+      tilemoe::kernels::streaming_stores_done();
+      for (std::size_t i = 0; i < buf.size(); ++i) {
+        INFO("offset " << offset << " n " << n << " i " << i);
+        REQUIRE(buf[i] == (i >= offset && i < offset + n ? 0 : 0x4040));
+      }
+    }
+}
+
 TEST_CASE("zero_floats_streaming zeroes exactly its range at any alignment and length") {
   std::vector<float> buf(300);
   for (std::size_t offset : {0, 1, 2, 3, 4, 5, 17})

@@ -162,8 +162,8 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_flag("--backward", a->backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
   cmd->add_option("--lora-dtype", a->lora_dtype,
-                  "How the LoRA factors are stored: f32 or bf16 (read in place either way; bf16 is half the bytes); f32,bf16 "
-                  "gives each its own layers, taking turns call by call")
+                  "How the LoRA factors (and with --backward their gradients) are stored: f32 or bf16 (read in place either "
+                  "way; bf16 is half the bytes); f32,bf16 gives each its own layers, taking turns call by call")
       ->capture_default_str();
   cmd->add_flag("--lora-held", a->lora_held,
                 "The LoRA sets are held by the layers, as a loaded adapter is (nothing writes them): packed once, not at every "
@@ -239,7 +239,7 @@ void add_bench_command(CLI::App& app, int& status) {
       std::size_t group_index = 0;
       numa::NodeGroup* nodes = nullptr;
       std::unique_ptr<LayerLora> lora, grads;  // the layers read them in place
-      std::unique_ptr<LayerLoraBf16> lora16;    // lora's factors as bf16, read instead with --lora-dtype bf16
+      std::unique_ptr<LayerLoraBf16> lora16, grads16;  // --lora-dtype bf16: factors and gradients in bf16 instead
       bool lora_bf16 = false;
       std::vector<std::unique_ptr<TensorParallelLayer>> layers;
       int slices = 1;
@@ -262,7 +262,10 @@ void add_bench_command(CLI::App& app, int& status) {
           c.nodes = &node_group_for(pool, n);
           c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
           c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
-          if (c.lora_bf16) c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
+          if (c.lora_bf16) {
+            c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
+            c.grads16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.grads));
+          }
           c.layers.push_back(new_layer(c));
           c.slices = c.layers[0]->node_count();
           cases.push_back(std::move(c));
@@ -376,7 +379,9 @@ void add_bench_command(CLI::App& app, int& status) {
           l.forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), a->backward);
           if (a->backward) {
             f_ms = seconds_since(t) * 1e3;
-            l.backward(grad_outs[set].data(), grad_in.data(), lora_grad_view(*cases[c].grads), !a->grad_overwrite);
+            const Case& cs = cases[c];
+            l.backward(grad_outs[set].data(), grad_in.data(), cs.grads16 ? lora_grad_view(*cs.grads16) : lora_grad_view(*cs.grads),
+                       !a->grad_overwrite);
           }
           double dt = seconds_since(t) * 1e3;
           if (i < 0) continue;

@@ -144,6 +144,19 @@ TILEMOE_API tilemoe_status tilemoe_layer_submit_backward(tilemoe_layer* layer, c
                                                          tilemoe_dtype dtype, const tilemoe_lora_grads* grads,
                                                          int accumulate, tilemoe_ticket* ticket);
 
+/* Backward writing LoRA gradients of another element type: TILEMOE_F32 (as tilemoe_lora_grads) or
+ * TILEMOE_BF16 (uint16_t bf16 bits: a trainer's bf16 parameters; each element is computed in f32
+ * and rounded once, also when accumulate adds to it). dtype above is grad_output's and grad_input's. */
+typedef struct tilemoe_lora_grads_typed {
+  void *gate_a, *gate_b, *up_a, *up_b, *down_a, *down_b;
+  tilemoe_dtype dtype;
+} tilemoe_lora_grads_typed;
+TILEMOE_API tilemoe_status tilemoe_layer_backward_typed(tilemoe_layer* layer, const void* grad_output, void* grad_input,
+                                                        tilemoe_dtype dtype, const tilemoe_lora_grads_typed* grads, int accumulate);
+TILEMOE_API tilemoe_status tilemoe_layer_submit_backward_typed(tilemoe_layer* layer, const void* grad_output, void* grad_input,
+                                                               tilemoe_dtype dtype, const tilemoe_lora_grads_typed* grads,
+                                                               int accumulate, tilemoe_ticket* ticket);
+
 /* AdamW over the caller's f32 arrays (tilemoe/adamw.hpp): torch.optim.AdamW's update of each
  * segment, with the segment's own step number (1 for the first update), on the runtime's threads
  * after the tasks already submitted. Nothing is updated when a status other than TILEMOE_OK

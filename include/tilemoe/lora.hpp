@@ -4,8 +4,8 @@
 // next call without telling us, and update_lora_weights swaps in another set by pointer.
 //
 // Per projection p of expert e: W v + scale[e] * B[e] (A[e] v) with A [E][rank][in], B [E][out][rank]
-// (rows of experts the set does not cover may hold anything; present[e] = 0 marks them). Gradients
-// come back in arrays of the same shapes.
+// (rows of experts the set does not cover may hold anything; present[e] = 0 marks them), f32 or
+// bf16. Gradients come back in arrays of the same shapes, f32 or bf16.
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -66,16 +66,22 @@ struct LayerLoraView {
   int max_rank() const { return std::max({proj[0].rank, proj[1].rank, proj[2].rank}); }
 };
 
-// Where backward writes the LoRA gradients: arrays shaped like the view's A and B. A null pointer
-// means that gradient is not wanted.
+// Where backward writes the LoRA gradients: arrays shaped like the view's A and B, f32 or bf16 (a
+// trainer's bf16 parameters; each element is computed in f32 and rounded once, also when added to).
+// A null pointer means that gradient is not wanted.
 struct LoraProjectionGrad {
-  float* a = nullptr;  // [E][rank][in]
-  float* b = nullptr;  // [E][out][rank]
-  LoraStrides strides;  // as in LoraProjectionView; default: dense
+  void* a = nullptr;  // [E][rank][in] of dtype (float* or bf16*)
+  void* b = nullptr;  // [E][out][rank] of dtype
+  LoraDType dtype = LoraDType::f32;
+  LoraStrides strides;  // as in LoraProjectionView, in elements; default: dense
 
+  std::size_t element_bytes() const { return dtype == LoraDType::bf16 ? 2 : 4; }
   std::size_t lda(int in) const { return strides.a_row_of(in); }
-  float* a_of(int e, int rank, int in) const { return a + static_cast<std::size_t>(e) * strides.a_expert_of(rank, in); }
-  float* b_of(int e, int rank, int out) const { return b + static_cast<std::size_t>(e) * strides.b_expert_of(rank, out); }
+  // Expert e's first element of A or B; element i of A or B counted from their start.
+  void* a_of(int e, int rank, int in) const { return a_at(static_cast<std::size_t>(e) * strides.a_expert_of(rank, in)); }
+  void* b_of(int e, int rank, int out) const { return b_at(static_cast<std::size_t>(e) * strides.b_expert_of(rank, out)); }
+  void* a_at(std::size_t i) const { return static_cast<char*>(a) + i * element_bytes(); }
+  void* b_at(std::size_t i) const { return static_cast<char*>(b) + i * element_bytes(); }
 };
 using LayerLoraGrad = std::array<LoraProjectionGrad, 3>;
 

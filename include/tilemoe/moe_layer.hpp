@@ -73,7 +73,7 @@ struct ExpertWeightsRef {
 
 // A LoRA set of the layer's rank and scale on all experts: A [E][rank][in], B [E][out][rank] of
 // `dtype` (const float* for f32, const bf16* for bf16). A null A and B leaves that projection
-// without LoRA. Read in place at every call (zero copy); gradients (LoraGrads) are f32 either way.
+// without LoRA. Read in place at every call (zero copy); LoraGrads has a dtype of its own.
 struct LoraWeights {
   const void* gate_a = nullptr;
   const void* gate_b = nullptr;
@@ -84,14 +84,16 @@ struct LoraWeights {
   LoraDType dtype = LoraDType::f32;
 };
 
-// Where backward writes LoRA gradients, shaped like the set's A and B; null: not wanted.
+// Where backward writes LoRA gradients, shaped like the set's A and B, of `dtype` (float* for f32,
+// bf16* for bf16: a trainer's bf16 parameters; each element is rounded once); null: not wanted.
 struct LoraGrads {
-  float* gate_a = nullptr;
-  float* gate_b = nullptr;
-  float* up_a = nullptr;
-  float* up_b = nullptr;
-  float* down_a = nullptr;
-  float* down_b = nullptr;
+  void* gate_a = nullptr;
+  void* gate_b = nullptr;
+  void* up_a = nullptr;
+  void* up_b = nullptr;
+  void* down_a = nullptr;
+  void* down_b = nullptr;
+  LoraDType dtype = LoraDType::f32;
 };
 
 struct CheckpointLayerOptions {

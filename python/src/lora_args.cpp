@@ -96,6 +96,7 @@ LoraSetArg lora_set_arg(const MoeLayerConfig& cfg, const std::array<py::object, 
 LayerLoraGrad lora_grads_arg(const MoeLayerConfig& cfg, const LoraRanks& ranks, py::handle grads, py::list& keep) {
   LayerLoraGrad out{};
   if (grads.is_none()) return out;
+  // A projection's dtype is set by whichever of its gradients is given; all agree (checked below).
   std::array<py::object, 6> given;
   if (py::isinstance<py::dict>(grads)) {
     py::dict d = py::reinterpret_borrow<py::dict>(grads);
@@ -120,6 +121,8 @@ LayerLoraGrad lora_grads_arg(const MoeLayerConfig& cfg, const LoraRanks& ranks, 
 
   const MoeShape s = shape_of(cfg);
   const std::int64_t E = cfg.num_experts;
+  int first = -1;  // the first gradient given: the others take its dtype
+  DType dtype = DType::f32;
   for (int i = 0; i < 6; ++i) {
     py::handle obj = given[static_cast<std::size_t>(i)];
     if (!obj || obj.is_none()) continue;
@@ -128,12 +131,22 @@ LayerLoraGrad lora_grads_arg(const MoeLayerConfig& cfg, const LoraRanks& ranks, 
     if (r == 0)
       value_error(std::string("grads['") + kFactorNames[i] + "']: the saved forward has no LoRA on " + projection_name(p) +
                   ", so there is no such gradient");
-    TensorArg t = tensor_arg(obj, kFactorNames[i], Access::write, {DType::f32});
+    // f32 or bf16 (numpy: uint16 bits), one dtype for all: backward writes each in its own.
+    TensorArg t = tensor_arg(obj, kFactorNames[i], Access::write, {DType::f32, DType::bf16});
+    if (first < 0) {
+      first = i;
+      dtype = t.dtype;
+    } else if (t.dtype != dtype) {
+      type_error(std::string("grads['") + kFactorNames[i] + "'] is " + dtype_name(t.dtype, t.is_torch) + " but grads['" +
+                 kFactorNames[first] + "'] is " + dtype_name(dtype, t.is_torch) +
+                 "; the gradients of one backward share a dtype (float32 or bfloat16)");
+    }
     if (i % 2 == 0) t.require_shape({E, r, projection_in(s, p)});
     else t.require_shape({E, projection_out(s, p), r});
-    float* data = static_cast<float*>(t.data);
-    if (i % 2 == 0) out[static_cast<std::size_t>(i / 2)].a = data;
-    else out[static_cast<std::size_t>(i / 2)].b = data;
+    LoraProjectionGrad& g = out[static_cast<std::size_t>(i / 2)];
+    g.dtype = t.dtype == DType::bf16 ? LoraDType::bf16 : LoraDType::f32;
+    if (i % 2 == 0) g.a = t.data;
+    else g.b = t.data;
     keep.append(obj);
   }
   return out;

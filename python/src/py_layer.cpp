@@ -252,7 +252,7 @@ py::object PyLayer::backward(py::handle grad_output, py::handle grad_input, py::
   {
     py::gil_scoped_release release;
     if (g.bf16) {
-      LoraGrads lg{g.lora[0].a, g.lora[0].b, g.lora[1].a, g.lora[1].b, g.lora[2].a, g.lora[2].b};
+      LoraGrads lg{g.lora[0].a, g.lora[0].b, g.lora[1].a, g.lora[1].b, g.lora[2].a, g.lora[2].b, lora_grads_dtype(g.lora)};
       layer_->backward(static_cast<const bf16*>(g.grad_output), static_cast<bf16*>(g.grad_input), lg, accumulate);
     } else {
       layer_->backward(static_cast<const float*>(g.grad_output), static_cast<float*>(g.grad_input), g.lora, accumulate);
@@ -306,7 +306,7 @@ Task PyLayer::submit_backward(py::handle grad_output, py::handle grad_input, py:
   auto lock = lock_state();
   require_trusted_stack("submit_backward");
   Grads g = grads_arg("submit_backward", grad_output, grad_input, grads);
-  LoraGrads lg{g.lora[0].a, g.lora[0].b, g.lora[1].a, g.lora[1].b, g.lora[2].a, g.lora[2].b};
+  LoraGrads lg{g.lora[0].a, g.lora[0].b, g.lora[1].a, g.lora[1].b, g.lora[2].a, g.lora[2].b, lora_grads_dtype(g.lora)};
   Runtime::Ticket t =
       g.bf16 ? layer_->submit_backward(static_cast<const bf16*>(g.grad_output), static_cast<bf16*>(g.grad_input), lg, accumulate)
              : layer_->submit_backward(static_cast<const float*>(g.grad_output), static_cast<float*>(g.grad_input), lg, accumulate);

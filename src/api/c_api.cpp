@@ -201,17 +201,48 @@ tilemoe_status tilemoe_layer_forward_sft(tilemoe_layer* layer, int tokens, int t
   });
 }
 
+namespace {
+
+tilemoe::LoraGrads typed_grads_of(const tilemoe_lora_grads_typed* g, const char* who) {
+  if (!g) return {};
+  check_dtype(g->dtype, who);
+  return {g->gate_a, g->gate_b, g->up_a, g->up_b, g->down_a, g->down_b,
+          g->dtype == TILEMOE_BF16 ? tilemoe::LoraDType::bf16 : tilemoe::LoraDType::f32};
+}
+
+void run_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype, const tilemoe::LoraGrads& grads,
+                  int accumulate) {
+  if (dtype == TILEMOE_BF16)
+    layer->layer.backward(static_cast<const uint16_t*>(grad_output), static_cast<uint16_t*>(grad_input), grads, accumulate != 0);
+  else
+    layer->layer.backward(static_cast<const float*>(grad_output), static_cast<float*>(grad_input), grads, accumulate != 0);
+}
+
+tilemoe_ticket submit_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype,
+                               const tilemoe::LoraGrads& grads, int accumulate) {
+  if (dtype == TILEMOE_BF16)
+    return layer->layer.submit_backward(static_cast<const uint16_t*>(grad_output), static_cast<uint16_t*>(grad_input), grads,
+                                        accumulate != 0);
+  return layer->layer.submit_backward(static_cast<const float*>(grad_output), static_cast<float*>(grad_input), grads, accumulate != 0);
+}
+
+}  // namespace
+
 tilemoe_status tilemoe_layer_backward(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype,
                                       const tilemoe_lora_grads* grads, int accumulate) {
   return guard([&] {
     require(layer != nullptr, "tilemoe_layer_backward: layer is NULL");
     check_dtype(dtype, "tilemoe_layer_backward");
-    if (dtype == TILEMOE_BF16)
-      layer->layer.backward(static_cast<const uint16_t*>(grad_output), static_cast<uint16_t*>(grad_input), grads_of(grads),
-                            accumulate != 0);
-    else
-      layer->layer.backward(static_cast<const float*>(grad_output), static_cast<float*>(grad_input), grads_of(grads),
-                            accumulate != 0);
+    run_backward(layer, grad_output, grad_input, dtype, grads_of(grads), accumulate);
+  });
+}
+
+tilemoe_status tilemoe_layer_backward_typed(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype,
+                                            const tilemoe_lora_grads_typed* grads, int accumulate) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_backward_typed: layer is NULL");
+    check_dtype(dtype, "tilemoe_layer_backward_typed");
+    run_backward(layer, grad_output, grad_input, dtype, typed_grads_of(grads, "tilemoe_layer_backward_typed: grads"), accumulate);
   });
 }
 
@@ -284,12 +315,17 @@ tilemoe_status tilemoe_layer_submit_backward(tilemoe_layer* layer, const void* g
   return guard([&] {
     require(layer && ticket, "tilemoe_layer_submit_backward: layer and ticket must not be NULL");
     check_dtype(dtype, "tilemoe_layer_submit_backward");
-    *ticket = dtype == TILEMOE_BF16 ? layer->layer.submit_backward(static_cast<const uint16_t*>(grad_output),
-                                                                   static_cast<uint16_t*>(grad_input), grads_of(grads),
-                                                                   accumulate != 0)
-                                    : layer->layer.submit_backward(static_cast<const float*>(grad_output),
-                                                                   static_cast<float*>(grad_input), grads_of(grads),
-                                                                   accumulate != 0);
+    *ticket = submit_backward(layer, grad_output, grad_input, dtype, grads_of(grads), accumulate);
+  });
+}
+
+tilemoe_status tilemoe_layer_submit_backward_typed(tilemoe_layer* layer, const void* grad_output, void* grad_input, tilemoe_dtype dtype,
+                                                   const tilemoe_lora_grads_typed* grads, int accumulate, tilemoe_ticket* ticket) {
+  return guard([&] {
+    require(layer && ticket, "tilemoe_layer_submit_backward_typed: layer and ticket must not be NULL");
+    check_dtype(dtype, "tilemoe_layer_submit_backward_typed");
+    *ticket = submit_backward(layer, grad_output, grad_input, dtype, typed_grads_of(grads, "tilemoe_layer_submit_backward_typed: grads"),
+                              accumulate);
   });
 }
 

@@ -347,6 +347,7 @@ LayerLoraGrad grad_of(const LoraGrads& g) {
   v[0].a = g.gate_a, v[0].b = g.gate_b;
   v[1].a = g.up_a, v[1].b = g.up_b;
   v[2].a = g.down_a, v[2].b = g.down_b;
+  for (auto& p : v) p.dtype = g.dtype;
   return v;
 }
 }  // namespace

@@ -171,6 +171,11 @@ void LoraTerm::add_f32(const kernels::KernelTable& kt, int rows, int col0, int n
 }
 
 namespace {
+kernels::GradTarget grad_target(void* first, LoraDType dtype) {
+  if (dtype == LoraDType::bf16) return static_cast<bf16*>(first);
+  return static_cast<float*>(first);
+}
+
 kernels::StridedFactor factor(const void* first, LoraDType dtype, std::size_t row_stride) {
   if (dtype == LoraDType::bf16) return {static_cast<const bf16*>(first), row_stride, 1};
   return {static_cast<const float*>(first), row_stride, 1};
@@ -180,6 +185,11 @@ kernels::StridedFactor factor(const void* first, LoraDType dtype, std::size_t ro
 kernels::StridedFactor lora_a_factor(const LoraProjectionView& lp, int e) { return factor(lp.a_of(e), lp.dtype, lp.lda()); }
 kernels::StridedFactor lora_b_factor(const LoraProjectionView& lp, int e) {
   return factor(lp.b_of(e), lp.dtype, static_cast<std::size_t>(lp.rank));
+}
+
+kernels::GradTarget lora_grad_a(const LoraProjectionGrad& g, int e, int rank, int in) { return grad_target(g.a_of(e, rank, in), g.dtype); }
+kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, int out) {
+  return grad_target(g.b_of(e, rank, out), g.dtype);
 }
 
 void prefetch_range(const void* p, std::size_t bytes) {

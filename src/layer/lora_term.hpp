@@ -17,6 +17,7 @@
 
 #include "amx/aligned_vector.hpp"
 #include "amx/kernel_table.hpp"
+#include "amx/lora_grad.hpp"
 #include "amx/lora_rows.hpp"
 #include "tilemoe/lora.hpp"
 
@@ -31,6 +32,9 @@ inline constexpr int kLoraPackRowsAmx = 8;
 // Expert e's A [rank][in] and B [out][rank] of a caller's view, read in place as they are stored.
 kernels::StridedFactor lora_a_factor(const LoraProjectionView& lp, int e);
 kernels::StridedFactor lora_b_factor(const LoraProjectionView& lp, int e);
+// Expert e's gradient of A ([rank][in], rows lda apart) or B ([out][rank]) where backward writes it.
+kernels::GradTarget lora_grad_a(const LoraProjectionGrad& g, int e, int rank, int in);
+kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, int out);
 
 // Asks for the cache lines of `bytes` bytes from p: the few KiB of LoRA factors an item is about
 // to read, so that their memory latency overlaps other work. Only a hint.

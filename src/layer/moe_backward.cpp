@@ -214,9 +214,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         // Across nodes, gate's and up's A and down's B are one array that one node zeroes.
         const bool zero_summed = !sums || e % sums->nodes() == node;
         if (g.a && (p == 2 || zero_summed))
-          for (int i = 0; i < lp.rank; ++i) kernels::zero_floats_streaming(g.a_of(e, lp.rank, lp.in) + i * g.lda(lp.in), lp.in);
+          for (int i = 0; i < lp.rank; ++i)
+            kernels::zero_bytes_streaming(lora_grad_a(g, e, lp.rank, lp.in).offset(i * g.lda(lp.in)).data, lp.in * g.element_bytes());
         if (g.b && (p != 2 || zero_summed))
-          kernels::zero_floats_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank);
+          kernels::zero_bytes_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank * g.element_bytes());
         kernels::streaming_stores_done();
       });
     }
@@ -231,7 +232,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       term.project(kt_, dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
       if (grads[2].b && !sums)
         kt_.lora_grad_outer(dy_rows + off(e) * hk, hk, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
-                            grads[2].b_of(e, static_cast<int>(r), s.hidden), r, false, overwrite);
+                            lora_grad_b(grads[2], e, static_cast<int>(r), s.hidden), r, false, overwrite);
     });
   }
   lap(1);
@@ -255,12 +256,14 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
                           gu + ik, gu_ld, h, static_cast<std::size_t>(n));
     if (h)
       kt_.lora_grad_outer(h, static_cast<std::size_t>(n), dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
-                          grads[2].a_of(e, static_cast<int>(r_down), s.intermediate) + col0, grads[2].lda(s.intermediate), true, overwrite);
+                          lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0), grads[2].lda(s.intermediate), true,
+                          overwrite);
     for (int p = 0; p < 2 && any_lora; ++p) {
       if (!terms_[e][p].active() || !grads[p].b) continue;
       const std::size_t r = rank_of(static_cast<Projection>(p));
       kt_.lora_grad_outer(gu + (p == 1 ? ik : 0), gu_ld, entry.xa[p].data() + off(e) * r, r, m, n, static_cast<int>(r),
-                          grads[p].b_of(e, static_cast<int>(r), s.intermediate) + static_cast<std::size_t>(col0) * r, r, false, overwrite);
+                          lora_grad_b(grads[p], e, static_cast<int>(r), s.intermediate).offset(static_cast<std::size_t>(col0) * r), r, false,
+                          overwrite);
     }
   };
   // Twice the forward's columns per item: a dh item then streams 512 KiB of Wdᵀ at 16-63 rows, as
@@ -322,7 +325,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), scratch_[worker].proj, dp, r);
       if (grads[p].a && !sums)
         kt_.lora_grad_outer(x_rows + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
-                            grads[p].a_of(e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
+                            lora_grad_a(grads[p], e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
     });
   }
   lap(3);
@@ -355,10 +358,12 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       sums->sum_rows(sb.p, off(sb.e), m, static_cast<int>(r), ws.proj.data());
       if (sb.p == 2)
         kt_.lora_grad_outer(dy_rows + off(sb.e) * hk + sb.col0, hk, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
-                            grads[2].b_of(sb.e, static_cast<int>(r), s.hidden) + static_cast<std::size_t>(sb.col0) * r, r, false, overwrite);
+                            lora_grad_b(grads[2], sb.e, static_cast<int>(r), s.hidden).offset(static_cast<std::size_t>(sb.col0) * r), r, false,
+                            overwrite);
       else
         kt_.lora_grad_outer(x_rows + off(sb.e) * hidden + sb.col0, hidden, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
-                            grads[sb.p].a_of(sb.e, static_cast<int>(r), s.hidden) + sb.col0, grads[sb.p].lda(s.hidden), true, overwrite);
+                            lora_grad_a(grads[sb.p], sb.e, static_cast<int>(r), s.hidden).offset(sb.col0), grads[sb.p].lda(s.hidden), true,
+                            overwrite);
     }
   };
 

@@ -69,9 +69,9 @@ LayerLoraGrad slice_lora_grad(const LayerLoraGrad& grads, const LayerLoraView& r
     if (r == 0) continue;
     g[i].strides = {grads[i].lda(in), grads[i].strides.a_expert_of(r, in), grads[i].strides.b_expert_of(r, out)};
     if (p == Projection::down) {
-      if (g[i].a) g[i].a += slice.begin;
+      if (g[i].a) g[i].a = grads[i].a_at(static_cast<std::size_t>(slice.begin));
     } else if (g[i].b) {
-      g[i].b += static_cast<std::size_t>(slice.begin) * r;
+      g[i].b = grads[i].b_at(static_cast<std::size_t>(slice.begin) * r);
     }
   }
   return g;

@@ -33,9 +33,12 @@ LayerLoraView lora_view(const LayerLoraT<T>& l) {
   return v;
 }
 
-inline LayerLoraGrad lora_grad_view(LayerLora& g) {
+template <typename T>
+LayerLoraGrad lora_grad_view(LayerLoraT<T>& g) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, std::uint16_t>, "LoRA gradients are f32 or bf16");
   LayerLoraGrad v;
   for (int i = 0; i < 3; ++i) {
+    v[i].dtype = std::is_same_v<T, float> ? LoraDType::f32 : LoraDType::bf16;
     if (g.proj[i].rank == 0) continue;
     v[i].a = g.proj[i].a.data();
     v[i].b = g.proj[i].b.data();

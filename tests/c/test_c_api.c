@@ -137,6 +137,33 @@ static void test_memory_layer(tilemoe_runtime* rt) {
     CHECK(strstr(tilemoe_last_error(), "dtype 5") != NULL);
     REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, got32, TILEMOE_F32));
     CHECK(memcmp(got32, got16, sizeof got32) == 0);
+    /* Gradients in bf16 (tilemoe_lora_grads_typed): the f32 ones rounded once each. */
+    static float g32[6][E * I * R > E * R * H ? E * I * R : E * R * H];
+    static uint16_t g16[6][E * I * R > E * R * H ? E * I * R : E * R * H];
+    static float dx32[T * H], dx16[T * H];
+    tilemoe_lora_grads_typed gt32 = {g32[0], g32[1], g32[2], g32[3], g32[4], g32[5], TILEMOE_F32};
+    tilemoe_lora_grads_typed gt16 = {g16[0], g16[1], g16[2], g16[3], g16[4], g16[5], TILEMOE_BF16};
+    REQUIRE_OK(tilemoe_layer_forward_sft(layer, T, K, x, ids, w, got32, TILEMOE_F32, 1));
+    REQUIRE_OK(tilemoe_layer_backward_typed(layer, grad_out, dx32, TILEMOE_F32, &gt32, 0));
+    tilemoe_ticket tf = 0, tb = 0;
+    REQUIRE_OK(tilemoe_layer_submit_forward_sft(layer, T, K, x, ids, w, got16, TILEMOE_F32, 1, &tf));
+    REQUIRE_OK(tilemoe_layer_submit_backward_typed(layer, grad_out, dx16, TILEMOE_F32, &gt16, 0, &tb));
+    REQUIRE_OK(tilemoe_runtime_sync(rt));
+    CHECK(memcmp(dx32, dx16, sizeof dx32) == 0);
+    int rounded = 1;
+    double gnorm = 0;
+    for (int f = 0; f < 6; ++f)
+      for (int i = 0; i < sizes[f]; ++i) rounded &= g16[f][i] == f32_to_bf16(g32[f][i]), gnorm += fabs(g32[f][i]);
+    CHECK(rounded);
+    CHECK(gnorm > 0);
+    gt16.dtype = (tilemoe_dtype)9;
+    REQUIRE_OK(tilemoe_layer_forward_sft(layer, T, K, x, ids, w, got16, TILEMOE_F32, 1));
+    CHECK(tilemoe_layer_backward_typed(layer, grad_out, dx16, TILEMOE_F32, &gt16, 0) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(strstr(tilemoe_last_error(), "dtype 9") != NULL);
+    int saved = -1;
+    REQUIRE_OK(tilemoe_layer_cached_forwards(layer, &saved));
+    CHECK(saved == 1); /* the refused backward popped nothing */
+    REQUIRE_OK(tilemoe_layer_backward(layer, grad_out, dx16, TILEMOE_F32, NULL, 0));
     REQUIRE_OK(tilemoe_layer_update_lora_weights(layer, &lw));
   }
 

@@ -123,6 +123,8 @@ raises(ValueError, ["gate_a", "shape"], layer.backward, torch.zeros(T, H), None,
 raises(ValueError, ["grads", "6"], layer.backward, torch.zeros(T, H), None, [None] * 5)
 raises(TypeError, ["grads"], layer.backward, torch.zeros(T, H), None, 3)
 raises(TypeError, ["accumulate"], layer.backward, torch.zeros(T, H), None, None, "no")
+raises(TypeError, ["up_b", "gate_a", "share a dtype"], layer.backward, torch.zeros(T, H), None,
+       {"gate_a": torch.zeros(E, R, H), "up_b": torch.zeros(E, I, R, dtype=torch.bfloat16)})
 raises(tilemoe.StateError, ["load_adapter", "saved forward"], layer.load_adapter, f"{DATA}/deepseek_tiny/adapter", 1)
 layer.backward(torch.zeros(T, H))
 expect(layer.saved_forwards == 0, "the saved forward was popped by the one valid backward")
@@ -148,6 +150,17 @@ layer.update_lora_weights(**lora16)
 expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), want16), "a bfloat16 LoRA set gives the float32 set's bits")
 layer.update_lora_weights(**{k: v.view(torch.int16).numpy().view(np.uint16) for k, v in lora16.items()})
 expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), want16), "a LoRA set of numpy uint16 bf16 bits gives the same bits")
+# bf16 gradients are the float32 ones rounded once each.
+go = torch.randn(T, H, generator=gen)
+grads32 = {k: torch.full(v.shape, 7.0) for k, v in lora16.items()}
+grads16 = {k: torch.full(v.shape, 7.0, dtype=torch.bfloat16) for k, v in lora16.items()}
+layer.forward_sft(x, ids, w, torch.empty(T, H))
+dx32 = layer.backward(go, None, grads32)
+layer.forward_sft(x, ids, w, torch.empty(T, H))
+dx16 = layer.backward(go, None, grads16)
+expect(torch.equal(dx32, dx16), "grad_input does not depend on the gradients' dtype")
+expect(all(torch.equal(grads16[k], grads32[k].bfloat16()) for k in grads32), "bfloat16 gradients are the float32 ones rounded")
+expect(all(grads32[k].abs().sum() > 0 for k in ("gate_a", "down_b")), "the gradients were written")
 layer.update_lora_weights(**lora)
 still_works("a bf16 LoRA set swapped back")
 
