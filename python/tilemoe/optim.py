@@ -29,6 +29,9 @@ class MoEAdamW(torch.optim.Optimizer):
     def __init__(self, module, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         if not isinstance(module, MoELoRA):
             raise TypeError(f"MoEAdamW: module is a {type(module).__name__}, expected a tilemoe.torch.MoELoRA")
+        if module.dtype != torch.float32:
+            raise TypeError(f"MoEAdamW: the module's LoRA is {module.dtype}; the fused update keeps float32 parameters and "
+                            "state (use torch.optim.AdamW for a bfloat16 MoELoRA)")
         lr_value = float(lr)
         _check(math.isfinite(lr_value) and lr_value >= 0, f"MoEAdamW: invalid lr {lr}: must be finite and >= 0")
         _check(len(betas) == 2 and all(0.0 <= float(b) < 1.0 for b in betas), f"MoEAdamW: invalid betas {betas}: each in [0, 1)")

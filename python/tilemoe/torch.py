@@ -7,12 +7,14 @@ torch Parameters under their PEFT names, with autograd through the runtime's bac
     out = moe(x, expert_ids, weights)        # x [..., hidden], ids int64 [..., k], weights [..., k]
     loss(out).backward(); opt.step()         # the step lands in the memory the runtime reads
 
-Zero copy: each projection's A (and B) of all experts is one contiguous float32 CPU tensor
-[E, r, in] ([E, out, r]) that the layer reads in place; each expert's Parameter is a view of it,
-so in-place optimizer updates are seen by the next forward. The gradients backward writes are
-views of one such tensor per projection too. The parameters stay float32 on the CPU whatever the
-module is moved or cast to (module.to(...) leaves them: the runtime reads them there); do not
-assign to a parameter's .data.
+Zero copy: each projection's A (and B) of all experts is one contiguous CPU tensor [E, r, in]
+([E, out, r]), float32 or bfloat16 (MoELoRA(..., dtype=torch.bfloat16): half the bytes, as
+trainers that keep LoRA in bf16 do), that the layer reads in place; each expert's Parameter is a
+view of it, so in-place optimizer updates are seen by the next forward. The gradients backward
+writes are views of one such tensor per projection too, of the same dtype (bf16 gradients are the
+runtime's f32 sums rounded once). The parameters stay where they are whatever the module is moved
+or cast to (module.to(...) leaves them: the runtime reads them there); do not assign to a
+parameter's .data.
 
 The runtime saves a forward for backward on a stack and pops the newest one: backward must run in
 reverse order of the forwards (as autograd does for a graph of one step), with at most
@@ -81,12 +83,16 @@ class MoELoRA(torch.nn.Module):
     scales); a layer without LoRA gets PEFT's initialisation at `rank` (default: the config's
     lora_rank): A Kaiming-uniform, B zero, scale lora_alpha / rank. `naming` (a
     tilemoe.naming.PeftNaming) overrides the names found for the layer (tilemoe.naming.naming_of).
+    dtype: torch.float32 (default) or torch.bfloat16, the parameters' and gradients' dtype.
     The module points the layer at its own arrays: one MoELoRA per layer, and no other
     update_lora_weights on it while the module is in use.
     """
 
-    def __init__(self, layer, *, rank=None, naming=None, generator=None):
+    def __init__(self, layer, *, rank=None, naming=None, generator=None, dtype=torch.float32):
         super().__init__()
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError(f"MoELoRA: dtype {dtype}; the runtime reads LoRA factors in torch.float32 or torch.bfloat16")
+        self.dtype = dtype
         self.layer = layer
         self.naming = naming or naming_of(layer)
         cfg = layer.config
@@ -120,7 +126,7 @@ class MoELoRA(torch.nn.Module):
                 current[name] = {"a": a, "b": torch.zeros(self.num_experts, fan_out, rank)}
             scales, present = None, None
 
-        # One float32 storage per factor: the runtime reads these, the Parameters are views.
+        # One storage per factor (of `dtype`): the runtime reads these, the Parameters are views.
         self._flat = {}       # "gate_a" -> [E, r, in], ...
         self._grad_flat = {}  # the same shapes: backward writes here
         self._params = []     # (Parameter, its view of _grad_flat, _flat's key, expert) for every present expert
@@ -131,7 +137,7 @@ class MoELoRA(torch.nn.Module):
             if name not in current:
                 continue
             for factor, key in (("A", name + "_a"), ("B", name + "_b")):
-                flat = current[name][factor.lower()].to(torch.float32).contiguous().clone()
+                flat = current[name][factor.lower()].to(dtype).contiguous().clone()
                 self._flat[key] = flat
                 self._grad_flat[key] = torch.zeros_like(flat)
             for e in range(self.num_experts):
@@ -250,7 +256,7 @@ class MoELoRA(torch.nn.Module):
             self._saved.pop()
 
     def flat_lora(self):
-        """The float32 arrays the runtime reads: {"gate_a": [E, r, in], "gate_b": [E, out, r], ...}."""
+        """The arrays the runtime reads (of the module's dtype): {"gate_a": [E, r, in], "gate_b": [E, out, r], ...}."""
         return dict(self._flat)
 
     def save_pretrained(self, directory):

@@ -25,6 +25,7 @@ except ImportError:
     sys.exit(77)
 
 import tilemoe
+import tilemoe.optim
 from tilemoe.synthetic import random_batch, random_experts, random_lora
 from tilemoe.torch import MoELoRA
 from tilemoe.torch_reference import ReferenceMoE
@@ -259,7 +260,84 @@ def backward_weight_copy():
         expect("backward_weight_copy" in str(e), f"the error names backward_weight_copy: {e}")
 
 
+def bfloat16_lora():
+    """MoELoRA(dtype=torch.bfloat16): bf16 Parameters and .grad, read and written in place; the
+    output and grad_input bit for bit those of a float32 module holding the same values, and the
+    gradients those of the float32 module rounded; torch.optim.AdamW steps land where the runtime
+    reads; MoEAdamW (float32 state) refuses it; save_pretrained writes BF16 an adapter loader reads."""
+    gen = torch.Generator().manual_seed(21)
+    E, K, H, I, T, R = 6, 2, 72, 40, 24, 4
+    gate, up, down = random_experts(E, H, I, generator=gen)
+    cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, lora_rank=R, lora_alpha=2.0 * R,
+                            max_cache_depth=1)
+    m16 = MoELoRA(tilemoe.MoELayer(cfg, gate, up, down), dtype=torch.bfloat16)
+    m32 = MoELoRA(tilemoe.MoELayer(cfg, gate, up, down))
+    randomise(m16, torch.Generator().manual_seed(22), std=0.1)
+    with torch.no_grad():
+        for p16, p32 in zip(m16.parameters(), m32.parameters()):
+            p32.copy_(p16.float())
+    expect(all(p.dtype == torch.bfloat16 for p in m16.parameters()), "bf16 module: bfloat16 Parameters")
+    x, ids, w = random_batch(T, H, E, K, generator=torch.Generator().manual_seed(23))
+    go = torch.randn(T, H, generator=torch.Generator().manual_seed(24))
+    outs, xgrads = [], []
+    for m in (m32, m16):
+        xx = x.float().requires_grad_(True)
+        out = m(xx, ids, w)
+        (out * go).sum().backward()
+        outs.append(out.detach())
+        xgrads.append(xx.grad)
+    expect(torch.equal(outs[0], outs[1]), "bf16 module: the float32 module's output bit for bit")
+    expect(torch.equal(xgrads[0], xgrads[1]), "bf16 module: the float32 module's grad_input bit for bit")
+    rounded = all((p32.grad is None and p16.grad is None) or
+                  (p16.grad is not None and p16.grad.dtype == torch.bfloat16 and torch.equal(p16.grad, p32.grad.bfloat16()))
+                  for p16, p32 in zip(m16.parameters(), m32.parameters()))
+    expect(rounded, "bf16 module: bfloat16 gradients, the float32 module's rounded")
+    expect(any(p.grad is not None for p in m16.parameters()), "bf16 module: gradients were written")
+
+    opt = torch.optim.AdamW(m16.parameters(), lr=1e-2)
+    losses = []
+    for step in range(8):
+        opt.zero_grad(set_to_none=True)
+        loss = ((m16(x.float(), ids, w) - go) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    expect(losses[-1] < losses[0], f"bf16 module: AdamW lowers the loss ({losses[0]:.4f} -> {losses[-1]:.4f})")
+    flat = m16.flat_lora()
+    views = all(any(p.data_ptr() == flat[k][e].data_ptr() for k in flat for e in range(E)) for p in m16.parameters())
+    expect(views, "bf16 module: after AdamW the Parameters still view the arrays the runtime reads")
+    fresh = tilemoe.MoELayer(cfg, gate, up, down)
+    fresh.update_lora_weights(**{k: v.clone() for k, v in flat.items()})
+    with torch.no_grad():
+        expect(torch.equal(m16(x.float(), ids, w), fresh.forward(x, ids, w, torch.empty(T, H))),
+               "bf16 module: the next forward reads the stepped parameters")
+    try:
+        tilemoe.optim.MoEAdamW(m16)
+        expect(False, "MoEAdamW refuses a bfloat16 module")
+    except TypeError as e:
+        expect("bfloat16" in str(e), f"MoEAdamW's refusal names the dtype: {e}")
+    try:
+        MoELoRA(tilemoe.MoELayer(cfg, gate, up, down), dtype=torch.float16)
+        expect(False, "MoELoRA refuses float16")
+    except TypeError as e:
+        expect("float16" in str(e), f"the refusal names the dtype: {e}")
+
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        m16.save_pretrained(d)
+        from tilemoe import safetensors_io
+        import os
+        header = safetensors_io.read_header(os.path.join(d, "adapter_model.safetensors"))
+        expect(all(v["dtype"] == "BF16" for k, v in header.items() if k != "__metadata__"), "save_pretrained writes BF16 tensors")
+        held = tilemoe.MoELayer(cfg, gate, up, down)
+        held.load_adapter(d, 0)  # a layer built from memory is named as layer 0
+        with torch.no_grad():
+            expect(torch.equal(held.forward(x, ids, w, torch.empty(T, H)), fresh.forward(x, ids, w, torch.empty(T, H))),
+                   "the saved bf16 adapter, loaded, gives the module's forward")
+
+
 finite_differences()
+bfloat16_lora()
 backward_weight_copy()
 zero_copy_through_adamw()
 loss_curve(set_to_none=True)
