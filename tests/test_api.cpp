@@ -281,6 +281,15 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
   layer.forward_sft(8, 3, b.xb.data(), ids, wts, out.data(), true);
   expect_error([&] { layer.forward_sft(8, 3, b.xb.data(), ids, wts, out.data(), true); }, ErrorKind::state, "full");
   expect_error([&] { layer.unload_adapter(); }, ErrorKind::state, "saved forward");
+  {
+    LoraGrads bad_type;
+    bad_type.dtype = static_cast<LoraDType>(7);
+    expect_error([&] { layer.backward(b.grad_out.data(), dx.data(), bad_type); }, ErrorKind::invalid_argument, "gate: unknown element type 7");
+    CHECK(layer.cached_forwards() == 1);  // the saved forward is still there
+    LoraWeights bad_set{lora.ga.data(), lora.gb.data()};
+    bad_set.dtype = static_cast<LoraDType>(3);
+    expect_error([&] { layer.update_lora_weights(bad_set); }, ErrorKind::invalid_argument, "unknown element type 3");
+  }
   layer.backward(b.grad_out.data(), dx.data(), LoraGrads{});
   CHECK(layer.cached_forwards() == 0);
 

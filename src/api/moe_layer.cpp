@@ -138,6 +138,12 @@ struct MoeLayer::Impl {
     const int tokens = sft->tokens_of_newest_saved();  // Error(state) on an empty stack
     if (tokens > 0 && (!grad_out || !grad_in))
       fail(ErrorKind::invalid_argument, "MoeLayer::backward: grad_output and grad_input must not be null");
+    for (Projection p : kProjections) {
+      const LoraDType d = grads[static_cast<int>(p)].dtype;
+      if (d != LoraDType::f32 && d != LoraDType::bf16)
+        fail(ErrorKind::invalid_argument, std::string("MoeLayer::backward: LoRA gradients of ") + projection_name(p) +
+                                              ": unknown element type " + std::to_string(static_cast<int>(d)) + " (f32 or bf16)");
+    }
     const float* go = static_cast<const float*>(grad_out);
     if (in_bf16) {
       grow_to(grad_out_f32, hidden_elems(tokens));
