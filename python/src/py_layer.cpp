@@ -410,9 +410,21 @@ py::dict PyLayer::lora_weights() {
     py::object b = new_array(false, DType::f32, {E, l.out, l.rank});
     py::object scale = new_array(false, DType::f32, {E});
     py::object present = py::module_::import("numpy").attr("zeros")(E, py::arg("dtype") = "bool");
-    const std::size_t a_elems = static_cast<std::size_t>(E) * l.rank * l.in, b_elems = static_cast<std::size_t>(E) * l.out * l.rank;
-    std::memcpy(tensor_arg(a, "a", Access::write, {DType::f32}).data, l.a, sizeof(float) * a_elems);
-    std::memcpy(tensor_arg(b, "b", Access::write, {DType::f32}).data, l.b, sizeof(float) * b_elems);
+    // float32 copies, whatever the set's element type and strides (a window of larger arrays).
+    auto* ad = static_cast<float*>(tensor_arg(a, "a", Access::write, {DType::f32}).data);
+    auto* bd = static_cast<float*>(tensor_arg(b, "b", Access::write, {DType::f32}).data);
+    auto copy_rows = [&](const void* first, std::size_t row_stride, int rows, int cols, float* dst) {
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+          const std::size_t at = static_cast<std::size_t>(r) * row_stride + static_cast<std::size_t>(c);
+          dst[static_cast<std::size_t>(r) * cols + c] =
+              l.dtype == LoraDType::bf16 ? bf16_to_float(static_cast<const bf16*>(first)[at]) : static_cast<const float*>(first)[at];
+        }
+    };
+    for (int e = 0; e < E; ++e) {
+      copy_rows(l.a_of(e), l.lda(), l.rank, l.in, ad + static_cast<std::size_t>(e) * l.rank * l.in);
+      copy_rows(l.b_of(e), static_cast<std::size_t>(l.rank), l.out, l.rank, bd + static_cast<std::size_t>(e) * l.out * l.rank);
+    }
     auto* s = static_cast<float*>(tensor_arg(scale, "scale", Access::write, {DType::f32}).data);
     auto* pr = static_cast<bool*>(tensor_arg(present, "present", Access::write, {DType::u8}).data);
     for (int e = 0; e < E; ++e) {

@@ -148,6 +148,9 @@ layer.update_lora_weights(**{k: v.float() for k, v in lora16.items()})
 want16 = layer.forward(x, ids, w, torch.empty(T, H))
 layer.update_lora_weights(**lora16)
 expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), want16), "a bfloat16 LoRA set gives the float32 set's bits")
+current = layer.lora_weights()
+expect(all(torch.equal(torch.from_numpy(current[n][f]), lora16[f"{n}_{f}"].float()) for n in ("gate", "up", "down") for f in ("a", "b")),
+       "lora_weights() of a bfloat16 set: its values as float32")
 layer.update_lora_weights(**{k: v.view(torch.int16).numpy().view(np.uint16) for k, v in lora16.items()})
 expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), want16), "a LoRA set of numpy uint16 bf16 bits gives the same bits")
 # bf16 gradients are the float32 ones rounded once each.
