@@ -4,10 +4,12 @@
 // Experts may have different ranks (PEFT's rank_pattern): A and B are zero-padded to the
 // largest rank of the layer, which changes no result. Experts the adapter does not cover have
 // present[e] = 0 and scale[e] = 0 and cost nothing.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
 
+#include "tilemoe/bf16.hpp"
 #include "tilemoe/config.hpp"
 
 namespace tilemoe {
@@ -59,8 +61,9 @@ struct LayerLoraT {
     return g;
   }
 
-  template <typename U>
-  LayerLoraT<U> cast() const {
+  // The same set with every factor element converted by `convert` (default: a numeric cast).
+  template <typename U, typename Convert>
+  LayerLoraT<U> cast(Convert convert) const {
     LayerLoraT<U> out;
     for (int i = 0; i < 3; ++i) {
       const auto& s = proj[i];
@@ -68,13 +71,19 @@ struct LayerLoraT {
       d.rank = s.rank;
       d.in = s.in;
       d.out = s.out;
-      d.a.assign(s.a.begin(), s.a.end());
-      d.b.assign(s.b.begin(), s.b.end());
+      d.a.resize(s.a.size());
+      d.b.resize(s.b.size());
+      std::transform(s.a.begin(), s.a.end(), d.a.begin(), convert);
+      std::transform(s.b.begin(), s.b.end(), d.b.begin(), convert);
       d.scale = s.scale;
       d.present = s.present;
       d.expert_rank = s.expert_rank;
     }
     return out;
+  }
+  template <typename U>
+  LayerLoraT<U> cast() const {
+    return cast<U>([](T v) { return static_cast<U>(v); });
   }
 };
 
@@ -84,6 +93,6 @@ using LayerLora = LayerLoraT<float>;
 using LayerLoraBf16 = LayerLoraT<std::uint16_t>;
 
 // l's factors rounded to bf16 (as float_to_bf16), scales and presence as they are.
-LayerLoraBf16 round_lora_to_bf16(const LayerLora& l);
+inline LayerLoraBf16 round_lora_to_bf16(const LayerLora& l) { return l.cast<std::uint16_t>(float_to_bf16); }
 
 }  // namespace tilemoe
