@@ -47,6 +47,19 @@ std::vector<int> parse_int_list(const std::string& s, const char* what) {
   return out;
 }
 
+// --lora-dtype: per entry, whether the LoRA factors are stored as bf16 (else f32).
+std::vector<bool> parse_lora_dtypes(const std::string& s) {
+  std::vector<bool> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item != "f32" && item != "bf16") fail(ErrorKind::invalid_argument, "--lora-dtype " + s + ": '" + item + "' is neither f32 nor bf16");
+    out.push_back(item == "bf16");
+  }
+  if (out.empty()) fail(ErrorKind::invalid_argument, "--lora-dtype is empty");
+  return out;
+}
+
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 : tokens <= 128 ? 60 : tokens <= 512 ? 30 : 8; }
@@ -191,14 +204,7 @@ void add_bench_command(CLI::App& app, int& status) {
     if (a->isa == "reference") fail(ErrorKind::invalid_argument, "bench times the kernels; --isa reference is not one");
     kernels::Isa isa = *kernels::parse_isa(resolve_backend(a->isa));
     const WeightType weight_type = quant::parse_weight_type(a->weights, "--weights");
-    std::vector<bool> lora_bf16_list;  // per --lora-dtype entry: bf16 factors
-    for (std::size_t from = 0; from <= a->lora_dtype.size();) {
-      std::size_t comma = std::min(a->lora_dtype.find(',', from), a->lora_dtype.size());
-      const std::string d = a->lora_dtype.substr(from, comma - from);
-      if (d != "f32" && d != "bf16") fail(ErrorKind::invalid_argument, "--lora-dtype " + a->lora_dtype + ": expected f32, bf16 or both");
-      lora_bf16_list.push_back(d == "bf16");
-      from = comma + 1;
-    }
+    const std::vector<bool> lora_bf16_list = parse_lora_dtypes(a->lora_dtype);
     const std::vector<int> node_counts = parse_int_list(a->numa_nodes, "--numa-nodes");
     const std::vector<int> group_list = parse_int_list(a->group_sizes, "--group-size");
     if (group_list.size() > 1 && weight_type != WeightType::int4)
