@@ -8,10 +8,10 @@
 // The sum over rows is accumulated in f32 and then added to g, or with `overwrite` stored in g
 // (g is then not read: a trainer that does not accumulate gradients saves a pass zeroing them and
 // the read of the zeros). g is f32 or bf16 (a trainer's bf16 parameters have bf16 gradients):
-// bf16 is rounded as float_to_bf16 once per element, after the add in f32. Nothing outside the [rank][n] or [n][rank] block of g is written, and
-// nothing past row rows-1 / column n-1 / rank-1 of v and u is read. NaN and infinity in v or u
-// propagate (no zero skipping). rows, n or rank of 0 leave g as it is, in both modes. Pure: no
-// allocation, no threads.
+// bf16 is rounded as float_to_bf16 once per element, after the add in f32. Nothing outside the
+// [rank][n] or [n][rank] block of g is written, and nothing past row rows-1 / column n-1 / rank-1
+// of v and u is read. NaN and infinity in v or u propagate (no zero skipping). rows, n or rank of
+// 0 leave g as it is, in both modes. Pure: no allocation, no threads.
 #include <cstddef>
 
 #include "amx/strided_factor.hpp"

@@ -121,7 +121,8 @@ TILEMOE_API tilemoe_status tilemoe_layer_backward(tilemoe_layer* layer, const vo
                                                   tilemoe_dtype dtype, const tilemoe_lora_grads* grads, int accumulate);
 TILEMOE_API tilemoe_status tilemoe_layer_update_lora_weights(tilemoe_layer* layer, const tilemoe_lora_weights* weights);
 /* The same with the factors' element type: TILEMOE_F32 (as above) or TILEMOE_BF16 (uint16_t bf16
- * bits, read in place: half the bytes at every call). Gradients stay f32 (tilemoe_lora_grads). */
+ * bits, read in place: half the bytes at every call). Gradients have their own type
+ * (tilemoe_lora_grads_typed). */
 typedef struct tilemoe_lora_weights_typed {
   const void *gate_a, *gate_b, *up_a, *up_b, *down_a, *down_b;
   tilemoe_dtype dtype;

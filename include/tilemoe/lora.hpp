@@ -28,10 +28,10 @@ struct LoraStrides {
   std::size_t b_expert_of(int rank, int out) const { return b_expert != 0 ? b_expert : static_cast<std::size_t>(out) * rank; }
 };
 
-// How a set's A and B are stored: f32, or bf16 (a trainer's bf16 parameters, or an adapter kept in
-// bf16 for inference), read in place either way; bf16 streams half the bytes at every call.
-// Gradients are always written in f32 (LoraProjectionGrad).
+// How a set's A and B (or their gradients) are stored: f32, or bf16 (a trainer's bf16 parameters),
+// read and written in place either way; bf16 streams half the bytes at every call.
 enum class LoraDType { f32, bf16 };
+inline std::size_t lora_dtype_bytes(LoraDType d) { return d == LoraDType::bf16 ? 2 : 4; }
 
 struct LoraProjectionView {
   int rank = 0;  // 0: no LoRA on this projection
@@ -46,7 +46,7 @@ struct LoraProjectionView {
 
   bool active(int e) const { return rank > 0 && (present == nullptr || present[e] != 0); }
   float scale_of(int e) const { return scale != nullptr ? scale[e] : uniform_scale; }
-  std::size_t element_bytes() const { return dtype == LoraDType::bf16 ? 2 : 4; }
+  std::size_t element_bytes() const { return lora_dtype_bytes(dtype); }
   std::size_t lda() const { return strides.a_row_of(in); }
   // The first element of expert e's A or B, and element `i` of A or B counted from their start.
   const void* a_of(int e) const { return a_at(static_cast<std::size_t>(e) * strides.a_expert_of(rank, in)); }
@@ -75,7 +75,7 @@ struct LoraProjectionGrad {
   LoraDType dtype = LoraDType::f32;
   LoraStrides strides;  // as in LoraProjectionView, in elements; default: dense
 
-  std::size_t element_bytes() const { return dtype == LoraDType::bf16 ? 2 : 4; }
+  std::size_t element_bytes() const { return lora_dtype_bytes(dtype); }
   std::size_t lda(int in) const { return strides.a_row_of(in); }
   // Expert e's first element of A or B; element i of A or B counted from their start.
   void* a_of(int e, int rank, int in) const { return a_at(static_cast<std::size_t>(e) * strides.a_expert_of(rank, in)); }

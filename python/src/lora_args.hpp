@@ -1,6 +1,6 @@
 #pragma once
-// The LoRA arguments of update_lora_weights and backward: the caller's f32 or bf16 arrays, checked against
-// the layer's shape and turned into the runtime's zero-copy views (tilemoe/lora.hpp).
+// The LoRA arguments of update_lora_weights and backward: the caller's f32 or bf16 arrays, checked
+// against the layer's shape and turned into the runtime's zero-copy views (tilemoe/lora.hpp).
 #include <pybind11/pybind11.h>
 
 #include <array>
@@ -22,9 +22,9 @@ struct LoraSetArg {
   py::object keepalive;  // the arrays the view points into
 };
 
-// A: [E, r, in], B: [E, out, r] f32 or bf16 (A and B alike) per projection (both None: no LoRA there). scales: None (alpha
-// / r of the config, or alpha / sqrt(r) with rsLoRA), a float for every expert, or f32 [3, E];
-// present: None (every expert) or uint8/bool [3, E].
+// A: [E, r, in], B: [E, out, r] f32 or bf16 (A and B alike) per projection (both None: no LoRA
+// there). scales: None (alpha / r of the config, or alpha / sqrt(r) with rsLoRA), a float for
+// every expert, or f32 [3, E]; present: None (every expert) or uint8/bool [3, E].
 LoraSetArg lora_set_arg(const MoeLayerConfig& cfg, const std::array<py::object, 6>& factors, py::handle scales,
                         py::handle present);
 
