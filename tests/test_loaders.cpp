@@ -1,10 +1,12 @@
 // Checkpoint, config and PEFT loading on hand-made directories: every naming, every error.
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "catch.hpp"
 #include "src/io/safetensors_writer.hpp"
 #include "src/layer/synthetic_layer.hpp"
+#include "src/lora/held_adapter.hpp"
 #include "src/lora/lora_file.hpp"
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
@@ -233,4 +235,63 @@ TEST_CASE("converted LoRA files keep per-expert rank, scale and coverage", "[con
   CHECK(error_of([&] { load_converted_layer(out, other, 1); }).find("made for hidden 24") != std::string::npos);
   CHECK(error_of([&] { load_converted_layer(test::data_dir() + "/deepseek_tiny/reference.safetensors", model, 1); })
             .find("not a tilemoe LoRA file") != std::string::npos);
+}
+
+TEST_CASE("adapters are held in bf16 exactly when every factor tensor of the file was BF16", "[peft][held]") {
+  // gate covers experts 0 and 2, down expert 1, up nothing; values that bf16 holds exactly.
+  LoadedLora l;
+  l.lora[Projection::gate].allocate(3, 4, 8, 6);
+  l.lora[Projection::down].allocate(3, 2, 6, 8);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (Projection p : {Projection::gate, Projection::down}) {
+    auto& proj = l.lora[p];
+    for (float& v : proj.a) v = bf16_to_float(float_to_bf16(normal(rng)));
+    for (float& v : proj.b) v = bf16_to_float(float_to_bf16(normal(rng)));
+  }
+  for (int e : {0, 2}) l.lora[Projection::gate].present[e] = 1, l.lora[Projection::gate].scale[e] = 0.5f;
+  l.lora[Projection::down].present[1] = 1;
+  l.lora[Projection::down].scale[1] = 2.0f;
+  using io::Dtype;
+  // Experts an adapter does not cover keep the loader's placeholder dtype, which does not count.
+  l.dtype_a[0] = l.dtype_b[0] = {Dtype::BF16, Dtype::F32, Dtype::BF16};
+  l.dtype_a[2] = l.dtype_b[2] = {Dtype::F32, Dtype::BF16, Dtype::F32};
+
+  SECTION("all BF16: bf16, the same values, half the bytes") {
+    REQUIRE(stored_as_bf16(l));
+    HeldAdapter held(l);
+    REQUIRE(held.dtype() == LoraDType::bf16);
+    std::size_t f32_bytes = 0;
+    for (Projection p : kProjections) {
+      const auto& src = l.lora[p];
+      const LoraProjectionView& v = held.view()[p];
+      REQUIRE(v.rank == src.rank);
+      f32_bytes += (src.a.size() + src.b.size()) * sizeof(float);
+      if (src.rank == 0) continue;
+      CHECK(v.dtype == LoraDType::bf16);
+      const auto* a = static_cast<const std::uint16_t*>(v.a);
+      const auto* b = static_cast<const std::uint16_t*>(v.b);
+      for (std::size_t i = 0; i < src.a.size(); ++i) REQUIRE(bf16_to_float(a[i]) == src.a[i]);
+      for (std::size_t i = 0; i < src.b.size(); ++i) REQUIRE(bf16_to_float(b[i]) == src.b[i]);
+      for (int e = 0; e < 3; ++e) {
+        CHECK(v.present[e] == src.present[e]);
+        CHECK(v.scale[e] == src.scale[e]);
+      }
+    }
+    CHECK(held.factor_bytes() * 2 == f32_bytes);
+  }
+  SECTION("one covered tensor of another type, or a type not known: f32, as loaded") {
+    SECTION("F16") { l.dtype_b[0][2] = Dtype::F16; }
+    SECTION("F32") { l.dtype_a[2][1] = Dtype::F32; }
+    SECTION("not known") { l.dtype_a[2].clear(); }
+    REQUIRE_FALSE(stored_as_bf16(l));
+    HeldAdapter held(l);
+    CHECK(held.dtype() == LoraDType::f32);
+    CHECK(static_cast<const float*>(held.view()[Projection::gate].a)[5] == l.lora[Projection::gate].a[5]);
+  }
+  SECTION("no LoRA at all: nothing to hold in bf16") {
+    LoadedLora none;
+    CHECK_FALSE(stored_as_bf16(none));
+    CHECK(HeldAdapter(none).view().empty());
+  }
 }

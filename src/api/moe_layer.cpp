@@ -16,6 +16,7 @@
 #include "src/layer/tensor_parallel_layer.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/lora/lora_view.hpp"
+#include "src/lora/held_adapter.hpp"
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
 #include "src/model/finite_check.hpp"
@@ -86,7 +87,7 @@ struct MoeLayer::Impl {
   int model_layer = -1;   // index in the model when known
   float scale = 0;
   std::unique_ptr<TensorParallelLayer> sft;  // one slice per NUMA node; one node: the plain layer
-  std::unique_ptr<LoadedLora> adapter;
+  std::unique_ptr<HeldAdapter> adapter;  // in its file's element type (held_adapter.hpp)
   std::vector<float> out_f32, grad_out_f32, grad_in_f32;  // bf16 callers' f32 side, grown on demand
 
   Impl(Runtime::Impl& r, const MoeLayerConfig& c) : rt(r), cfg(c) {}
@@ -194,10 +195,10 @@ struct MoeLayer::Impl {
     if (layer < 0)
       fail(ErrorKind::invalid_argument, "MoeLayer::load_adapter: " + path + ": pass the layer's index in the model (the layer was "
                                                                            "built from memory and does not know it)");
-    auto loaded = std::make_unique<LoadedLora>(load_layer_lora(path, model, layer));
+    auto loaded = std::make_unique<HeldAdapter>(load_layer_lora(path, model, layer));
     // Validates (rank within lora_rank). The adapter is the layer's and nothing writes it while
     // it is loaded, so forward packs it once.
-    sft->update_lora_weights(lora_view(loaded->lora), /*held=*/true);
+    sft->update_lora_weights(loaded->view(), /*held=*/true);
     adapter = std::move(loaded);
   }
 };
@@ -219,7 +220,7 @@ ModelConfig model_of(const MoeLayerConfig& c) {
 // given, holds the experts already quantized (w is then not read); otherwise int8/int4 layers
 // quantize w here.
 std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, const ExpertWeightsView& w, ModelConfig model,
-                                      int model_layer, std::unique_ptr<LoadedLora> adapter, bool weights_checked,
+                                      int model_layer, std::unique_ptr<HeldAdapter> adapter, bool weights_checked,
                                       const quant::QuantizedExperts* quantized = nullptr) {
   Runtime::Impl& rt = runtime.impl();
   if (!weights_checked && !quantized) check_finite_weights(w, *rt.pool);
@@ -238,7 +239,7 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   opt.max_lora_rank = cfg.lora_rank;
   opt.max_top_k = cfg.top_k;
   opt.backward_weight_copy = cfg.backward_weight_copy;
-  LayerLoraView view = adapter ? lora_view(adapter->lora) : LayerLoraView{};
+  LayerLoraView view = adapter ? adapter->view() : LayerLoraView{};
   numa::NodeGroup& nodes = node_group_for(*rt.pool, cfg.numa_nodes);
   m->cfg.numa_nodes = nodes.size();
   const MoeShape shape = quantized ? quantized->shape : w.shape;
@@ -274,8 +275,8 @@ MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertW
 MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_dir, int layer, const CheckpointLayerOptions& options) {
   Checkpoint ckpt = Checkpoint::open(model_dir);
   const ModelConfig& model = ckpt.config();
-  std::unique_ptr<LoadedLora> adapter;
-  if (!options.adapter.empty()) adapter = std::make_unique<LoadedLora>(load_layer_lora(options.adapter, model, layer));
+  std::unique_ptr<HeldAdapter> adapter;
+  if (!options.adapter.empty()) adapter = std::make_unique<HeldAdapter>(load_layer_lora(options.adapter, model, layer));
   MoeLayerConfig cfg;
   cfg.num_experts = model.shape.num_experts;
   cfg.top_k = model.shape.top_k;
@@ -283,7 +284,7 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.intermediate = model.shape.intermediate;
   cfg.max_tokens = options.max_tokens;
   cfg.max_cache_depth = options.max_cache_depth;
-  cfg.lora_rank = std::max(options.lora_rank, adapter ? lora_view(adapter->lora).max_rank() : 0);
+  cfg.lora_rank = std::max(options.lora_rank, adapter ? adapter->view().max_rank() : 0);
   cfg.lora_alpha = options.lora_alpha;  // for sets given as LoraWeights; adapters carry their own scales
   cfg.use_rslora = options.use_rslora;
   cfg.numa_nodes = options.numa_nodes;

@@ -1,0 +1,44 @@
+#include "src/lora/held_adapter.hpp"
+
+#include <utility>
+
+namespace tilemoe {
+
+bool stored_as_bf16(const LoadedLora& loaded) {
+  bool any = false;
+  for (Projection p : kProjections) {
+    const int i = static_cast<int>(p);
+    const auto& proj = loaded.lora[p];
+    if (proj.rank == 0) continue;
+    const auto& da = loaded.dtype_a[i];
+    const auto& db = loaded.dtype_b[i];
+    const std::size_t experts = proj.present.size();
+    if (da.size() != experts || db.size() != experts) return false;
+    for (std::size_t e = 0; e < experts; ++e) {
+      if (!proj.present[e]) continue;
+      if (da[e] != io::Dtype::BF16 || db[e] != io::Dtype::BF16) return false;
+      any = true;
+    }
+  }
+  return any;
+}
+
+HeldAdapter::HeldAdapter(LoadedLora loaded) : loaded_(std::move(loaded)) {
+  if (!stored_as_bf16(loaded_)) {
+    view_ = lora_view(loaded_.lora);
+    return;
+  }
+  bf16_ = round_lora_to_bf16(loaded_.lora);  // exact: every value came from a bf16
+  loaded_.lora = LayerLora{};                // the f32 copy is not kept
+  view_ = lora_view(bf16_);
+}
+
+std::size_t HeldAdapter::factor_bytes() const {
+  std::size_t bytes = 0;
+  for (int i = 0; i < 3; ++i)
+    bytes += (loaded_.lora.proj[i].a.size() + loaded_.lora.proj[i].b.size()) * sizeof(float) +
+             (bf16_.proj[i].a.size() + bf16_.proj[i].b.size()) * sizeof(std::uint16_t);
+  return bytes;
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,33 @@
+#pragma once
+// A layer's own adapter (MoeLayer::load_adapter, CheckpointLayerOptions::adapter), kept in the
+// element type its file stored the factors in: bf16 when every factor tensor of the layer was
+// BF16, f32 otherwise. bf16 values widened to f32 and rounded back are the same values, so the
+// results do not change; the set takes half the memory, and the forward reads half the bytes
+// where it reads the factors as they are (experts with few rows, decode above all).
+#include <cstddef>
+
+#include "src/lora/lora_view.hpp"
+#include "src/lora/peft_adapter.hpp"
+
+namespace tilemoe {
+
+// Whether every factor tensor of the experts `loaded` covers was BF16 in its file (false when a
+// dtype is not known, or when the set has no LoRA at all).
+bool stored_as_bf16(const LoadedLora& loaded);
+
+class HeldAdapter {
+ public:
+  explicit HeldAdapter(LoadedLora loaded);
+
+  const LayerLoraView& view() const { return view_; }
+  LoraDType dtype() const { return view_.proj[0].dtype; }
+  // Bytes of the factors held (A and B of every projection).
+  std::size_t factor_bytes() const;
+
+ private:
+  LoadedLora loaded_;  // f32 factors (released when held in bf16), keys, file dtypes, warnings
+  LayerLoraBf16 bf16_;
+  LayerLoraView view_;
+};
+
+}  // namespace tilemoe
