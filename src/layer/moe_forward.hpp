@@ -3,7 +3,8 @@
 // and the pool's workers. Work is split into items whose boundaries depend on the routing only,
 // never on the thread count, so the output is bit-identical for any number of threads.
 //
-// Phases (each a parallel_for):
+// Phases (gate_up and down one parallel_for, down's items after gate_up's, each expert's waiting
+// for its h; then the combine):
 //   gate_up    items (expert, column chunk): gate and up GEMMs with LoRA B fused as extra K
 //              steps (integer weights: the integer GEMM, then the LoRA term added to it), then
 //              h = silu(gate) * up in bf16; the item that completes an expert's h then computes
@@ -93,7 +94,8 @@ class MoeForward {
   void set_tile_order_min_rows(int rows) { tile_order_override_ = rows; }
 
   // Seconds spent in each phase since construction (gate_up, down, combine): what the bench's
-  // --phases prints to show where time goes.
+  // --phases prints to show where time goes. gate_up ends with its last item, down with the last
+  // down item (the two overlap: down's first items run while gate_up's last ones do).
   static constexpr int kPhases = 3;
   static const char* phase_name(int i);
   const std::array<double, kPhases>& phase_seconds() const { return phase_seconds_; }
@@ -110,10 +112,10 @@ class MoeForward {
   ExpertRows expert_rows(AlignedVector<bf16>& block, int e, std::size_t ld) { return expert_rows(block.data(), e, ld); }
   // C = A Wᵀ (+ LoRA term) for expert e's m rows over panels [p0, p1); `a` is its bf16 rows of
   // x or h, whose quantized twin (rows from row0, TokenGroups order) integer weights read. A term
-  // in the f32 form is added after the product; with `ready`, once its counter e is zero (another
-  // item of the phase computes its x Aᵀ). A packed term must be ready before the call.
+  // in the f32 form is added after the product; with `ready`, once its counter ready_counter is
+  // zero (another item computes its x Aᵀ or h A_downᵀ). A packed term must be ready before the call.
   void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term, float* c,
-                       std::size_t ldc, int n, ItemCountdowns* ready = nullptr);
+                       std::size_t ldc, int n, ItemCountdowns* ready = nullptr, std::size_t ready_counter = 0);
   void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
   // The same into rows [row0, row0 + rows) of codes held in tile order.
   void quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row0, int rows, Projection p, std::int8_t* tiles, float* scales);

@@ -2,6 +2,7 @@
 // How the layer's GEMM phases split into items, and the deterministic combine of per-slot rows.
 // Item boundaries depend on the routing only, never on the thread count, which is what makes
 // the output bit-identical for any number of threads.
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -75,10 +76,12 @@ template <std::size_t N>
 class PhaseClock {
  public:
   explicit PhaseClock(std::array<double, N>& seconds) : seconds_(seconds) {}
-  void lap(int phase) {
-    const auto now = std::chrono::steady_clock::now();
-    seconds_[static_cast<std::size_t>(phase)] += std::chrono::duration<double>(now - mark_).count();
-    mark_ = now;
+  void lap(int phase) { lap_at(phase, std::chrono::steady_clock::now()); }
+  // The same with the phase ending at `end` (not before the previous lap).
+  void lap_at(int phase, std::chrono::steady_clock::time_point end) {
+    end = std::max(end, mark_);
+    seconds_[static_cast<std::size_t>(phase)] += std::chrono::duration<double>(end - mark_).count();
+    mark_ = end;
   }
 
  private:
