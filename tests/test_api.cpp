@@ -12,7 +12,9 @@
 #include "src/quant/quantize.hpp"
 #include "src/quant/quantized_file.hpp"
 #include "src/layer/synthetic_layer.hpp"
+#include "src/lora/lora_file.hpp"
 #include "src/lora/lora_view.hpp"
+#include "src/lora/peft_export.hpp"
 #include "src/reference/moe_reference.hpp"
 #include "test_util.hpp"
 #include "tilemoe/error.hpp"
@@ -242,6 +244,28 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
         std::vector<float> from_f32(in.input.size());
         given_f32.forward(tokens, top_k, xb, ids, wts, from_f32.data());
         CHECK(from_f32 == base);
+
+        // Held as asked: in f32, or in bf16 from an F32 copy of the adapter (the same values).
+        layer.load_adapter(c.dir + "/adapter", -1, AdapterStorage::f32);
+        for (Projection p : kProjections)
+          if (layer.lora()[p].rank > 0) CHECK(layer.lora()[p].dtype == LoraDType::f32);
+        layer.forward(tokens, top_k, xb, ids, wts, from_f32.data());
+        CHECK(from_f32 == base);
+        const std::string f32_copy = test::temp_dir() + "/" + c.name + ".f32_adapter";
+        if (l == c.layers.front()) {
+          const ModelConfig model = read_model_config(c.dir + "/model");
+          convert_peft_to_lora_file(PeftAdapter::open(c.dir + "/adapter", model), model, f32_copy + ".lora");
+          std::filesystem::remove_all(f32_copy);
+          export_lora_file(f32_copy + ".lora", f32_copy, ExportDtype::f32);
+        }
+        for (AdapterStorage storage : {AdapterStorage::as_stored, AdapterStorage::bf16}) {
+          layer.load_adapter(f32_copy, -1, storage);
+          const LoraDType want = storage == AdapterStorage::bf16 ? LoraDType::bf16 : LoraDType::f32;
+          for (Projection p : kProjections)
+            if (layer.lora()[p].rank > 0) CHECK(layer.lora()[p].dtype == want);
+          layer.forward(tokens, top_k, xb, ids, wts, from_f32.data());
+          CHECK(from_f32 == base);
+        }
       }
     }
   }

@@ -289,6 +289,28 @@ TEST_CASE("adapters are held in bf16 exactly when every factor tensor of the fil
     CHECK(held.dtype() == LoraDType::f32);
     CHECK(static_cast<const float*>(held.view()[Projection::gate].a)[5] == l.lora[Projection::gate].a[5]);
   }
+  SECTION("AdapterStorage::bf16 rounds other values to nearest even; f32 keeps a BF16 file in f32") {
+    LoadedLora wide = l;
+    for (float& v : wide.lora[Projection::gate].a) v += 1e-3f * normal(rng);
+    l.dtype_a[0][0] = Dtype::F32;  // not all BF16 any more
+    wide.dtype_a[0][0] = Dtype::F32;
+    HeldAdapter rounded(wide, AdapterStorage::bf16);
+    REQUIRE(rounded.dtype() == LoraDType::bf16);
+    const auto* a = static_cast<const std::uint16_t*>(rounded.view()[Projection::gate].a);
+    int moved = 0;
+    for (std::size_t i = 0; i < wide.lora[Projection::gate].a.size(); ++i) {
+      const float v = wide.lora[Projection::gate].a[i];
+      REQUIRE(a[i] == float_to_bf16(v));
+      moved += bf16_to_float(a[i]) != v;
+    }
+    CHECK(moved > 0);  // the test's values did need rounding
+    CHECK(HeldAdapter(wide, AdapterStorage::as_stored).dtype() == LoraDType::f32);
+    l.dtype_a[0][0] = Dtype::BF16;
+    REQUIRE(stored_as_bf16(l));
+    HeldAdapter widened(l, AdapterStorage::f32);
+    CHECK(widened.dtype() == LoraDType::f32);
+    CHECK(static_cast<const float*>(widened.view()[Projection::down].b)[3] == l.lora[Projection::down].b[3]);
+  }
   SECTION("no LoRA at all: nothing to hold in bf16") {
     LoadedLora none;
     CHECK_FALSE(stored_as_bf16(none));

@@ -130,6 +130,18 @@ typedef struct tilemoe_lora_weights_typed {
 TILEMOE_API tilemoe_status tilemoe_layer_update_lora_weights_typed(tilemoe_layer* layer, const tilemoe_lora_weights_typed* weights);
 /* layer_index: the layer's index in the model, or -1 for a layer from a checkpoint. */
 TILEMOE_API tilemoe_status tilemoe_layer_load_adapter(tilemoe_layer* layer, const char* path, int layer_index);
+/* How a loaded adapter is held (AdapterStorage in lora.hpp): as its file stores the factors (bf16
+ * when every factor tensor is BF16, else f32), always f32, or always bf16 (rounded to nearest even). */
+typedef enum tilemoe_adapter_storage {
+  TILEMOE_ADAPTER_AS_STORED = 0,
+  TILEMOE_ADAPTER_F32 = 1,
+  TILEMOE_ADAPTER_BF16 = 2,
+  TILEMOE_ADAPTER_STORAGE_RANGE_MIN = -0x7fffffff - 1,
+  TILEMOE_ADAPTER_STORAGE_RANGE_MAX = 0x7fffffff
+} tilemoe_adapter_storage;
+/* tilemoe_layer_load_adapter holding the adapter as `storage` asks. */
+TILEMOE_API tilemoe_status tilemoe_layer_load_adapter_as(tilemoe_layer* layer, const char* path, int layer_index,
+                                                         tilemoe_adapter_storage storage);
 TILEMOE_API tilemoe_status tilemoe_layer_unload_adapter(tilemoe_layer* layer);
 TILEMOE_API tilemoe_status tilemoe_layer_cached_forwards(const tilemoe_layer* layer, int* count);
 /* The rank of each projection's current LoRA set (gate, up, down; 0: none): the shapes of grads. */

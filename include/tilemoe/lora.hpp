@@ -33,6 +33,12 @@ struct LoraStrides {
 enum class LoraDType { f32, bf16 };
 inline std::size_t lora_dtype_bytes(LoraDType d) { return d == LoraDType::bf16 ? 2 : 4; }
 
+// How a layer holds an adapter it loads (MoeLayer::load_adapter): as its file stores the factors
+// (bf16 when every factor tensor is BF16, else f32: the file's values exactly), or always f32, or
+// always bf16 (f32 and f16 values rounded to nearest even, as kt-kernel keeps LoRA: half the
+// memory, half the bytes read at decode).
+enum class AdapterStorage { as_stored, f32, bf16 };
+
 struct LoraProjectionView {
   int rank = 0;  // 0: no LoRA on this projection
   int in = 0, out = 0;

@@ -102,7 +102,8 @@ struct CheckpointLayerOptions {
   int lora_rank = 0;        // the largest rank update_lora_weights accepts (an adapter raises it to its own)
   double lora_alpha = 0;    // the scale of sets given as LoraWeights, as in MoeLayerConfig
   bool use_rslora = false;
-  std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file, held as load_adapter holds it
+  std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file; empty: none
+  AdapterStorage adapter_storage = AdapterStorage::as_stored;  // how the layer holds it, as in load_adapter
   int numa_nodes = 1;       // as in MoeLayerConfig
   // int8/int4: quantize the checkpoint's experts at load, or read them from `quantized_dir` (written
   // by `tilemoe quantize` from this checkpoint: checked against it, never re-quantized; its type
@@ -155,11 +156,11 @@ class TILEMOE_CXX_API MoeLayer {
   // A PEFT adapter directory or a `tilemoe convert-lora` file, held by the layer; `layer` is its
   // index in the model (a checkpoint layer knows its own: pass -1). Needs an empty cache stack.
   // The layer's own copy is never written, so the forward packs it for the tile kernels once,
-  // where sets given by update_lora_weights (the caller's arrays) are packed at every call. It is
-  // held in bf16 when every factor tensor the layer takes from the file is BF16 (the same values,
-  // half the memory, half the bytes read where the factors are read as they are), else in f32;
-  // lora()'s dtype says which.
-  void load_adapter(const std::string& path, int layer = -1);
+  // where sets given by update_lora_weights (the caller's arrays) are packed at every call.
+  // `storage` (AdapterStorage, lora.hpp): by default bf16 when every factor tensor the layer takes
+  // from the file is BF16 (the same values, half the memory, half the bytes read where the factors
+  // are read as they are), else f32; or always f32, or always bf16. lora()'s dtype says which.
+  void load_adapter(const std::string& path, int layer = -1, AdapterStorage storage = AdapterStorage::as_stored);
   void unload_adapter();  // back to no LoRA; needs an empty cache stack
   const LayerLoraView& lora() const;
 

@@ -17,11 +17,21 @@ LoraFactors factors_of(py::object ga, py::object gb, py::object ua, py::object u
   return {std::move(ga), std::move(gb), std::move(ua), std::move(ub), std::move(da), std::move(db)};
 }
 
+// "as_stored" (or None), "float32" or "bfloat16": AdapterStorage.
+AdapterStorage adapter_storage_arg(py::object v, const char* name) {
+  if (v.is_none()) return AdapterStorage::as_stored;
+  const std::string s = str_arg(v, name);
+  if (s == "as_stored") return AdapterStorage::as_stored;
+  if (s == "float32") return AdapterStorage::f32;
+  if (s == "bfloat16") return AdapterStorage::bf16;
+  value_error(std::string(name) + ": '" + s + "'; expected 'as_stored', 'float32' or 'bfloat16'");
+}
+
 std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer, py::object adapter, py::object isa,
                                          py::object threads, py::object numa_nodes, py::object max_tokens,
                                          py::object max_cache_depth, py::object lora_rank, py::object lora_alpha,
                                          py::object use_rslora, py::object runtime, py::object weights, py::object group_size,
-                                         py::object quantized, py::object backward_weight_copy) {
+                                         py::object quantized, py::object backward_weight_copy, py::object adapter_storage) {
   CheckpointLayerOptions o;
   const std::string dir = str_arg(model_dir, "model_dir");
   const int index = int_arg(layer, "layer");
@@ -42,6 +52,7 @@ std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer,
   o.group_size = int_arg(group_size, "group_size");
   o.quantized_dir = optional_str_arg(quantized, "quantized").value_or("");
   o.backward_weight_copy = bool_arg(backward_weight_copy, "backward_weight_copy");
+  o.adapter_storage = adapter_storage_arg(adapter_storage, "adapter_storage");
   auto rt = runtime_arg(runtime, isa, optional_int_arg(threads, "threads").value_or(0));
   return std::make_unique<PyLayer>(std::move(rt), dir, index, o);
 }
@@ -80,7 +91,7 @@ them is seen by the next call). The GIL is released while the runtime works.)doc
                   py::arg("max_tokens") = 2048, py::arg("max_cache_depth") = 1, py::arg("lora_rank") = 0,
                   py::arg("lora_alpha") = py::none(), py::arg("use_rslora") = false, py::arg("runtime") = py::none(),
                   py::arg("weights") = py::none(), py::arg("group_size") = 128, py::arg("quantized") = py::none(),
-                  py::arg("backward_weight_copy") = false,
+                  py::arg("backward_weight_copy") = false, py::arg("adapter_storage") = py::none(),
                   R"doc(
 Layer `layer` of a Hugging Face checkpoint directory (single or sharded safetensors), with a PEFT
 adapter directory or `tilemoe convert-lora` file if given. max_tokens: the largest batch;
@@ -88,7 +99,7 @@ max_cache_depth: forwards saved for backward at once (0: inference only); lora_r
 (default: lora_rank), use_rslora: for LoRA sets given later with update_lora_weights. weights:
 "int8" or "int4" quantizes the experts at load (group_size: int4 inputs per scale); quantized: a
 directory written by `tilemoe quantize` from this checkpoint, loaded as it is (its type is used).
-backward_weight_copy: as in MoEConfig (bf16 weights).)doc")
+backward_weight_copy: as in MoEConfig (bf16 weights). adapter_storage: as in load_adapter.)doc")
 
       .def("forward", [](PyLayer& l, py::object x, py::object ids, py::object w, py::object out) { return l.forward(x, ids, w, out); },
            py::arg("x"), py::arg("expert_ids"), py::arg("weights"), py::arg("out") = py::none(),
@@ -153,11 +164,13 @@ or / sqrt(r) with rsLoRA), one float, or f32 [3, E] per projection and expert; p
 
       .def(
           "load_adapter",
-          [](PyLayer& l, py::object path, py::object layer) {
-            l.load_adapter(str_arg(path, "path"), optional_int_arg(layer, "layer"));
+          [](PyLayer& l, py::object path, py::object layer, py::object storage) {
+            l.load_adapter(str_arg(path, "path"), optional_int_arg(layer, "layer"), adapter_storage_arg(storage, "storage"));
           },
-          py::arg("path"), py::arg("layer") = py::none(),
-          "A PEFT adapter directory or convert-lora file, held by the layer; needs no saved forward.")
+          py::arg("path"), py::arg("layer") = py::none(), py::arg("storage") = py::none(),
+          "A PEFT adapter directory or convert-lora file, held by the layer; needs no saved forward. storage: "
+          "'as_stored' (default: bfloat16 when every factor tensor of the file is BF16, else float32), 'float32' "
+          "or 'bfloat16' (other values rounded to nearest even: half the memory and the bytes read at decode).")
       .def("unload_adapter", &PyLayer::unload_adapter, "Back to no LoRA; needs no saved forward.")
       .def("lora_weights", &PyLayer::lora_weights,
            "Copies of the LoRA in use: {projection: {'a', 'b', 'scale', 'present'}} for gate, up, down (numpy).")

@@ -364,7 +364,7 @@ void PyLayer::sync() {
   recover();
 }
 
-void PyLayer::load_adapter(const std::string& path, std::optional<int> layer) {
+void PyLayer::load_adapter(const std::string& path, std::optional<int> layer, AdapterStorage storage) {
   auto lock = lock_state();
   require_trusted_stack("load_adapter");
   if (!saved_.empty())
@@ -373,7 +373,7 @@ void PyLayer::load_adapter(const std::string& path, std::optional<int> layer) {
   const auto mark = runtime_->last_ticket();
   {
     py::gil_scoped_release release;
-    layer_->load_adapter(path, layer.value_or(-1));
+    layer_->load_adapter(path, layer.value_or(-1), storage);
   }
   runtime_->finished_through(mark);
   current_ = {ranks_of(layer_->lora()), py::none()};

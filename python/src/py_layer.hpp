@@ -65,7 +65,7 @@ class PyLayer {
   // The runtime's sync; if a queued task of this layer failed, also drops its saved forwards.
   void sync();
 
-  void load_adapter(const std::string& path, std::optional<int> layer);
+  void load_adapter(const std::string& path, std::optional<int> layer, AdapterStorage storage);
   void unload_adapter();
   py::dict lora_weights();  // copies of the set in use, per projection
 

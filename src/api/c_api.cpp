@@ -54,6 +54,9 @@ tilemoe_status guard(F&& f) {
 void require(bool ok, const char* what) {
   if (!ok) tilemoe::fail(tilemoe::ErrorKind::invalid_argument, what);
 }
+void require(bool ok, const std::string& what) {
+  if (!ok) tilemoe::fail(tilemoe::ErrorKind::invalid_argument, what);
+}
 
 tilemoe::LoraGrads grads_of(const tilemoe_lora_grads* g) {
   if (!g) return {};
@@ -272,6 +275,20 @@ tilemoe_status tilemoe_layer_load_adapter(tilemoe_layer* layer, const char* path
   return guard([&] {
     require(layer && path, "tilemoe_layer_load_adapter: layer and path must not be NULL");
     layer->layer.load_adapter(path, layer_index);
+  });
+}
+
+tilemoe_status tilemoe_layer_load_adapter_as(tilemoe_layer* layer, const char* path, int layer_index,
+                                            tilemoe_adapter_storage storage) {
+  return guard([&] {
+    require(layer && path, "tilemoe_layer_load_adapter_as: layer and path must not be NULL");
+    require(storage == TILEMOE_ADAPTER_AS_STORED || storage == TILEMOE_ADAPTER_F32 || storage == TILEMOE_ADAPTER_BF16,
+            "tilemoe_layer_load_adapter_as: storage " + std::to_string(static_cast<long long>(storage)) +
+                " is not TILEMOE_ADAPTER_AS_STORED, TILEMOE_ADAPTER_F32 or TILEMOE_ADAPTER_BF16");
+    const tilemoe::AdapterStorage s = storage == TILEMOE_ADAPTER_F32    ? tilemoe::AdapterStorage::f32
+                                      : storage == TILEMOE_ADAPTER_BF16 ? tilemoe::AdapterStorage::bf16
+                                                                        : tilemoe::AdapterStorage::as_stored;
+    layer->layer.load_adapter(path, layer_index, s);
   });
 }
 

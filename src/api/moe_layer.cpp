@@ -189,13 +189,13 @@ struct MoeLayer::Impl {
                                  " saved forward(s) still use the current LoRA; run their backward first");
   }
 
-  void load_adapter(const std::string& path, int layer) {
+  void load_adapter(const std::string& path, int layer, AdapterStorage storage) {
     require_empty_cache("load_adapter");
     if (layer < 0) layer = model_layer;
     if (layer < 0)
       fail(ErrorKind::invalid_argument, "MoeLayer::load_adapter: " + path + ": pass the layer's index in the model (the layer was "
                                                                            "built from memory and does not know it)");
-    auto loaded = std::make_unique<HeldAdapter>(load_layer_lora(path, model, layer));
+    auto loaded = std::make_unique<HeldAdapter>(load_layer_lora(path, model, layer), storage);
     // Validates (rank within lora_rank). The adapter is the layer's and nothing writes it while
     // it is loaded, so forward packs it once.
     sft->update_lora_weights(loaded->view(), /*held=*/true);
@@ -276,7 +276,8 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   Checkpoint ckpt = Checkpoint::open(model_dir);
   const ModelConfig& model = ckpt.config();
   std::unique_ptr<HeldAdapter> adapter;
-  if (!options.adapter.empty()) adapter = std::make_unique<HeldAdapter>(load_layer_lora(options.adapter, model, layer));
+  if (!options.adapter.empty())
+    adapter = std::make_unique<HeldAdapter>(load_layer_lora(options.adapter, model, layer), options.adapter_storage);
   MoeLayerConfig cfg;
   cfg.num_experts = model.shape.num_experts;
   cfg.top_k = model.shape.top_k;
@@ -377,9 +378,9 @@ void MoeLayer::update_lora_weights(const LayerLoraView& view) {
   Impl* m = impl_.get();
   m->run([=] { m->sft->update_lora_weights(view); });
 }
-void MoeLayer::load_adapter(const std::string& path, int layer) {
+void MoeLayer::load_adapter(const std::string& path, int layer, AdapterStorage storage) {
   Impl* m = impl_.get();
-  m->run([=] { m->load_adapter(path, layer); });
+  m->run([=] { m->load_adapter(path, layer, storage); });
 }
 void MoeLayer::unload_adapter() {
   Impl* m = impl_.get();

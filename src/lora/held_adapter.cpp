@@ -23,12 +23,13 @@ bool stored_as_bf16(const LoadedLora& loaded) {
   return any;
 }
 
-HeldAdapter::HeldAdapter(LoadedLora loaded) : loaded_(std::move(loaded)) {
-  if (!stored_as_bf16(loaded_)) {
+HeldAdapter::HeldAdapter(LoadedLora loaded, AdapterStorage storage) : loaded_(std::move(loaded)) {
+  const bool bf16 = storage == AdapterStorage::bf16 || (storage == AdapterStorage::as_stored && stored_as_bf16(loaded_));
+  if (!bf16) {
     view_ = lora_view(loaded_.lora);
     return;
   }
-  bf16_ = round_lora_to_bf16(loaded_.lora);  // exact: every value came from a bf16
+  bf16_ = round_lora_to_bf16(loaded_.lora);  // as_stored: exact, every value came from a bf16
   loaded_.lora = LayerLora{};                // the f32 copy is not kept
   view_ = lora_view(bf16_);
 }

@@ -1,9 +1,10 @@
 #pragma once
-// A layer's own adapter (MoeLayer::load_adapter, CheckpointLayerOptions::adapter), kept in the
-// element type its file stored the factors in: bf16 when every factor tensor of the layer was
-// BF16, f32 otherwise. bf16 values widened to f32 and rounded back are the same values, so the
-// results do not change; the set takes half the memory, and the forward reads half the bytes
-// where it reads the factors as they are (experts with few rows, decode above all).
+// A layer's own adapter (MoeLayer::load_adapter, CheckpointLayerOptions::adapter), kept as
+// AdapterStorage asks: by default in the element type its file stored the factors in, bf16 when
+// every factor tensor of the layer was BF16, f32 otherwise. bf16 values widened to f32 and rounded
+// back are the same values, so the results do not change; the set takes half the memory, and the
+// forward reads half the bytes where it reads the factors as they are (experts with few rows,
+// decode above all). AdapterStorage::bf16 rounds other values to nearest even.
 #include <cstddef>
 
 #include "src/lora/lora_view.hpp"
@@ -17,7 +18,7 @@ bool stored_as_bf16(const LoadedLora& loaded);
 
 class HeldAdapter {
  public:
-  explicit HeldAdapter(LoadedLora loaded);
+  explicit HeldAdapter(LoadedLora loaded, AdapterStorage storage = AdapterStorage::as_stored);
 
   const LayerLoraView& view() const { return view_; }
   LoraDType dtype() const { return view_.proj[0].dtype; }

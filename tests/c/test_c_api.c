@@ -275,6 +275,24 @@ static void test_checkpoint_layer(tilemoe_runtime* rt, const char* data) {
   REQUIRE_OK(tilemoe_layer_unload_adapter(layer));
   REQUIRE_OK(tilemoe_layer_lora_ranks(layer, ranks));
   CHECK(ranks[0] == 0);
+  /* Held as asked: the fixture's BF16 adapter in f32 or bf16 gives the same output, bit for bit. */
+  {
+    enum { T = 3, K = 2 };
+    uint16_t x[T * 320];
+    int64_t ids[T * K] = {0, 5, 7, 2, 3, 3 - 4};
+    float w[T * K] = {0.25f, 0.75f, 0.5f, 0.5f, 1.0f, 0.0f}, out[3][T * 320];
+    for (int i = 0; i < T * 320; ++i) x[i] = (uint16_t)(0x3c00 + (i * 37) % 512);
+    const tilemoe_adapter_storage storages[3] = {TILEMOE_ADAPTER_AS_STORED, TILEMOE_ADAPTER_F32, TILEMOE_ADAPTER_BF16};
+    for (int s = 0; s < 3; ++s) {
+      REQUIRE_OK(tilemoe_layer_load_adapter_as(layer, adapter, 1, storages[s]));
+      REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, out[s], TILEMOE_F32));
+    }
+    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0 && memcmp(out[0], out[2], sizeof out[0]) == 0);
+    CHECK(tilemoe_layer_load_adapter_as(layer, adapter, 1, (tilemoe_adapter_storage)3) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(strstr(tilemoe_last_error(), "storage 3") != NULL);
+    REQUIRE_OK(tilemoe_layer_lora_ranks(layer, ranks));
+    CHECK(ranks[0] == 8); /* the refused call kept the adapter loaded before it */
+  }
   tilemoe_layer_destroy(layer);
 
   opt.adapter = NULL;

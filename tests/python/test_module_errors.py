@@ -179,7 +179,22 @@ raises(ValueError, ["numa_nodes -1"], tilemoe.MoELayer.from_checkpoint, model, 1
 raises(TypeError, ["threads"], tilemoe.MoELayer.from_checkpoint, model, 1, threads="all")
 raises(ValueError, ["max_tokens"], tilemoe.MoELayer.from_checkpoint, model, 1, max_tokens=-1)
 raises(tilemoe.BadFileError, ["/nonexistent"], layer.load_adapter, "/nonexistent", 1)
+raises(ValueError, ["storage", "float16"], layer.load_adapter, f"{DATA}/deepseek_tiny/adapter", 1, "float16")
+raises(TypeError, ["storage"], layer.load_adapter, f"{DATA}/deepseek_tiny/adapter", 1, 16)
+raises(ValueError, ["adapter_storage", "f32"], tilemoe.MoELayer.from_checkpoint, model, 1,
+       adapter=f"{DATA}/deepseek_tiny/adapter", adapter_storage="f32")
 still_works("refused checkpoints and adapters")
+
+# The fixture's BF16 adapter held as stored (bf16), in float32 or in bfloat16: the same output, bit for bit.
+outs = []
+for storage in (None, "float32", "bfloat16", "as_stored"):
+    held = tilemoe.MoELayer.from_checkpoint(model, 1, adapter=f"{DATA}/deepseek_tiny/adapter", adapter_storage=storage,
+                                            max_tokens=8)
+    xs = (torch.arange(3 * held.config.hidden, dtype=torch.float32).reshape(3, -1) % 17 / 17 - 0.5).to(torch.bfloat16)
+    outs.append(held.forward(xs, torch.tensor([[0, 5], [7, 2], [3, -1]]), torch.tensor([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0]])))
+    held.load_adapter(f"{DATA}/deepseek_tiny/adapter", 1, storage)
+    outs.append(held.forward(xs, torch.tensor([[0, 5], [7, 2], [3, -1]]), torch.tensor([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0]])))
+expect(all(torch.equal(outs[0], o) for o in outs[1:]), "an adapter's storage changed the output")
 
 # The torch module.
 raises(ValueError, ["lora_rank"], MoELoRA, tilemoe.MoELayer(Config(num_experts=E, top_k=K, hidden=H, intermediate=I),
