@@ -311,6 +311,19 @@ TEST_CASE("adapters are held in bf16 exactly when every factor tensor of the fil
     CHECK(widened.dtype() == LoraDType::f32);
     CHECK(static_cast<const float*>(widened.view()[Projection::down].b)[3] == l.lora[Projection::down].b[3]);
   }
+  SECTION("a value beyond bf16's range is refused, the projection and expert named") {
+    l.lora[Projection::down].b[8 * 2 + 5] = 3.4e38f;  // expert 1 (8 x 2 per expert), finite in f32
+    try {
+      HeldAdapter held(l, AdapterStorage::bf16);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.kind() == ErrorKind::invalid_argument);
+      const std::string what = e.what();
+      CHECK(what.find("B of down, expert 1") != std::string::npos);
+      CHECK(what.find("f32") != std::string::npos);
+    }
+    CHECK(HeldAdapter(l, AdapterStorage::f32).dtype() == LoraDType::f32);
+  }
   SECTION("no LoRA at all: nothing to hold in bf16") {
     LoadedLora none;
     CHECK_FALSE(stored_as_bf16(none));

@@ -1,6 +1,9 @@
 #include "src/lora/held_adapter.hpp"
 
+#include <string>
 #include <utility>
+
+#include "tilemoe/error.hpp"
 
 namespace tilemoe {
 
@@ -30,7 +33,24 @@ HeldAdapter::HeldAdapter(LoadedLora loaded, AdapterStorage storage) : loaded_(st
     return;
   }
   bf16_ = round_lora_to_bf16(loaded_.lora);  // as_stored: exact, every value came from a bf16
-  loaded_.lora = LayerLora{};                // the f32 copy is not kept
+  // An f32 value above bf16's largest finite one rounds to infinity: refused, the expert named,
+  // before the layer holds anything of this adapter.
+  for (Projection p : kProjections) {
+    const auto& proj = bf16_[p];
+    const std::size_t a_size = static_cast<std::size_t>(proj.rank) * proj.in, b_size = static_cast<std::size_t>(proj.out) * proj.rank;
+    for (std::size_t i = 0; i < proj.a.size() + proj.b.size(); ++i) {
+      const bool in_a = i < proj.a.size();
+      const std::uint16_t v = in_a ? proj.a[i] : proj.b[i - proj.a.size()];
+      if ((v & 0x7f80u) != 0x7f80u) continue;
+      const std::size_t at = in_a ? i : i - proj.a.size();
+      const int e = static_cast<int>(at / (in_a ? a_size : b_size));
+      const float value = in_a ? loaded_.lora[p].a[at] : loaded_.lora[p].b[at];
+      fail(ErrorKind::invalid_argument, std::string("adapter: LoRA ") + (in_a ? "A" : "B") + " of " + projection_name(p) + ", expert " +
+                                            std::to_string(e) + ": " + std::to_string(value) +
+                                            " is beyond bf16's range; hold the adapter as f32 (AdapterStorage::f32 or as_stored)");
+    }
+  }
+  loaded_.lora = LayerLora{};  // the f32 copy is not kept
   view_ = lora_view(bf16_);
 }
 
