@@ -87,7 +87,7 @@ struct MoeLayer::Impl {
   int model_layer = -1;   // index in the model when known
   float scale = 0;
   std::unique_ptr<TensorParallelLayer> sft;  // one slice per NUMA node; one node: the plain layer
-  std::unique_ptr<HeldAdapter> adapter;  // in its file's element type (held_adapter.hpp)
+  std::unique_ptr<HeldAdapter> adapter;  // f32 or bf16, as AdapterStorage asks (held_adapter.hpp)
   std::vector<float> out_f32, grad_out_f32, grad_in_f32;  // bf16 callers' f32 side, grown on demand
 
   Impl(Runtime::Impl& r, const MoeLayerConfig& c) : rt(r), cfg(c) {}

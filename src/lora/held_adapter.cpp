@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tilemoe/error.hpp"
 
@@ -37,18 +38,17 @@ HeldAdapter::HeldAdapter(LoadedLora loaded, AdapterStorage storage) : loaded_(st
   // before the layer holds anything of this adapter.
   for (Projection p : kProjections) {
     const auto& proj = bf16_[p];
-    const std::size_t a_size = static_cast<std::size_t>(proj.rank) * proj.in, b_size = static_cast<std::size_t>(proj.out) * proj.rank;
-    for (std::size_t i = 0; i < proj.a.size() + proj.b.size(); ++i) {
-      const bool in_a = i < proj.a.size();
-      const std::uint16_t v = in_a ? proj.a[i] : proj.b[i - proj.a.size()];
-      if ((v & 0x7f80u) != 0x7f80u) continue;
-      const std::size_t at = in_a ? i : i - proj.a.size();
-      const int e = static_cast<int>(at / (in_a ? a_size : b_size));
-      const float value = in_a ? loaded_.lora[p].a[at] : loaded_.lora[p].b[at];
-      fail(ErrorKind::invalid_argument, std::string("adapter: LoRA ") + (in_a ? "A" : "B") + " of " + projection_name(p) + ", expert " +
-                                            std::to_string(e) + ": " + std::to_string(value) +
-                                            " is beyond bf16's range; hold the adapter as f32 (AdapterStorage::f32 or as_stored)");
-    }
+    auto check = [&](const std::vector<std::uint16_t>& held, const std::vector<float>& source, std::size_t per_expert,
+                     const char* factor) {
+      for (std::size_t i = 0; i < held.size(); ++i)
+        if ((held[i] & 0x7f80u) == 0x7f80u)
+          fail(ErrorKind::invalid_argument, std::string("adapter: LoRA ") + factor + " of " + projection_name(p) + ", expert " +
+                                                std::to_string(i / per_expert) + ": " + std::to_string(source[i]) +
+                                                " is beyond bf16's range; hold the adapter as f32 (AdapterStorage::f32 or "
+                                                "as_stored)");
+    };
+    check(proj.a, loaded_.lora[p].a, static_cast<std::size_t>(proj.rank) * proj.in, "A");
+    check(proj.b, loaded_.lora[p].b, static_cast<std::size_t>(proj.out) * proj.rank, "B");
   }
   loaded_.lora = LayerLora{};  // the f32 copy is not kept
   view_ = lora_view(bf16_);
