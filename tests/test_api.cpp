@@ -237,8 +237,7 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
         for (Projection p : kProjections)
           if (layer.lora()[p].rank > 0) CHECK(layer.lora()[p].dtype == LoraDType::bf16);
         CheckpointLayerOptions plain = checkpoint_options(tokens, "");
-        plain.lora_rank = shapes.lora.proj[0].rank;
-        for (const auto& proj : shapes.lora.proj) plain.lora_rank = std::max(plain.lora_rank, proj.rank);
+        plain.lora_rank = lora_view(shapes.lora).max_rank();
         MoeLayer given_f32 = MoeLayer::from_checkpoint(rt, c.dir + "/model", l, plain);
         given_f32.update_lora_weights(lora_view(shapes.lora));
         std::vector<float> from_f32(in.input.size());

@@ -623,19 +623,17 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // it cannot deadlock (item_countdowns.hpp). --phases counts gate_up until its last item ends.
   const std::size_t gate_up_slots = order.size();
   std::atomic<std::size_t> gate_up_left{gate_up_slots};
-  std::atomic<std::int64_t> gate_up_end{0};
+  // Written once, by the item that ends gate_up; read after the parallel_for has returned.
+  std::chrono::steady_clock::time_point gate_up_end{};
   auto gate_up_done = [&] {
-    if (gate_up_left.fetch_sub(1, std::memory_order_acq_rel) == 1)
-      gate_up_end.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    if (gate_up_left.fetch_sub(1, std::memory_order_acq_rel) == 1) gate_up_end = std::chrono::steady_clock::now();
   };
   ready_.parallel_for(pool_, gate_up_slots + down_order.size(), [&](std::size_t slot, int worker) {
     if (slot >= gate_up_slots) return run_down(slot - gate_up_slots, worker);
     run_gate_up(slot, worker);
     gate_up_done();
   });
-  const std::int64_t end_ticks = gate_up_end.load(std::memory_order_relaxed);
-  clock.lap_at(0, end_ticks != 0 ? std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(end_ticks))
-                                  : std::chrono::steady_clock::now());
+  clock.lap_at(0, gate_up_slots > 0 ? gate_up_end : std::chrono::steady_clock::now());
   lap(1);
 
   combine_bf16_rows(kt_.combine_bf16_rows, pool_, y_.data(), y_ld, groups.row_of_slot.data(), hidden, tokens, top_k, ids, weights, out);
