@@ -34,6 +34,12 @@ struct CallFrame {
   const ThreadPool* pool;
   const CallFrame* parent;
 };
+
+// Pools linked by link_siblings; the first to go stops every helper of the set.
+struct LinkSet {
+  std::mutex mutex;
+  std::vector<ThreadPool*> pools;  // those not yet destroyed
+};
 }  // namespace detail
 
 namespace {
@@ -146,7 +152,16 @@ ThreadPool::ThreadPool(int threads, std::vector<int> cpus) {
   }
 }
 
-ThreadPool::~ThreadPool() { stop_helpers(); }
+ThreadPool::~ThreadPool() {
+  if (!link_) {
+    stop_helpers();
+    return;
+  }
+  // Every helper of the set polls the others: all stop before this pool's memory goes.
+  std::lock_guard<std::mutex> lock(link_->mutex);
+  for (ThreadPool* p : link_->pools) p->stop_helpers();
+  std::erase(link_->pools, this);
+}
 
 // How a job runs, and why it is safe:
 //  - The caller writes the job, then opens it by making epoch_ odd. Helpers that see a new odd
@@ -178,7 +193,24 @@ std::uint32_t ThreadPool::await_open_job(std::uint32_t seen) {
     now = epoch_.load(std::memory_order_acquire);
     return (now != seen && now % 2 == 1) || stop_.load(std::memory_order_relaxed);
   };
-  if (spin_until([&] { return ready() || park_.load(std::memory_order_relaxed); }) && ready()) return now;
+  // While it polls, a helper of a linked, lending pool joins the siblings' jobs; after one it
+  // polls its own pool afresh for the spin time.
+  thread_local std::vector<std::uint32_t> exhausted;  // a helper serves one pool: its siblings' epochs
+  for (;;) {
+    bool helped = false;
+    const bool woke = spin_until([&] {
+      if (ready() || park_.load(std::memory_order_relaxed)) return true;
+      if (!lending_.load(std::memory_order_relaxed)) return false;
+      const std::vector<ThreadPool*>* siblings = siblings_.load(std::memory_order_acquire);
+      if (siblings == nullptr) return false;
+      if (exhausted.size() != siblings->size()) exhausted.assign(siblings->size(), 0);
+      helped = help_siblings(*siblings, exhausted, seen);
+      return helped;
+    });
+    if (helped) continue;
+    if (woke && ready()) return now;
+    break;  // parked, or nothing came within the spin time
+  }
   // Pairs with the caller's open in parallel_for: either we see the new epoch before we sleep,
   // or the caller sees us in sleepers_ and wakes us. The kernel re-checks the word as it puts
   // us to sleep, so a change between our load and the sleep is not lost either.
@@ -226,28 +258,90 @@ void ThreadPool::helper_main(int worker, int cpu) {
   }
 }
 
-void ThreadPool::run_items(int worker) {
+bool ThreadPool::home_wants(std::uint32_t seen) const noexcept {
+  const std::uint32_t e = epoch_.load(std::memory_order_relaxed);
+  return (e != seen && e % 2 == 1) || !lending_.load(std::memory_order_relaxed) || stop_.load(std::memory_order_relaxed);
+}
+
+bool ThreadPool::run_items(int worker, const ThreadPool* home, std::uint32_t home_epoch) {
   const auto& fn = *fn_;
   const std::size_t count = count_;
-  const std::size_t grain = grain_;
+  const std::size_t grain = home ? 1 : grain_;
   try {
     for (;;) {
+      if (home && home->home_wants(home_epoch)) return false;
       const std::size_t begin = next_.fetch_add(grain, std::memory_order_relaxed);
-      if (begin >= count) return;
+      if (begin >= count) return true;
       const std::size_t end = std::min(count, begin + grain);
       for (std::size_t item = begin; item < end; ++item) {
-        if (failed_.load(std::memory_order_relaxed)) return;
+        if (failed_.load(std::memory_order_relaxed)) return true;
+        if (home) guest_items_.fetch_add(1, std::memory_order_relaxed);
         fn(item, worker);
       }
     }
   } catch (...) {
     if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
   }
+  return true;
+}
+
+// A guest enters and leaves a job as the pool's own helpers do (active_, then the epoch checked
+// again; see above), so the caller waits for it like for them and never rewrites a job a guest
+// reads. Its worker number is size_ plus a slot it holds while inside: no two guests inside at
+// once share one. A guest called back home may come again to the same job later.
+bool ThreadPool::join_as_guest(const ThreadPool& home, std::uint32_t home_epoch, std::uint32_t& exhausted) {
+  const std::uint32_t e = epoch_.load(std::memory_order_acquire);
+  if (e % 2 == 0 || e == exhausted) return false;
+  active_.fetch_add(1, std::memory_order_seq_cst);
+  bool ran = false;
+  // stop_helpers also makes the epoch odd, with stop_ set before: no job is open then.
+  if (epoch_.load(std::memory_order_seq_cst) == e && !stop_.load(std::memory_order_seq_cst) && welcome_guests_) {
+    for (int slot = 0; slot < guest_slots_; ++slot) {
+      if (guest_slot_taken_[static_cast<std::size_t>(slot)].exchange(true, std::memory_order_acquire)) continue;
+      {
+        FrameScope scope(frame_);
+        if (run_items(size_ + slot, &home, home_epoch)) exhausted = e;
+      }
+      guest_slot_taken_[static_cast<std::size_t>(slot)].store(false, std::memory_order_release);
+      ran = true;
+      break;
+    }
+  }
+  if (active_.fetch_sub(1, std::memory_order_seq_cst) == 1 && caller_sleeping_.load(std::memory_order_seq_cst) != 0) {
+    futex_wake(active_, 1);
+  }
+  return ran;
+}
+
+bool ThreadPool::help_siblings(const std::vector<ThreadPool*>& siblings, std::vector<std::uint32_t>& exhausted, std::uint32_t home_epoch) {
+  bool ran = false;
+  for (std::size_t i = 0; i < siblings.size() && !home_wants(home_epoch); ++i)
+    ran = siblings[i]->join_as_guest(*this, home_epoch, exhausted[i]) || ran;
+  return ran;
+}
+
+void ThreadPool::link_siblings(const std::vector<ThreadPool*>& pools) {
+  if (pools.size() < 2) return;
+  for (const ThreadPool* p : pools)
+    if (p->link_) fail(ErrorKind::state, "ThreadPool::link_siblings: a pool is already linked");
+  auto set = std::make_shared<detail::LinkSet>();
+  set->pools = pools;
+  for (ThreadPool* p : pools) {
+    p->link_ = set;
+    for (ThreadPool* q : pools) {
+      if (q == p) continue;
+      p->sibling_list_.push_back(q);
+      p->guest_slots_ += q->size_ - 1;  // q's helpers; its worker 0 is its caller
+    }
+    p->guest_slot_taken_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(p->guest_slots_));
+  }
+  // Only now may helpers join: what they read of every pool (guest_slots_ above) is written.
+  for (ThreadPool* p : pools) p->siblings_.store(&p->sibling_list_, std::memory_order_release);
 }
 
 void ThreadPool::parallel_for(std::size_t count,
                               const std::function<void(std::size_t item, int worker)>& fn,
-                              std::size_t grain) {
+                              std::size_t grain, Guests guests) {
   for (const CallFrame* f = tl_frame; f != nullptr; f = f->parent) {
     if (f->pool == this) {
       fail(ErrorKind::state,
@@ -268,7 +362,8 @@ void ThreadPool::parallel_for(std::size_t count,
   const CallFrame frame{this, tl_frame};
   FrameScope scope(&frame);
 
-  if (size_ == 1 || chunks == 1) {
+  const bool welcome = guests == Guests::welcome && guest_slots_ > 0;
+  if ((size_ == 1 && !welcome) || chunks == 1) {
     // One chunk keeps one worker busy; waking the others would only add latency.
     for (std::size_t item = 0; item < count; ++item) fn(item, 0);
     return;
@@ -278,6 +373,7 @@ void ThreadPool::parallel_for(std::size_t count,
   count_ = count;
   grain_ = grain;
   frame_ = &frame;
+  welcome_guests_ = welcome;
   next_.store(0, std::memory_order_relaxed);
   failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
@@ -297,6 +393,7 @@ void ThreadPool::parallel_for(std::size_t count,
 
   fn_ = nullptr;
   frame_ = nullptr;
+  welcome_guests_ = false;
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

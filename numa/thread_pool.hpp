@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@ namespace tilemoe::numa {
 
 namespace detail {
 struct CallFrame;
+struct LinkSet;
 }
 
 class ThreadPool {
@@ -35,11 +37,20 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const noexcept { return size_; }
+  // How many distinct `worker` values parallel_for can pass: size() plus the slots of guests,
+  // the helpers of sibling pools (link_siblings) that join a job opened with Guests::welcome.
+  // Per-worker scratch is sized by this.
+  int worker_slots() const noexcept { return size_ + guest_slots_; }
+
+  // Whether a job may be joined by the idle helpers of sibling pools (link_siblings).
+  enum class Guests { no, welcome };
 
   // Runs fn(item, worker) once for every item in [0, count) and returns when all are done.
   // Items are handed out `grain` at a time from a shared counter, so a worker that finishes early
-  // takes more and uneven items balance out. `worker` is in [0, size()) and no two calls of fn
-  // running at the same time share one, so it can index per-worker scratch.
+  // takes more and uneven items balance out. `worker` is in [0, worker_slots()) and no two calls
+  // of fn running at the same time share one, so it can index per-worker scratch. Only a job with
+  // Guests::welcome is joined by guests (worker >= size(), see link_siblings): they take items
+  // from the same counter, one at a time.
   //
   // If fn throws, items not yet started are skipped, and once every worker has stopped the first
   // exception is rethrown here; the pool stays usable.
@@ -53,7 +64,24 @@ class ThreadPool {
   // Calls from several threads at once are serialised by a mutex: each runs with all workers,
   // one after the other.
   void parallel_for(std::size_t count, const std::function<void(std::size_t item, int worker)>& fn,
-                    std::size_t grain = 1);
+                    std::size_t grain = 1, Guests guests = Guests::no);
+
+  // Pools whose workers share one memory node (virtual NUMA nodes of one real node): while a pool
+  // lends its idle helpers (lend_idle_helpers), they poll the others' open Guests::welcome jobs
+  // and join them, so that a node that has ended its share of a layer helps the ones still at it
+  // instead of waiting for them. Reading a sibling's weights costs nothing there; across real
+  // nodes it would, which is why NodeGroup links only pools of one memory node. Call before the
+  // pools' first parallel_for (worker_slots() grows here), from one thread, at most once a pool.
+  // The first pool of a set to be destroyed joins the helpers of all (they poll each other): the
+  // others then run their jobs on their callers alone.
+  static void link_siblings(const std::vector<ThreadPool*>& pools);
+
+  // Whether this pool's idle helpers join its siblings' welcoming jobs (off at first). A guest
+  // goes back after its item once lending stops or its own pool opens a job: a pool about to
+  // run work of its own should not lend, or its helpers come back an item late.
+  void lend_idle_helpers(bool on) noexcept { lending_.store(on, std::memory_order_relaxed); }
+  // Items of this pool's jobs that guests ran, since construction (the bench's --phases).
+  std::uint64_t guest_items() const noexcept { return guest_items_.load(std::memory_order_relaxed); }
 
   // Helpers that are idle, or become idle, stop polling for a job and sleep until the next
   // parallel_for wakes them. After a job they otherwise poll for a while (kSpinTime), which is
@@ -64,12 +92,30 @@ class ThreadPool {
 
  private:
   void helper_main(int worker, int cpu);
-  void run_items(int worker);
+  // Returns once no item is left (true), or, for a guest (home != null), false once home wants
+  // its helper back (home_wants: a new job there, or no more lending) after an item.
+  bool run_items(int worker, const ThreadPool* home = nullptr, std::uint32_t home_epoch = 0);
+  bool home_wants(std::uint32_t seen) const noexcept;
   std::uint32_t await_open_job(std::uint32_t seen);
+  // A helper of a sibling pool (`home`, whose last job it saw was home_epoch) joins this pool's
+  // open job if it welcomes guests and a guest slot is free, unless it ran out of that job's items
+  // before (its epoch is `exhausted`, updated). True if it ran any item.
+  bool join_as_guest(const ThreadPool& home, std::uint32_t home_epoch, std::uint32_t& exhausted);
+  // Polled by an idle, lending helper: joins the siblings' open jobs. True if it ran any item.
+  bool help_siblings(const std::vector<ThreadPool*>& siblings, std::vector<std::uint32_t>& exhausted, std::uint32_t home_epoch);
   void await_helpers_out();
   void stop_helpers() noexcept;
 
   int size_ = 1;
+  int guest_slots_ = 0;                 // link_siblings: the sibling pools' helpers
+  std::unique_ptr<std::atomic<bool>[]> guest_slot_taken_;  // a guest holds one while inside a job
+  std::atomic<bool> lending_{false};
+  std::atomic<std::uint64_t> guest_items_{0};
+  // Whose welcoming jobs our idle helpers join: written once by link_siblings, while the helpers
+  // already poll, and published to them through siblings_ (release / acquire).
+  std::vector<ThreadPool*> sibling_list_;
+  std::atomic<const std::vector<ThreadPool*>*> siblings_{nullptr};
+  std::shared_ptr<detail::LinkSet> link_;  // the linked set, which outlives each of its pools
   std::vector<std::thread> helpers_;
   std::mutex call_mutex_;
 
@@ -79,6 +125,7 @@ class ThreadPool {
   std::size_t count_ = 0;
   std::size_t grain_ = 1;
   const detail::CallFrame* frame_ = nullptr;
+  bool welcome_guests_ = false;
   std::exception_ptr error_;  // written only by the thread that set failed_
 
   // Separate cache lines: next_ is hammered while items run, epoch_ is polled by idle helpers,
@@ -89,7 +136,7 @@ class ThreadPool {
   std::atomic<std::uint32_t> sleepers_{0};           // helpers asleep (or about to be) on epoch_
   std::atomic<bool> stop_{false};
   std::atomic<bool> park_{false};  // park(): idle helpers sleep at once; the next job clears it
-  alignas(64) std::atomic<std::uint32_t> active_{0};           // helpers inside the job
+  alignas(64) std::atomic<std::uint32_t> active_{0};           // helpers (and guests) inside the job
   std::atomic<std::uint32_t> caller_sleeping_{0};              // caller asleep on active_
 };
 

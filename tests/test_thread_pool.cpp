@@ -350,6 +350,197 @@ TEST_CASE("two threads calling one pool at once are serialised", "[thread_pool]"
   CHECK(workers_ok);
 }
 
+namespace {
+
+// Opens small jobs on `pool` from another thread until stopped, so that its helpers keep coming
+// back to poll (idle helpers sleep after the spin time, and sleeping ones join nothing).
+class KeepPolling {
+ public:
+  explicit KeepPolling(ThreadPool& pool)
+      : thread_([this, &pool] {
+          while (!stop_.load()) {
+            pool.parallel_for(2, [](std::size_t, int) {});
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          }
+        }) {}
+  ~KeepPolling() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+struct GuestTally {
+  Tally tally;
+  std::set<int> workers;
+  bool rendezvous_met = true;
+};
+
+// A job on `pool` whose first `together` items must all run at once, with `guests`.
+GuestTally run_job(ThreadPool& pool, std::size_t count, int together, ThreadPool::Guests guests) {
+  std::vector<std::atomic<int>> hits(count);
+  std::vector<std::atomic<int>> busy(static_cast<std::size_t>(pool.worker_slots()));
+  std::vector<std::atomic<int>> ran_on(count);
+  std::atomic<bool> ok{true}, met{true};
+  std::atomic<int> arrived{0};
+  pool.parallel_for(
+      count,
+      [&](std::size_t item, int worker) {
+        if (worker < 0 || worker >= pool.worker_slots()) {
+          ok = false;
+          return;
+        }
+        auto& flag = busy[static_cast<std::size_t>(worker)];
+        if (flag.exchange(1) != 0) ok = false;
+        hits[item].fetch_add(1);
+        ran_on[item] = worker;
+        if (item < static_cast<std::size_t>(together) && !rendezvous(arrived, together)) met = false;
+        flag.store(0);
+      },
+      1, guests);
+  GuestTally g;
+  g.tally.workers_ok = ok.load();
+  g.rendezvous_met = met.load();
+  for (std::size_t i = 0; i < count; ++i) {
+    g.tally.hits.push_back(hits[i].load());
+    g.workers.insert(ran_on[i].load());
+  }
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("linked pools: idle helpers join a sibling's welcoming job, with worker numbers of their own", "[thread_pool]") {
+  const GuestTally g = within([] {
+    ThreadPool home(3, two_cpus()), busy(2, two_cpus());
+    ThreadPool::link_siblings({&home, &busy});
+    // busy's guests are home's two helpers; home's are busy's one.
+    const bool slots = busy.worker_slots() == 4 && home.worker_slots() == 4;
+    home.lend_idle_helpers(true);
+    KeepPolling polling(home);
+    // Four items at once need both of busy's workers and both guests.
+    GuestTally t = run_job(busy, 200, 4, ThreadPool::Guests::welcome);
+    if (!slots) t.tally.workers_ok = false;
+    return t;
+  });
+  CHECK(g.rendezvous_met);
+  CHECK(g.tally.workers_ok);
+  CHECK(each_once(g.tally));
+  CHECK(*g.workers.rbegin() >= 2);  // a guest ran an item
+}
+
+TEST_CASE("linked pools: no guests in a job without Guests::welcome, nor from a pool that does not lend", "[thread_pool]") {
+  for (const bool lend : {true, false}) {
+    CAPTURE(lend);
+    const GuestTally g = within([lend] {
+      ThreadPool home(3, two_cpus()), busy(2, two_cpus());
+      ThreadPool::link_siblings({&home, &busy});
+      home.lend_idle_helpers(lend);
+      KeepPolling polling(home);
+      GuestTally t;
+      // Items that wait for each other, so that guests would have had every chance.
+      for (int call = 0; call < 20; ++call) {
+        const GuestTally one = run_job(busy, 20, 2, lend ? ThreadPool::Guests::no : ThreadPool::Guests::welcome);
+        t.tally.workers_ok = t.tally.workers_ok && one.tally.workers_ok && each_once(one.tally);
+        t.workers.insert(one.workers.begin(), one.workers.end());
+      }
+      return t;
+    });
+    CHECK(g.tally.workers_ok);
+    CHECK(*g.workers.rbegin() < 2);
+  }
+}
+
+TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job", "[thread_pool]") {
+  const auto [home_met, busy_still_running, busy_ok] = within([] {
+    ThreadPool home(3, two_cpus()), busy(2, two_cpus());
+    ThreadPool::link_siblings({&home, &busy});
+    home.lend_idle_helpers(true);
+    std::atomic<bool> busy_done{false};
+    std::atomic<int> guests_seen{0};  // bit g: guest worker 2 + g ran an item
+    GuestTally busy_result;
+    // busy's items take 2 ms each, 4 s of work for its own two workers.
+    std::thread busy_caller([&] {
+      std::vector<std::atomic<int>> hits(2000);
+      std::atomic<bool> ok{true};
+      busy.parallel_for(
+          2000,
+          [&](std::size_t item, int worker) {
+            if (worker >= busy.worker_slots()) ok = false;
+            if (worker >= 2) guests_seen.fetch_or(1 << (worker - 2));
+            hits[item].fetch_add(1);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          },
+          1, ThreadPool::Guests::welcome);
+      busy_result.tally.workers_ok = ok.load();
+      for (auto& h : hits) busy_result.tally.hits.push_back(h.load());
+      busy_done = true;
+    });
+    // Until both of home's helpers are guests in busy's job (small jobs keep them polling), then a
+    // job of home's that needs all three of its workers at once.
+    while (guests_seen.load() != 3 && !busy_done.load()) {
+      home.parallel_for(2, [](std::size_t, int) {});
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    std::atomic<int> arrived{0};
+    std::atomic<bool> met{true};
+    home.parallel_for(3, [&](std::size_t, int) {
+      if (!rendezvous(arrived, 3)) met = false;
+    });
+    const bool still = !busy_done.load();
+    busy_caller.join();
+    return std::make_tuple(met.load(), still, busy_result.tally.workers_ok && each_once(busy_result.tally));
+  });
+  CHECK(home_met);
+  CHECK(busy_still_running);  // home's job did not wait for busy's to end
+  CHECK(busy_ok);
+}
+
+TEST_CASE("linked pools: a pool that stops lending gets its helpers back after their item", "[thread_pool]") {
+  const auto [joined, after_stop, busy_ok] = within([] {
+    ThreadPool home(3, two_cpus()), busy(2, two_cpus());
+    ThreadPool::link_siblings({&home, &busy});
+    home.lend_idle_helpers(true);
+    std::atomic<bool> busy_done{false};
+    std::atomic<int> guest_items{0}, guests_seen{0};
+    bool ok = true;
+    std::thread busy_caller([&] {
+      std::vector<std::atomic<int>> hits(2000);
+      busy.parallel_for(
+          2000,
+          [&](std::size_t item, int worker) {
+            if (worker >= 2) {
+              guest_items.fetch_add(1);
+              guests_seen.fetch_or(1 << (worker - 2));
+            }
+            hits[item].fetch_add(1);
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          },
+          1, ThreadPool::Guests::welcome);
+      for (auto& h : hits) ok = ok && h.load() == 1;
+      busy_done = true;
+    });
+    while (guests_seen.load() != 3 && !busy_done.load()) {
+      home.parallel_for(2, [](std::size_t, int) {});
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    home.lend_idle_helpers(false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // items in flight end (2 ms)
+    const int before = guest_items.load();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const int after = guest_items.load() - before;
+    const bool still = !busy_done.load();
+    busy_caller.join();
+    return std::make_tuple(guests_seen.load() == 3 && still, after, ok);
+  });
+  CHECK(joined);
+  CHECK(after_stop == 0);
+  CHECK(busy_ok);
+}
+
 TEST_CASE("default_pool covers the machine's cores", "[thread_pool]") {
   const auto [size, t] = within([] {
     ThreadPool& pool = tilemoe::numa::default_pool();
