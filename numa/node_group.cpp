@@ -40,6 +40,20 @@ NodeGroup::NodeGroup(const Topology& topo, int nodes, int threads) {
   }
   if (first_cpus.size() != parts.size()) first_cpus.clear();  // pin all dispatchers or none
   if (nodes > 1) dispatch_ = std::make_unique<ThreadPool>(nodes, first_cpus);
+  // Virtual nodes of one memory node lend each other their idle workers (ThreadPool::link_siblings):
+  // the slower half of the cores no longer sets the layer's end alone. Nodes with memory of their
+  // own do not: a guest there would stream another node's memory.
+  std::vector<char> linked(pools_.size(), 0);
+  for (std::size_t n = 0; n < pools_.size(); ++n) {
+    if (linked[n]) continue;
+    std::vector<ThreadPool*> same;
+    for (std::size_t m = n; m < pools_.size(); ++m) {
+      if (os_nodes_[m] != os_nodes_[n]) continue;
+      same.push_back(pools_[m]);
+      linked[m] = 1;
+    }
+    ThreadPool::link_siblings(same);
+  }
 }
 
 NodeGroup::NodeGroup(ThreadPool& pool, int os_node) : os_nodes_{os_node}, pools_{&pool} {}
@@ -62,6 +76,14 @@ void NodeGroup::run_on_nodes(const std::function<void(int node)>& fn) {
   if (n == 1) return fn(0);
   std::vector<std::atomic<bool>> claimed(static_cast<std::size_t>(n));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  // A node that is done lends its idle workers to the others still at it (pools of one memory
+  // node are linked: ThreadPool::link_siblings), until the last one is done.
+  struct StopLending {
+    const std::vector<ThreadPool*>& pools;
+    ~StopLending() {
+      for (ThreadPool* p : pools) p->lend_idle_helpers(false);
+    }
+  } stop_lending{pools_};
   // Dispatcher `worker` sits on node `worker`'s first core: it takes that node when it can.
   dispatch_->parallel_for(static_cast<std::size_t>(n), [&](std::size_t, int worker) {
     int node = worker < n && !claimed[static_cast<std::size_t>(worker)].exchange(true) ? worker : -1;
@@ -73,6 +95,7 @@ void NodeGroup::run_on_nodes(const std::function<void(int node)>& fn) {
     } catch (...) {
       errors[static_cast<std::size_t>(node)] = std::current_exception();
     }
+    pools_[static_cast<std::size_t>(node)]->lend_idle_helpers(true);
   });
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);

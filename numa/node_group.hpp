@@ -34,7 +34,9 @@ class NodeGroup {
   // Runs fn(node) for every node concurrently, each from a thread that then drives that node's
   // pool (pool(node).parallel_for inside fn is the intended use). Returns when all are done. If
   // some throw, the exception of the lowest such node is rethrown after every node has stopped.
-  // With one node fn runs on the calling thread. Not re-entrant.
+  // With one node fn runs on the calling thread. Not re-entrant. Nodes on one memory node lend
+  // each other their idle workers: once fn(node) has returned, node's helpers join the other
+  // nodes' parallel_for jobs opened with ThreadPool::Guests::welcome until all have returned.
   void run_on_nodes(const std::function<void(int node)>& fn);
 
   // Parks every pool of the group (ThreadPool::park): its idle workers sleep instead of polling,

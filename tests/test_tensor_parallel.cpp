@@ -118,6 +118,48 @@ TEST_CASE("NodeGroup runs every node once, concurrently, and reports the lowest 
   CHECK_THROWS_AS(numa::NodeGroup(numa::system_topology(), 0, 0), Error);
 }
 
+TEST_CASE("NodeGroup: virtual nodes of one memory node lend each other idle workers, only during run_on_nodes", "[tp]") {
+  // One memory node here (virtual nodes of it) or the machine's real nodes: pools are linked
+  // where their memory node is the same, and a linked pool's worker numbers count the others'.
+  numa::NodeGroup g(numa::system_topology(), 2, 6);
+  REQUIRE(g.size() == 2);
+  const bool one_memory_node = g.os_node(0) == g.os_node(1);
+  const int guests0 = one_memory_node ? g.pool(1).size() - 1 : 0, guests1 = one_memory_node ? g.pool(0).size() - 1 : 0;
+  CHECK(g.pool(0).worker_slots() == g.pool(0).size() + guests0);
+  CHECK(g.pool(1).worker_slots() == g.pool(1).size() + guests1);
+  // Node 1 returns at once and lends; node 0's welcoming job of slow items may get node 1's helpers
+  // (where linked, if they are still awake: ThreadPool's tests make sure they come): every item
+  // once, worker numbers in range.
+  std::vector<std::atomic<int>> hits(400);
+  std::atomic<bool> in_range{true};
+  g.run_on_nodes([&](int n) {
+    if (n != 0) return g.pool(n).parallel_for(8, [](std::size_t, int) {});  // its helpers awake
+    g.pool(0).parallel_for(
+        hits.size(),
+        [&](std::size_t item, int worker) {
+          if (worker < 0 || worker >= g.pool(0).worker_slots()) in_range = false;
+          hits[item]++;
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        },
+        1, numa::ThreadPool::Guests::welcome);
+  });
+  for (auto& h : hits) CHECK(h == 1);
+  CHECK(in_range);
+  // After run_on_nodes nobody lends: a welcoming job run outside it gets no guests.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic<int> outside_max{-1};
+  g.pool(0).parallel_for(
+      200,
+      [&](std::size_t, int worker) {
+        int seen = outside_max.load();
+        while (worker > seen && !outside_max.compare_exchange_weak(seen, worker)) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      },
+      1, numa::ThreadPool::Guests::welcome);
+  CHECK(outside_max < g.pool(0).size());
+}
+
 TEST_CASE("portable tensor-parallel layer equals the reference for 2 and 4 nodes", "[tp][portable]") {
   test::run_tp_grid(kernels::Isa::portable, {2, 4});
 }

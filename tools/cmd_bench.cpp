@@ -462,16 +462,20 @@ void add_bench_command(CLI::App& app, int& status) {
             for (auto& l : cs.layers) merge += l->merge_seconds();
             std::printf("        merge of the %d nodes' partial rows, mean ms per call: %.3f\n", split, merge * 1e3 / iters);
             if (!a->backward) {
-              std::vector<double> start(static_cast<std::size_t>(split)), end(start.size());
+              std::vector<double> start(static_cast<std::size_t>(split)), end(start.size()), guests(start.size());
               double all = 0;
               for (auto& l : cs.layers) {
                 const auto& t = l->forward_node_seconds();
-                for (std::size_t n = 0; n < t.start.size() && n < start.size(); ++n) start[n] += t.start[n], end[n] += t.end[n];
+                for (std::size_t n = 0; n < t.start.size() && n < start.size(); ++n)
+                  start[n] += t.start[n], end[n] += t.end[n], guests[n] += t.guest_items[n];
                 all += t.all;
               }
               std::printf("        nodes, mean ms from the call's start (started / ended):");
               for (std::size_t n = 0; n < start.size(); ++n) std::printf(" node %zu %.3f / %.3f", n, start[n] * 1e3 / iters, end[n] * 1e3 / iters);
               std::printf("; all ended %.3f\n", all * 1e3 / iters);
+              std::printf("        items run by other nodes' idle workers, mean per call:");
+              for (std::size_t n = 0; n < start.size(); ++n) std::printf(" node %zu %.1f", n, guests[n] / iters);
+              std::printf("\n");
             }
           }
           if (a->backward)

@@ -16,22 +16,24 @@ void ItemCountdowns::wait(std::size_t i) {
   });
 }
 
-void ItemCountdowns::parallel_for(numa::ThreadPool& pool, std::size_t count, const std::function<void(std::size_t, int)>& fn) {
-  try {
-    pool.parallel_for(count, [&](std::size_t item, int worker) {
-      try {
-        fn(item, worker);
-      } catch (const Stopped&) {
-        throw;
-      } catch (...) {
-        {
-          std::lock_guard<std::mutex> lock(error_mutex_);
-          if (!error_) error_ = std::current_exception();
-        }
-        failed_.store(true, std::memory_order_release);
-        throw;
+void ItemCountdowns::parallel_for(numa::ThreadPool& pool, std::size_t count, const std::function<void(std::size_t, int)>& fn,
+                                  numa::ThreadPool::Guests guests) {
+  auto run = [&](std::size_t item, int worker) {
+    try {
+      fn(item, worker);
+    } catch (const Stopped&) {
+      throw;
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        if (!error_) error_ = std::current_exception();
       }
-    });
+      failed_.store(true, std::memory_order_release);
+      throw;
+    }
+  };
+  try {
+    pool.parallel_for(count, run, 1, guests);
   } catch (...) {
     // The pool rethrows the first exception to reach it, which may be a waiting item's Stopped.
     if (error_) std::rethrow_exception(error_);

@@ -31,9 +31,11 @@ class ItemCountdowns {
   // failed, so that nothing waits forever for an item that will not finish.
   void wait(std::size_t i);
 
-  // pool.parallel_for(count, fn) for items that wait through this object: if one throws, the items
-  // waiting stop too, and the first exception is the one rethrown.
-  void parallel_for(numa::ThreadPool& pool, std::size_t count, const std::function<void(std::size_t item, int worker)>& fn);
+  // pool.parallel_for(count, fn, 1, guests) for items that wait through this object: if one throws,
+  // the items waiting stop too, and the first exception is the one rethrown. Guests take items from
+  // the same counter in the same order, so the order argument above holds with them.
+  void parallel_for(numa::ThreadPool& pool, std::size_t count, const std::function<void(std::size_t item, int worker)>& fn,
+                    numa::ThreadPool::Guests guests = numa::ThreadPool::Guests::no);
 
  private:
   struct Stopped {};  // what a waiting item throws once another has failed

@@ -242,7 +242,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // while they are in this core's cache: gate's and up's dB rows (dG and dU against the saved
   // x Aᵀ) and down's dA columns (dP of down against h, recomputed here into the worker's scratch,
   // where a buffer of every row's h was written and read back by the lora_grads phase). Each
-  // gradient element is the same sum over the rows as over whole rows.
+  // gradient element is the same sum over the rows as over whole rows. Here and in dx, the long
+  // phases, idle workers of the other virtual nodes on this memory node may join
+  // (ThreadPool::link_siblings): an item's results do not depend on who runs it.
   const std::size_t r_down = rank_of(Projection::down);
   auto swiglu_backward = [&](int e, int col0, int n, const float* c, std::size_t ldc, WorkerScratch& ws) {
     const int m = groups.count(e);
@@ -298,7 +300,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
     swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols), ws);
-  });
+  }, 1, numa::ThreadPool::Guests::welcome);
   pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
     AlignedVector<float>& c = scratch_[worker].c;
@@ -407,7 +409,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     for (int i = 0; i < m; ++i)
       kt_.convert_to_bf16(ws.c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f,
                           dx_rows(e) + static_cast<std::size_t>(i) * dx_ld + col0);
-  });
+  }, 1, numa::ThreadPool::Guests::welcome);
   pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
     const int e = split_k_[item], m = groups.count(e);
     const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);

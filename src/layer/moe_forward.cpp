@@ -628,11 +628,16 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   auto gate_up_done = [&] {
     if (gate_up_left.fetch_sub(1, std::memory_order_acq_rel) == 1) gate_up_end = std::chrono::steady_clock::now();
   };
-  ready_.parallel_for(pool_, gate_up_slots + down_order.size(), [&](std::size_t slot, int worker) {
-    if (slot >= gate_up_slots) return run_down(slot - gate_up_slots, worker);
-    run_gate_up(slot, worker);
-    gate_up_done();
-  });
+  // Idle workers of the other virtual nodes on this memory node join in (ThreadPool::link_siblings):
+  // the weights they then stream lie in the memory they would have streamed anyway.
+  ready_.parallel_for(
+      pool_, gate_up_slots + down_order.size(),
+      [&](std::size_t slot, int worker) {
+        if (slot >= gate_up_slots) return run_down(slot - gate_up_slots, worker);
+        run_gate_up(slot, worker);
+        gate_up_done();
+      },
+      numa::ThreadPool::Guests::welcome);
   clock.lap_at(0, gate_up_slots > 0 ? gate_up_end : std::chrono::steady_clock::now());
   lap(1);
 

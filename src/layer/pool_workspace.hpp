@@ -16,7 +16,7 @@
 namespace tilemoe {
 
 // The Workspace of `pool` (default-constructed the first time; Workspace has a std::mutex named
-// in_use, and may have a vector `scratch` with one entry per worker, sized here): the same object
+// in_use, and may have a vector `scratch` with one entry per worker slot, sized here): the same object
 // for every caller while any of them holds it.
 template <typename Workspace>
 std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
@@ -33,7 +33,7 @@ std::shared_ptr<Workspace> pool_workspace(const numa::ThreadPool& pool) {
   }
   std::lock_guard<std::mutex> idle(ws->in_use);
   if constexpr (requires { ws->scratch; })
-    grow_to(ws->scratch, static_cast<std::size_t>(pool.size()));
+    grow_to(ws->scratch, static_cast<std::size_t>(pool.worker_slots()));
   return ws;
 }
 

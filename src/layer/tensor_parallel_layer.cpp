@@ -216,6 +216,9 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
   const std::size_t elems = static_cast<std::size_t>(std::max(tokens, 0)) * shape_.hidden;
   node_seconds_.start.resize(static_cast<std::size_t>(n_nodes));
   node_seconds_.end.resize(static_cast<std::size_t>(n_nodes));
+  node_seconds_.guest_items.resize(static_cast<std::size_t>(n_nodes));
+  for (int n = 0; n < n_nodes; ++n)
+    node_seconds_.guest_items[static_cast<std::size_t>(n)] -= static_cast<double>(shards_[static_cast<std::size_t>(n)]->pool->guest_items());
   const auto t0 = std::chrono::steady_clock::now();
   auto since_t0 = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   try {
@@ -247,6 +250,8 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
       }
     });
     node_seconds_.all += since_t0();
+    for (int n = 0; n < n_nodes; ++n)
+      node_seconds_.guest_items[static_cast<std::size_t>(n)] += static_cast<double>(shards_[static_cast<std::size_t>(n)]->pool->guest_items());
     if (shared && shared->error()) std::rethrow_exception(shared->error());
     if (down_lora_sums_.error()) std::rethrow_exception(down_lora_sums_.error());
   } catch (...) {

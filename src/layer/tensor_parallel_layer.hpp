@@ -92,9 +92,10 @@ class TensorParallelLayer {
   double merge_seconds() const { return merge_seconds_; }
   // Forward, summed over calls: each node's time from the call's start to its own start (waking
   // it) and to its end, and the nodes' run as a whole (the slowest node's end): where the time
-  // of several nodes goes besides node 0's phases.
+  // of several nodes goes besides node 0's phases. guest_items: each node's items run by other
+  // nodes' idle workers (ThreadPool::link_siblings).
   struct NodeTimes {
-    std::vector<double> start, end;
+    std::vector<double> start, end, guest_items;
     double all = 0;
   };
   const NodeTimes& forward_node_seconds() const { return node_seconds_; }

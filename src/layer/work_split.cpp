@@ -113,7 +113,7 @@ void combine_bf16_rows(kernels::CombineBf16RowsFn combine, numa::ThreadPool& poo
       slot_weights.push_back(weights ? weights[slot] : 1.0f);
     }
     combine(slot_rows.data(), weights ? slot_weights.data() : nullptr, static_cast<int>(slot_rows.size()), width, out + t * width);
-  }, 4);
+  }, 4, numa::ThreadPool::Guests::welcome);
 }
 
 }  // namespace tilemoe

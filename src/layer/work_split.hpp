@@ -57,7 +57,8 @@ void combine_rows(numa::ThreadPool& pool, const float* rows, std::size_t ld, con
                   int top_k, const std::int64_t* ids, const float* weights, float* out);
 
 // The same over bf16 rows (the forward's down outputs), each token's slots summed in registers by
-// `combine` (a kernel table's combine_bf16_rows), in slot order.
+// `combine` (a kernel table's combine_bf16_rows), in slot order. Idle workers of the pool's
+// siblings may join (ThreadPool::Guests::welcome): a token's sum does not depend on who makes it.
 void combine_bf16_rows(kernels::CombineBf16RowsFn combine, numa::ThreadPool& pool, const bf16* rows, std::size_t ld,
                        const int* row_of_slot, std::size_t width, int tokens, int top_k, const std::int64_t* ids, const float* weights,
                        float* out);
