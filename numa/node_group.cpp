@@ -4,6 +4,7 @@
 #include <atomic>
 #include <exception>
 #include <string>
+#include <thread>
 
 #include "tilemoe/error.hpp"
 
@@ -77,7 +78,10 @@ void NodeGroup::run_on_nodes(const std::function<void(int node)>& fn) {
   std::vector<std::atomic<bool>> claimed(static_cast<std::size_t>(n));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
   // A node that is done lends its idle workers to the others still at it (pools of one memory
-  // node are linked: ThreadPool::link_siblings), until the last one is done.
+  // node are linked: ThreadPool::link_siblings), its dispatcher too, until the last one is done:
+  // a dispatcher that waited instead had cores idle, and the last node's end then reached the
+  // caller a futex wake-up later.
+  std::atomic<int> running{n};
   struct StopLending {
     const std::vector<ThreadPool*>& pools;
     ~StopLending() {
@@ -95,7 +99,12 @@ void NodeGroup::run_on_nodes(const std::function<void(int node)>& fn) {
     } catch (...) {
       errors[static_cast<std::size_t>(node)] = std::current_exception();
     }
-    pools_[static_cast<std::size_t>(node)]->lend_idle_helpers(true);
+    ThreadPool& mine = *pools_[static_cast<std::size_t>(node)];
+    mine.lend_idle_helpers(true);
+    running.fetch_sub(1, std::memory_order_acq_rel);
+    std::vector<std::uint32_t> exhausted;
+    while (running.load(std::memory_order_acquire) > 0)
+      if (!mine.help_siblings_now(exhausted)) std::this_thread::yield();
   });
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);

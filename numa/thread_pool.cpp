@@ -320,6 +320,13 @@ bool ThreadPool::help_siblings(const std::vector<ThreadPool*>& siblings, std::ve
   return ran;
 }
 
+bool ThreadPool::help_siblings_now(std::vector<std::uint32_t>& exhausted) {
+  const std::vector<ThreadPool*>* siblings = siblings_.load(std::memory_order_acquire);
+  if (siblings == nullptr || !lending_.load(std::memory_order_relaxed)) return false;
+  if (exhausted.size() != siblings->size()) exhausted.assign(siblings->size(), 0);
+  return help_siblings(*siblings, exhausted, epoch_.load(std::memory_order_acquire));
+}
+
 void ThreadPool::link_siblings(const std::vector<ThreadPool*>& pools) {
   if (pools.size() < 2) return;
   for (const ThreadPool* p : pools)
@@ -331,7 +338,7 @@ void ThreadPool::link_siblings(const std::vector<ThreadPool*>& pools) {
     for (ThreadPool* q : pools) {
       if (q == p) continue;
       p->sibling_list_.push_back(q);
-      p->guest_slots_ += q->size_ - 1;  // q's helpers; its worker 0 is its caller
+      p->guest_slots_ += q->size_;  // q's helpers, and the thread that drives q (help_siblings_now)
     }
     p->guest_slot_taken_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(p->guest_slots_));
   }

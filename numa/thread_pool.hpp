@@ -80,6 +80,11 @@ class ThreadPool {
   // goes back after its item once lending stops or its own pool opens a job: a pool about to
   // run work of its own should not lend, or its helpers come back an item late.
   void lend_idle_helpers(bool on) noexcept { lending_.store(on, std::memory_order_relaxed); }
+  // The calling thread, which runs no job of this pool (a NodeGroup's dispatcher whose node is
+  // done), joins the siblings' open welcoming jobs as this pool's helpers do while it lends, each
+  // until it has no items left; `exhausted` (one entry per sibling, kept by the caller between
+  // calls) records which jobs it has run out of. True if it ran any item.
+  bool help_siblings_now(std::vector<std::uint32_t>& exhausted);
   // Items of this pool's jobs that guests ran, since construction (the bench's --phases).
   std::uint64_t guest_items() const noexcept { return guest_items_.load(std::memory_order_relaxed); }
 

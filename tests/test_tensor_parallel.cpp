@@ -120,24 +120,26 @@ TEST_CASE("NodeGroup runs every node once, concurrently, and reports the lowest 
 
 TEST_CASE("NodeGroup: virtual nodes of one memory node lend each other idle workers, only during run_on_nodes", "[tp]") {
   // One memory node here (virtual nodes of it) or the machine's real nodes: pools are linked
-  // where their memory node is the same, and a linked pool's worker numbers count the others'.
+  // where their memory node is the same, and a linked pool's worker numbers count the others' workers
+  // (helpers and dispatcher).
   numa::NodeGroup g(numa::system_topology(), 2, 6);
   REQUIRE(g.size() == 2);
   const bool one_memory_node = g.os_node(0) == g.os_node(1);
-  const int guests0 = one_memory_node ? g.pool(1).size() - 1 : 0, guests1 = one_memory_node ? g.pool(0).size() - 1 : 0;
+  const int guests0 = one_memory_node ? g.pool(1).size() : 0, guests1 = one_memory_node ? g.pool(0).size() : 0;
   CHECK(g.pool(0).worker_slots() == g.pool(0).size() + guests0);
   CHECK(g.pool(1).worker_slots() == g.pool(1).size() + guests1);
-  // Node 1 returns at once and lends; node 0's welcoming job of slow items may get node 1's helpers
-  // (where linked, if they are still awake: ThreadPool's tests make sure they come): every item
-  // once, worker numbers in range.
+  // Node 1 returns at once and lends: its dispatcher (and its helpers, if still awake) join node
+  // 0's welcoming job of slow items where the pools are linked. Every item once, worker numbers
+  // in range.
   std::vector<std::atomic<int>> hits(400);
-  std::atomic<bool> in_range{true};
+  std::atomic<bool> in_range{true}, guest_ran{false};
   g.run_on_nodes([&](int n) {
     if (n != 0) return g.pool(n).parallel_for(8, [](std::size_t, int) {});  // its helpers awake
     g.pool(0).parallel_for(
         hits.size(),
         [&](std::size_t item, int worker) {
           if (worker < 0 || worker >= g.pool(0).worker_slots()) in_range = false;
+          if (worker >= g.pool(0).size()) guest_ran = true;
           hits[item]++;
           std::this_thread::sleep_for(std::chrono::microseconds(200));
         },
@@ -145,6 +147,7 @@ TEST_CASE("NodeGroup: virtual nodes of one memory node lend each other idle work
   });
   for (auto& h : hits) CHECK(h == 1);
   CHECK(in_range);
+  CHECK(guest_ran == one_memory_node);
   // After run_on_nodes nobody lends: a welcoming job run outside it gets no guests.
   std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<int> outside_max{-1};

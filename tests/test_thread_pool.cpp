@@ -417,8 +417,8 @@ TEST_CASE("linked pools: idle helpers join a sibling's welcoming job, with worke
   const GuestTally g = within([] {
     ThreadPool home(3, two_cpus()), busy(2, two_cpus());
     ThreadPool::link_siblings({&home, &busy});
-    // busy's guests are home's two helpers; home's are busy's one.
-    const bool slots = busy.worker_slots() == 4 && home.worker_slots() == 4;
+    // busy's guests are home's two helpers and the thread that drives home; home's, busy's two.
+    const bool slots = busy.worker_slots() == 5 && home.worker_slots() == 5;
     home.lend_idle_helpers(true);
     KeepPolling polling(home);
     // Four items at once need both of busy's workers and both guests.
@@ -460,7 +460,7 @@ TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job
     ThreadPool::link_siblings({&home, &busy});
     home.lend_idle_helpers(true);
     std::atomic<bool> busy_done{false};
-    std::atomic<int> guests_seen{0};  // bit g: guest worker 2 + g ran an item
+    std::atomic<int> guests_seen{0};  // bit g: guest worker 2 + g ran an item (a slot, not a helper)
     GuestTally busy_result;
     // busy's items take 2 ms each, 4 s of work for its own two workers.
     std::thread busy_caller([&] {
@@ -479,9 +479,9 @@ TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job
       for (auto& h : hits) busy_result.tally.hits.push_back(h.load());
       busy_done = true;
     });
-    // Until both of home's helpers are guests in busy's job (small jobs keep them polling), then a
-    // job of home's that needs all three of its workers at once.
-    while (guests_seen.load() != 3 && !busy_done.load()) {
+    // Until a helper of home's has been a guest in busy's job (small jobs keep them polling; without
+    // them, both join and stay), then a job of home's that needs all three of its workers at once.
+    while (guests_seen.load() == 0 && !busy_done.load()) {
       home.parallel_for(2, [](std::size_t, int) {});
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -523,10 +523,11 @@ TEST_CASE("linked pools: a pool that stops lending gets its helpers back after t
       for (auto& h : hits) ok = ok && h.load() == 1;
       busy_done = true;
     });
-    while (guests_seen.load() != 3 && !busy_done.load()) {
+    while (guests_seen.load() == 0 && !busy_done.load()) {
       home.parallel_for(2, [](std::size_t, int) {});
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // both helpers join and stay
     home.lend_idle_helpers(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // items in flight end (2 ms)
     const int before = guest_items.load();
@@ -534,11 +535,54 @@ TEST_CASE("linked pools: a pool that stops lending gets its helpers back after t
     const int after = guest_items.load() - before;
     const bool still = !busy_done.load();
     busy_caller.join();
-    return std::make_tuple(guests_seen.load() == 3 && still, after, ok);
+    return std::make_tuple(guests_seen.load() != 0 && still, after, ok);
   });
   CHECK(joined);
   CHECK(after_stop == 0);
   CHECK(busy_ok);
+}
+
+TEST_CASE("linked pools: a thread outside both joins a sibling's job for its pool while that lends", "[thread_pool]") {
+  const auto [lent_ran, lent_ok, unlent_ran, idle_ran] = within([] {
+    ThreadPool home(2, two_cpus()), busy(2, two_cpus());
+    ThreadPool::link_siblings({&home, &busy});
+    auto run_busy_with_visitor = [&](bool lend, bool& visitor_ran, bool& ok) {
+      home.lend_idle_helpers(lend);
+      std::atomic<bool> started{false};
+      std::atomic<int> guest_worker{-1};
+      std::thread visitor([&] {
+        while (!started.load()) std::this_thread::yield();
+        std::vector<std::uint32_t> exhausted;
+        visitor_ran = home.help_siblings_now(exhausted);
+      });
+      std::vector<std::atomic<int>> hits(200);
+      busy.parallel_for(
+          200,
+          [&](std::size_t item, int worker) {
+            started = true;
+            if (worker >= busy.size()) guest_worker = worker;
+            hits[item].fetch_add(1);
+            std::this_thread::sleep_for(std::chrono::microseconds(500));
+          },
+          1, ThreadPool::Guests::welcome);
+      visitor.join();
+      ok = guest_worker.load() < busy.worker_slots();
+      for (auto& h : hits) ok = ok && h.load() == 1;
+      home.lend_idle_helpers(false);
+    };
+    bool lent_ran = false, lent_ok = false, unlent_ran = true, unlent_ok = false;
+    run_busy_with_visitor(true, lent_ran, lent_ok);
+    run_busy_with_visitor(false, unlent_ran, unlent_ok);
+    // No job open: nothing to join.
+    home.lend_idle_helpers(true);
+    std::vector<std::uint32_t> exhausted;
+    const bool idle_ran = home.help_siblings_now(exhausted);
+    return std::make_tuple(lent_ran, lent_ok && unlent_ok, unlent_ran, idle_ran);
+  });
+  CHECK(lent_ran);
+  CHECK(lent_ok);
+  CHECK_FALSE(unlent_ran);
+  CHECK_FALSE(idle_ran);
 }
 
 TEST_CASE("default_pool covers the machine's cores", "[thread_pool]") {
