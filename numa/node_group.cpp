@@ -44,16 +44,17 @@ NodeGroup::NodeGroup(const Topology& topo, int nodes, int threads) {
   // Virtual nodes of one memory node lend each other their idle workers (ThreadPool::link_siblings):
   // the slower half of the cores no longer sets the layer's end alone. Nodes with memory of their
   // own do not: a guest there would stream another node's memory.
-  std::vector<char> linked(pools_.size(), 0);
+  std::vector<char> grouped(pools_.size(), 0);
+  lends_.assign(pools_.size(), 0);
   for (std::size_t n = 0; n < pools_.size(); ++n) {
-    if (linked[n]) continue;
-    std::vector<ThreadPool*> same;
-    for (std::size_t m = n; m < pools_.size(); ++m) {
-      if (os_nodes_[m] != os_nodes_[n]) continue;
-      same.push_back(pools_[m]);
-      linked[m] = 1;
-    }
-    ThreadPool::link_siblings(same);
+    if (grouped[n]) continue;
+    std::vector<std::size_t> same;
+    for (std::size_t m = n; m < pools_.size(); ++m)
+      if (os_nodes_[m] == os_nodes_[n]) same.push_back(m), grouped[m] = 1;
+    if (same.size() < 2) continue;
+    std::vector<ThreadPool*> pools;
+    for (std::size_t m : same) pools.push_back(pools_[m]), lends_[m] = 1;
+    ThreadPool::link_siblings(pools);
   }
 }
 
@@ -99,9 +100,10 @@ void NodeGroup::run_on_nodes(const std::function<void(int node)>& fn) {
     } catch (...) {
       errors[static_cast<std::size_t>(node)] = std::current_exception();
     }
+    running.fetch_sub(1, std::memory_order_acq_rel);
+    if (!lends_[static_cast<std::size_t>(node)]) return;  // memory of its own: nothing to lend
     ThreadPool& mine = *pools_[static_cast<std::size_t>(node)];
     mine.lend_idle_helpers(true);
-    running.fetch_sub(1, std::memory_order_acq_rel);
     std::vector<std::uint32_t> exhausted;
     while (running.load(std::memory_order_acquire) > 0)
       if (!mine.help_siblings_now(exhausted)) std::this_thread::yield();

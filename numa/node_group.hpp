@@ -48,6 +48,7 @@ class NodeGroup {
   std::vector<std::unique_ptr<ThreadPool>> owned_;
   std::vector<ThreadPool*> pools_;
   std::unique_ptr<ThreadPool> dispatch_;  // one worker per node; null with one node
+  std::vector<char> lends_;               // per node: linked to other nodes of its memory node
 };
 
 }  // namespace tilemoe::numa

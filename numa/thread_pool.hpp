@@ -38,8 +38,9 @@ class ThreadPool {
 
   int size() const noexcept { return size_; }
   // How many distinct `worker` values parallel_for can pass: size() plus the slots of guests,
-  // the helpers of sibling pools (link_siblings) that join a job opened with Guests::welcome.
-  // Per-worker scratch is sized by this.
+  // the workers of sibling pools (link_siblings: their helpers, and the threads that drive them,
+  // help_siblings_now) that join a job opened with Guests::welcome. Per-worker scratch is sized
+  // by this.
   int worker_slots() const noexcept { return size_ + guest_slots_; }
 
   // Whether a job may be joined by the idle helpers of sibling pools (link_siblings).
@@ -112,7 +113,7 @@ class ThreadPool {
   void stop_helpers() noexcept;
 
   int size_ = 1;
-  int guest_slots_ = 0;                 // link_siblings: the sibling pools' helpers
+  int guest_slots_ = 0;                 // link_siblings: the sibling pools' workers
   std::unique_ptr<std::atomic<bool>[]> guest_slot_taken_;  // a guest holds one while inside a job
   std::atomic<bool> lending_{false};
   std::atomic<std::uint64_t> guest_items_{0};
