@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "catch.hpp"
@@ -32,7 +33,10 @@ void within_two_minutes(Body body) {
 // Experts with random item counts (some with none), prep items for a random subset, in
 // lead_items order. Each prep item writes its expert's value after a short spin; every item of an
 // expert with prep items waits and then reads the value.
-void run_case(int threads, std::size_t lead, unsigned seed) {
+// With guests: a linked sibling pool lends its idle helpers, and a thread outside both joins for
+// it (ThreadPool::help_siblings_now) all the while, so that items also run on guests, which take
+// them from the same counter: the waits must still end.
+int run_case(int threads, std::size_t lead, unsigned seed, bool guests = false) {
   std::mt19937 rng(seed);
   const int experts = 1 + static_cast<int>(rng() % 12);
   std::vector<ExpertItem> items;
@@ -46,7 +50,11 @@ void run_case(int threads, std::size_t lead, unsigned seed) {
   const std::vector<std::uint32_t> order = lead_items(prep, items, lead);
   REQUIRE(order.size() == prep.size() + items.size());
 
-  numa::ThreadPool pool(threads, {});
+  numa::ThreadPool pool(threads, {}), sibling(3, {});
+  if (guests) {
+    numa::ThreadPool::link_siblings({&pool, &sibling});
+    sibling.lend_idle_helpers(true);
+  }
   ItemCountdowns ready;
   ready.reset(static_cast<std::size_t>(experts));
   for (const auto& p : prep) ready.expect(static_cast<std::size_t>(p[0]));
@@ -54,8 +62,17 @@ void run_case(int threads, std::size_t lead, unsigned seed) {
   std::vector<int> preps_of(static_cast<std::size_t>(experts), 0);
   for (const auto& p : prep) ++preps_of[static_cast<std::size_t>(p[0])];
   std::vector<int> seen(items.size(), -1);
+  std::atomic<bool> done{false};
+  std::atomic<int> guest_items{0};
+  std::thread visitor;
+  if (guests)
+    visitor = std::thread([&] {
+      std::vector<std::uint32_t> exhausted;
+      while (!done.load()) sibling.help_siblings_now(exhausted);
+    });
   within_two_minutes([&] {
-    ready.parallel_for(pool, order.size(), [&](std::size_t slot, int) {
+    ready.parallel_for(pool, order.size(), [&](std::size_t slot, int worker) {
+      if (worker >= pool.size()) guest_items.fetch_add(1);
       const std::size_t i = order[slot];
       if (i < prep.size()) {
         const int e = prep[i][0];
@@ -68,9 +85,13 @@ void run_case(int threads, std::size_t lead, unsigned seed) {
       const int e = items[i - prep.size()].expert;
       ready.wait(static_cast<std::size_t>(e));
       seen[i - prep.size()] = std::atomic_ref<int>(value[static_cast<std::size_t>(e)]).load(std::memory_order_relaxed);
-    });
+    }, guests ? numa::ThreadPool::Guests::welcome : numa::ThreadPool::Guests::no);
   });
+  done = true;
+  if (visitor.joinable()) visitor.join();
   for (std::size_t i = 0; i < items.size(); ++i) CHECK(seen[i] == preps_of[static_cast<std::size_t>(items[i].expert)]);
+  if (!guests) CHECK(guest_items == 0);
+  return guest_items;  // items run by guests
 }
 
 // Where each entry of a lead_items order sits (index into the joint list -> place), after checking
@@ -152,6 +173,14 @@ TEST_CASE("items that wait see the writes of the items they waited for, on any p
   for (int threads : {1, 2, 3, 16})
     for (std::size_t lead : {0u, 1u, 8u})
       for (unsigned seed = 1; seed <= 6; ++seed) run_case(threads, lead, seed * 7919u + static_cast<unsigned>(threads));
+}
+
+TEST_CASE("items that wait see the writes of the items they waited for, with guests from a linked pool") {
+  int guest_items = 0;
+  for (int threads : {1, 2, 3})
+    for (std::size_t lead : {0u, 8u})
+      for (unsigned seed = 1; seed <= 6; ++seed) guest_items += run_case(threads, lead, seed * 104729u + static_cast<unsigned>(threads), true);
+  CHECK(guest_items > 0);  // the guests did take items
 }
 
 TEST_CASE("a failing item stops the items waiting for it, and its exception is the one thrown") {
