@@ -33,13 +33,13 @@ case "$mode" in
     (cd build-sanitize && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
        ctest --output-on-failure -j "$jobs")
     # ThreadSanitizer: the async API's test, where threads meet (submits, syncs, the queue),
-    # TokenCodes', where gather units race to quantize the same tokens, and the thread pool's,
-    # whose linked pools lend each other idle helpers.
+    # TokenCodes', where gather units race to quantize the same tokens, the thread pool's, whose
+    # linked pools lend each other idle helpers, and ItemCountdowns', items waiting for others.
     mkdir -p build-tsan
     cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTILEMOE_TSAN=ON > build-tsan/configure.log 2>&1 ||
       { cat build-tsan/configure.log; exit 1; }
-    cmake --build build-tsan -j "$jobs" --target test_runtime_async test_token_codes test_thread_pool
-    for t in test_runtime_async test_token_codes test_thread_pool; do
+    cmake --build build-tsan -j "$jobs" --target test_runtime_async test_token_codes test_thread_pool test_item_countdowns
+    for t in test_runtime_async test_token_codes test_thread_pool test_item_countdowns; do
       TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "./build-tsan/tests/$t"
     done
     ;;
