@@ -65,28 +65,40 @@ bool rendezvous(std::atomic<int>& arrived, int expected) {
 struct Tally {
   std::vector<int> hits;  // per item
   bool workers_ok = true;  // every worker id in range, and never two calls with one id at once
+  std::set<int> workers;   // the worker ids that ran an item
+  bool rendezvous_met = true;
 };
 
-Tally tally(ThreadPool& pool, std::size_t count, std::size_t grain) {
-  std::vector<std::atomic<int>> hits(count);
-  std::vector<std::atomic<int>> busy(static_cast<std::size_t>(pool.size()));
-  std::atomic<bool> ok{true};
+// A job on `pool` (items `grain` at a time, guests welcome or not) whose first `together` items
+// must all run at once: what ran where.
+Tally tally(ThreadPool& pool, std::size_t count, std::size_t grain, ThreadPool::Guests guests = ThreadPool::Guests::no,
+            int together = 0) {
+  std::vector<std::atomic<int>> hits(count), ran_on(count);
+  std::vector<std::atomic<int>> busy(static_cast<std::size_t>(pool.worker_slots()));
+  std::atomic<bool> ok{true}, met{true};
+  std::atomic<int> arrived{0};
   pool.parallel_for(
       count,
       [&](std::size_t item, int worker) {
-        if (worker < 0 || worker >= pool.size()) {
+        if (worker < 0 || worker >= pool.worker_slots()) {
           ok = false;
           return;
         }
         auto& flag = busy[static_cast<std::size_t>(worker)];
         if (flag.exchange(1) != 0) ok = false;
         hits[item].fetch_add(1);
+        ran_on[item] = worker;
+        if (item < static_cast<std::size_t>(together) && !rendezvous(arrived, together)) met = false;
         flag.store(0);
       },
-      grain);
+      grain, guests);
   Tally t;
   t.workers_ok = ok.load();
-  for (auto& h : hits) t.hits.push_back(h.load());
+  t.rendezvous_met = met.load();
+  for (std::size_t i = 0; i < count; ++i) {
+    t.hits.push_back(hits[i].load());
+    t.workers.insert(ran_on[i].load());
+  }
   return t;
 }
 
@@ -373,48 +385,10 @@ class KeepPolling {
   std::thread thread_;
 };
 
-struct GuestTally {
-  Tally tally;
-  std::set<int> workers;
-  bool rendezvous_met = true;
-};
-
-// A job on `pool` whose first `together` items must all run at once, with `guests`.
-GuestTally run_job(ThreadPool& pool, std::size_t count, int together, ThreadPool::Guests guests) {
-  std::vector<std::atomic<int>> hits(count);
-  std::vector<std::atomic<int>> busy(static_cast<std::size_t>(pool.worker_slots()));
-  std::vector<std::atomic<int>> ran_on(count);
-  std::atomic<bool> ok{true}, met{true};
-  std::atomic<int> arrived{0};
-  pool.parallel_for(
-      count,
-      [&](std::size_t item, int worker) {
-        if (worker < 0 || worker >= pool.worker_slots()) {
-          ok = false;
-          return;
-        }
-        auto& flag = busy[static_cast<std::size_t>(worker)];
-        if (flag.exchange(1) != 0) ok = false;
-        hits[item].fetch_add(1);
-        ran_on[item] = worker;
-        if (item < static_cast<std::size_t>(together) && !rendezvous(arrived, together)) met = false;
-        flag.store(0);
-      },
-      1, guests);
-  GuestTally g;
-  g.tally.workers_ok = ok.load();
-  g.rendezvous_met = met.load();
-  for (std::size_t i = 0; i < count; ++i) {
-    g.tally.hits.push_back(hits[i].load());
-    g.workers.insert(ran_on[i].load());
-  }
-  return g;
-}
-
 }  // namespace
 
 TEST_CASE("linked pools: idle helpers join a sibling's welcoming job, with worker numbers of their own", "[thread_pool]") {
-  const GuestTally g = within([] {
+  const Tally g = within([] {
     ThreadPool home(3, two_cpus()), busy(2, two_cpus());
     ThreadPool::link_siblings({&home, &busy});
     // busy's guests are home's two helpers and the thread that drives home; home's, busy's two.
@@ -422,34 +396,34 @@ TEST_CASE("linked pools: idle helpers join a sibling's welcoming job, with worke
     home.lend_idle_helpers(true);
     KeepPolling polling(home);
     // Four items at once need both of busy's workers and both guests.
-    GuestTally t = run_job(busy, 200, 4, ThreadPool::Guests::welcome);
-    if (!slots) t.tally.workers_ok = false;
+    Tally t = tally(busy, 200, 1, ThreadPool::Guests::welcome, 4);
+    if (!slots) t.workers_ok = false;
     return t;
   });
   CHECK(g.rendezvous_met);
-  CHECK(g.tally.workers_ok);
-  CHECK(each_once(g.tally));
+  CHECK(g.workers_ok);
+  CHECK(each_once(g));
   CHECK(*g.workers.rbegin() >= 2);  // a guest ran an item
 }
 
 TEST_CASE("linked pools: no guests in a job without Guests::welcome, nor from a pool that does not lend", "[thread_pool]") {
   for (const bool lend : {true, false}) {
     CAPTURE(lend);
-    const GuestTally g = within([lend] {
+    const Tally g = within([lend] {
       ThreadPool home(3, two_cpus()), busy(2, two_cpus());
       ThreadPool::link_siblings({&home, &busy});
       home.lend_idle_helpers(lend);
       KeepPolling polling(home);
-      GuestTally t;
+      Tally t;
       // Items that wait for each other, so that guests would have had every chance.
       for (int call = 0; call < 20; ++call) {
-        const GuestTally one = run_job(busy, 20, 2, lend ? ThreadPool::Guests::no : ThreadPool::Guests::welcome);
-        t.tally.workers_ok = t.tally.workers_ok && one.tally.workers_ok && each_once(one.tally);
+        const Tally one = tally(busy, 20, 1, lend ? ThreadPool::Guests::no : ThreadPool::Guests::welcome, 2);
+        t.workers_ok = t.workers_ok && one.workers_ok && each_once(one);
         t.workers.insert(one.workers.begin(), one.workers.end());
       }
       return t;
     });
-    CHECK(g.tally.workers_ok);
+    CHECK(g.workers_ok);
     CHECK(*g.workers.rbegin() < 2);
   }
 }
@@ -461,7 +435,7 @@ TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job
     home.lend_idle_helpers(true);
     std::atomic<bool> busy_done{false};
     std::atomic<int> guests_seen{0};  // bit g: guest worker 2 + g ran an item (a slot, not a helper)
-    GuestTally busy_result;
+    Tally busy_result;
     // busy's items take 2 ms each, 4 s of work for its own two workers.
     std::thread busy_caller([&] {
       std::vector<std::atomic<int>> hits(2000);
@@ -475,8 +449,8 @@ TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
           },
           1, ThreadPool::Guests::welcome);
-      busy_result.tally.workers_ok = ok.load();
-      for (auto& h : hits) busy_result.tally.hits.push_back(h.load());
+      busy_result.workers_ok = ok.load();
+      for (auto& h : hits) busy_result.hits.push_back(h.load());
       busy_done = true;
     });
     // Until a helper of home's has been a guest in busy's job (small jobs keep them polling; without
@@ -492,7 +466,7 @@ TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job
     });
     const bool still = !busy_done.load();
     busy_caller.join();
-    return std::make_tuple(met.load(), still, busy_result.tally.workers_ok && each_once(busy_result.tally));
+    return std::make_tuple(met.load(), still, busy_result.workers_ok && each_once(busy_result));
   });
   CHECK(home_met);
   CHECK(busy_still_running);  // home's job did not wait for busy's to end
