@@ -200,11 +200,7 @@ std::uint32_t ThreadPool::await_open_job(std::uint32_t seen) {
     bool helped = false;
     const bool woke = spin_until([&] {
       if (ready() || park_.load(std::memory_order_relaxed)) return true;
-      if (!lending_.load(std::memory_order_relaxed)) return false;
-      const std::vector<ThreadPool*>* siblings = siblings_.load(std::memory_order_acquire);
-      if (siblings == nullptr) return false;
-      if (exhausted.size() != siblings->size()) exhausted.assign(siblings->size(), 0);
-      helped = help_siblings(*siblings, exhausted, seen);
+      helped = help_siblings(exhausted, seen);
       return helped;
     });
     if (helped) continue;
@@ -313,18 +309,18 @@ bool ThreadPool::join_as_guest(const ThreadPool& home, std::uint32_t home_epoch,
   return ran;
 }
 
-bool ThreadPool::help_siblings(const std::vector<ThreadPool*>& siblings, std::vector<std::uint32_t>& exhausted, std::uint32_t home_epoch) {
+bool ThreadPool::help_siblings(std::vector<std::uint32_t>& exhausted, std::uint32_t home_epoch) {
+  const std::vector<ThreadPool*>* siblings = siblings_.load(std::memory_order_acquire);
+  if (siblings == nullptr || !lending_.load(std::memory_order_relaxed)) return false;
+  if (exhausted.size() != siblings->size()) exhausted.assign(siblings->size(), 0);
   bool ran = false;
-  for (std::size_t i = 0; i < siblings.size() && !home_wants(home_epoch); ++i)
-    ran = siblings[i]->join_as_guest(*this, home_epoch, exhausted[i]) || ran;
+  for (std::size_t i = 0; i < siblings->size() && !home_wants(home_epoch); ++i)
+    ran = (*siblings)[i]->join_as_guest(*this, home_epoch, exhausted[i]) || ran;
   return ran;
 }
 
 bool ThreadPool::help_siblings_now(std::vector<std::uint32_t>& exhausted) {
-  const std::vector<ThreadPool*>* siblings = siblings_.load(std::memory_order_acquire);
-  if (siblings == nullptr || !lending_.load(std::memory_order_relaxed)) return false;
-  if (exhausted.size() != siblings->size()) exhausted.assign(siblings->size(), 0);
-  return help_siblings(*siblings, exhausted, epoch_.load(std::memory_order_acquire));
+  return help_siblings(exhausted, epoch_.load(std::memory_order_acquire));
 }
 
 void ThreadPool::link_siblings(const std::vector<ThreadPool*>& pools) {

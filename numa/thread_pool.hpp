@@ -107,8 +107,9 @@ class ThreadPool {
   // open job if it welcomes guests and a guest slot is free, unless it ran out of that job's items
   // before (its epoch is `exhausted`, updated). True if it ran any item.
   bool join_as_guest(const ThreadPool& home, std::uint32_t home_epoch, std::uint32_t& exhausted);
-  // Polled by an idle, lending helper: joins the siblings' open jobs. True if it ran any item.
-  bool help_siblings(const std::vector<ThreadPool*>& siblings, std::vector<std::uint32_t>& exhausted, std::uint32_t home_epoch);
+  // While this pool lends and has siblings: joins their open jobs for this pool, whose last job
+  // seen is home_epoch (an idle helper's, or help_siblings_now's). True if it ran any item.
+  bool help_siblings(std::vector<std::uint32_t>& exhausted, std::uint32_t home_epoch);
   void await_helpers_out();
   void stop_helpers() noexcept;
 

@@ -428,45 +428,65 @@ TEST_CASE("linked pools: no guests in a job without Guests::welcome, nor from a 
   }
 }
 
+// `busy` runs 2000 items of 2 ms (4 s for its own two workers) on a thread of its own, welcoming
+// guests, and counts the items they run.
+class SlowWelcomingJob {
+ public:
+  explicit SlowWelcomingJob(ThreadPool& busy)
+      : hits_(2000), thread_([this, &busy] {
+          busy.parallel_for(
+              hits_.size(),
+              [&](std::size_t item, int worker) {
+                if (worker >= busy.worker_slots()) in_range_ = false;
+                if (worker >= busy.size()) guest_items_.fetch_add(1);
+                hits_[item].fetch_add(1);
+                std::this_thread::sleep_for(std::chrono::milliseconds(2));
+              },
+              1, ThreadPool::Guests::welcome);
+          done_ = true;
+        }) {}
+  ~SlowWelcomingJob() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Until a helper of `home` has been a guest here: small jobs on home keep its helpers polling.
+  void await_guest(ThreadPool& home) {
+    while (guest_items_.load() == 0 && !done_.load()) {
+      home.parallel_for(2, [](std::size_t, int) {});
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  bool done() const { return done_.load(); }
+  int guest_items() const { return guest_items_.load(); }
+  // After the job's end: every item ran once, on a worker number in range.
+  bool finish() {
+    thread_.join();
+    return in_range_.load() && std::all_of(hits_.begin(), hits_.end(), [](const std::atomic<int>& h) { return h.load() == 1; });
+  }
+
+ private:
+  std::vector<std::atomic<int>> hits_;
+  std::atomic<int> guest_items_{0};
+  std::atomic<bool> in_range_{true}, done_{false};
+  std::thread thread_;  // last: it starts once the members above exist
+};
+
 TEST_CASE("linked pools: a guest goes back to its own pool when that opens a job", "[thread_pool]") {
   const auto [home_met, busy_still_running, busy_ok] = within([] {
     ThreadPool home(3, two_cpus()), busy(2, two_cpus());
     ThreadPool::link_siblings({&home, &busy});
     home.lend_idle_helpers(true);
-    std::atomic<bool> busy_done{false};
-    std::atomic<int> guests_seen{0};  // bit g: guest worker 2 + g ran an item (a slot, not a helper)
-    Tally busy_result;
-    // busy's items take 2 ms each, 4 s of work for its own two workers.
-    std::thread busy_caller([&] {
-      std::vector<std::atomic<int>> hits(2000);
-      std::atomic<bool> ok{true};
-      busy.parallel_for(
-          2000,
-          [&](std::size_t item, int worker) {
-            if (worker >= busy.worker_slots()) ok = false;
-            if (worker >= 2) guests_seen.fetch_or(1 << (worker - 2));
-            hits[item].fetch_add(1);
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          },
-          1, ThreadPool::Guests::welcome);
-      busy_result.workers_ok = ok.load();
-      for (auto& h : hits) busy_result.hits.push_back(h.load());
-      busy_done = true;
-    });
-    // Until a helper of home's has been a guest in busy's job (small jobs keep them polling; without
-    // them, both join and stay), then a job of home's that needs all three of its workers at once.
-    while (guests_seen.load() == 0 && !busy_done.load()) {
-      home.parallel_for(2, [](std::size_t, int) {});
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    SlowWelcomingJob job(busy);
+    // Once a helper of home's has been a guest in busy's job (without home's small jobs, both
+    // join and stay), a job of home's that needs all three of its workers at once.
+    job.await_guest(home);
     std::atomic<int> arrived{0};
     std::atomic<bool> met{true};
     home.parallel_for(3, [&](std::size_t, int) {
       if (!rendezvous(arrived, 3)) met = false;
     });
-    const bool still = !busy_done.load();
-    busy_caller.join();
-    return std::make_tuple(met.load(), still, busy_result.workers_ok && each_once(busy_result));
+    const bool still = !job.done();
+    return std::make_tuple(met.load(), still, job.finish());
   });
   CHECK(home_met);
   CHECK(busy_still_running);  // home's job did not wait for busy's to end
@@ -478,38 +498,16 @@ TEST_CASE("linked pools: a pool that stops lending gets its helpers back after t
     ThreadPool home(3, two_cpus()), busy(2, two_cpus());
     ThreadPool::link_siblings({&home, &busy});
     home.lend_idle_helpers(true);
-    std::atomic<bool> busy_done{false};
-    std::atomic<int> guest_items{0}, guests_seen{0};
-    bool ok = true;
-    std::thread busy_caller([&] {
-      std::vector<std::atomic<int>> hits(2000);
-      busy.parallel_for(
-          2000,
-          [&](std::size_t item, int worker) {
-            if (worker >= 2) {
-              guest_items.fetch_add(1);
-              guests_seen.fetch_or(1 << (worker - 2));
-            }
-            hits[item].fetch_add(1);
-            std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          },
-          1, ThreadPool::Guests::welcome);
-      for (auto& h : hits) ok = ok && h.load() == 1;
-      busy_done = true;
-    });
-    while (guests_seen.load() == 0 && !busy_done.load()) {
-      home.parallel_for(2, [](std::size_t, int) {});
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    SlowWelcomingJob job(busy);
+    job.await_guest(home);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // both helpers join and stay
     home.lend_idle_helpers(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // items in flight end (2 ms)
-    const int before = guest_items.load();
+    const int before = job.guest_items();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    const int after = guest_items.load() - before;
-    const bool still = !busy_done.load();
-    busy_caller.join();
-    return std::make_tuple(guests_seen.load() != 0 && still, after, ok);
+    const int after = job.guest_items() - before;
+    const bool still = !job.done();
+    return std::make_tuple(before > 0 && still, after, job.finish());
   });
   CHECK(joined);
   CHECK(after_stop == 0);
