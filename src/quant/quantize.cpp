@@ -7,6 +7,7 @@
 
 #include "amx/pack_int.hpp"
 #include "numa/thread_pool.hpp"
+#include "src/quant/quantize_into.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::quant {
@@ -176,29 +177,8 @@ void dequantize_expert(const QuantizedProjection& q, int e, float* out) {
 }
 
 QuantizedExperts quantize_experts(const ExpertWeightsView& w, WeightType type, int group, numa::ThreadPool* pool) {
-  if (type != WeightType::int8 && type != WeightType::int4)
-    fail(ErrorKind::invalid_argument, std::string("quantize: weight type ") + weight_type_name(type) + " is not int8 or int4");
-  if (type == WeightType::int4 && !valid_int4_group(group))
-    fail(ErrorKind::invalid_argument, "quantize: int4 group size " + std::to_string(group) + " is not 32, 64 or 128");
-  const MoeShape& s = w.shape;
-  QuantizedExperts q;
-  q.shape = s;
-  q.type = type;
-  q.group = type == WeightType::int4 ? group : 0;
-  for (Projection p : kProjections)
-    q[p] = QuantizedProjection::allocate(type, s.num_experts, projection_out(s, p), projection_in(s, p), group);
-  auto one = [&](std::size_t item, int) {
-    const Projection p = kProjections[item % 3];
-    const int e = static_cast<int>(item / 3);
-    QuantizedProjection& qp = q[p];
-    if (type == WeightType::int8)
-      quantize_int8_matrix(w.projection(p, e), qp.n, qp.k, qp.k, qp.codes_of(e), qp.scales_of(e));
-    else
-      quantize_int4_matrix(w.projection(p, e), qp.n, qp.k, qp.k, group, qp.codes_of(e), qp.scales_of(e));
-  };
-  const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;
-  if (pool) pool->parallel_for(items, one);
-  else for (std::size_t i = 0; i < items; ++i) one(i, 0);
+  QuantizedExperts q;  // empty: quantize_experts_into allocates
+  quantize_experts_into(w, type, group, pool, q);
   return q;
 }
 
