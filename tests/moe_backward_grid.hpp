@@ -96,19 +96,36 @@ inline LayerLoraBf16 bf16_copy_of_exact(const LayerLora& lora) {
   return l16;
 }
 
+// One random case of the backward grids (every 7th slot from the 6th runs elsewhere) and what the
+// reference path gives for it.
+struct BackwardCase {
+  ExpertWeights w;
+  LayerLora lora;
+  RandomRouting routing;
+  std::vector<float> x, go;  // the input and the output's gradient
+  std::vector<float> want_out, want_dx;
+  LayerLora want_grads;
+};
+
+inline BackwardCase make_backward_case(const MoeShape& s, int tokens, int rank, int lora_every, std::uint64_t seed) {
+  BackwardCase c{random_expert_weights(s, seed), random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every),
+                 random_routing(tokens, s, seed + 2)};
+  for (std::size_t i = 5; i < c.routing.expert_ids.size(); i += 7) c.routing.expert_ids[i] = -1;  // run elsewhere
+  c.x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
+  c.go = random_activations(c.x.size(), seed + 4);
+  MoeBatch<float> batch{tokens, s.top_k, c.x.data(), c.routing.expert_ids.data(), c.routing.weights.data()};
+  c.want_out.resize(c.x.size());
+  c.want_dx.resize(c.x.size());
+  c.want_grads = c.lora.zeros_like();
+  reference_forward(c.w.view(), c.lora, batch, c.want_out.data());
+  reference_backward(c.w.view(), c.lora, batch, c.go.data(), c.want_dx.data(), &c.want_grads);
+  return c;
+}
+
 inline void check_backward_case(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
                                 std::uint64_t seed) {
-  auto w = random_expert_weights(s, seed);
-  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
-  auto routing = random_routing(tokens, s, seed + 2);
-  for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;  // run elsewhere
-  auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
-  auto go = random_activations(x.size(), seed + 4);
-  MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
-  std::vector<float> want_out(x.size()), want_dx(x.size());
-  LayerLora want_grads = lora.zeros_like();
-  reference_forward(w.view(), lora, batch, want_out.data());
-  reference_backward(w.view(), lora, batch, go.data(), want_dx.data(), &want_grads);
+  const BackwardCase c = make_backward_case(s, tokens, rank, lora_every, seed);
+  const auto& [w, lora, routing, x, go, want_out, want_dx, want_grads] = c;
   SftResult got = run_sft(isa, pool, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go);
   CHECK(rel_error(got.out, want_out) <= 1e-2);
   CHECK(rel_error(got.grad_input, want_dx) <= 1e-2);

@@ -80,17 +80,8 @@ inline numa::NodeGroup& test_node_group(int nodes, int threads = 0) {
 }
 
 inline void check_tp_case(kernels::Isa isa, int nodes, const MoeShape& s, int tokens, int rank, int lora_every, std::uint64_t seed) {
-  auto w = random_expert_weights(s, seed);
-  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
-  auto routing = random_routing(tokens, s, seed + 2);
-  for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;  // run elsewhere
-  auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
-  auto go = random_activations(x.size(), seed + 4);
-  MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
-  std::vector<float> want_out(x.size()), want_dx(x.size());
-  LayerLora want_grads = lora.zeros_like();
-  reference_forward(w.view(), lora, batch, want_out.data());
-  reference_backward(w.view(), lora, batch, go.data(), want_dx.data(), &want_grads);
+  const BackwardCase c = make_backward_case(s, tokens, rank, lora_every, seed);
+  const auto& [w, lora, routing, x, go, want_out, want_dx, want_grads] = c;
   numa::NodeGroup& group = test_node_group(nodes);
   SftResult got = run_tp(isa, group, w, lora, tokens, s.top_k, x, routing.expert_ids, routing.weights, go);
   CHECK(rel_error(got.out, want_out) <= 1e-2);
