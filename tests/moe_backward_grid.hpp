@@ -108,8 +108,10 @@ struct BackwardCase {
 };
 
 inline BackwardCase make_backward_case(const MoeShape& s, int tokens, int rank, int lora_every, std::uint64_t seed) {
-  BackwardCase c{random_expert_weights(s, seed), random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every),
-                 random_routing(tokens, s, seed + 2)};
+  BackwardCase c;
+  c.w = random_expert_weights(s, seed);
+  c.lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  c.routing = random_routing(tokens, s, seed + 2);
   for (std::size_t i = 5; i < c.routing.expert_ids.size(); i += 7) c.routing.expert_ids[i] = -1;  // run elsewhere
   c.x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
   c.go = random_activations(c.x.size(), seed + 4);

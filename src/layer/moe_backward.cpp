@@ -1,6 +1,8 @@
 #include "src/layer/moe_backward.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 
@@ -268,19 +270,14 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
                           overwrite);
     }
   };
-  // Twice the forward's columns per item: a dh item then streams 512 KiB of Wdᵀ at 16-63 rows, as
-  // a forward gate_up item does (gate and up). On the device (512 tokens, r=16, weight copy) the
-  // phase went from 5.9 / 6.4 to 5.3 / 5.7 ms; twice the columns for dx was not clearly faster.
-  std::vector<ExpertItem> items = split_expert_columns(column_split_, groups, 2 * down.kblocks, 2, 0, /*widen=*/2, kt_.few_row_item_panels);
-  pool_.parallel_for(items.size() + dh_split.size(), [&](std::size_t item, int worker) {
-    WorkerScratch& ws = scratch_[worker];
-    if (item >= items.size()) {
-      const SplitKItem& it = dh_split[item - items.size()];
-      split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_rows + off(it.e) * hk, hk,
-                      groups.count(it.e), ws.transposed, partials_.data() + it.partial);
-      return;
-    }
-    auto [e, p0, p1] = items[item];
+  // dh items: twice the forward's columns per item, so that one streams 512 KiB of Wdᵀ at 16-63
+  // rows, as a forward gate_up item does (gate and up). On the device (512 tokens, r=16, weight
+  // copy) the phase went from 5.9 / 6.4 to 5.3 / 5.7 ms; twice the columns for dx was not
+  // clearly faster.
+  const std::vector<ExpertItem> dh_items =
+      split_expert_columns(column_split_, groups, 2 * down.kblocks, 2, 0, /*widen=*/2, kt_.few_row_item_panels);
+  auto run_dh = [&](const ExpertItem& item, WorkerScratch& ws) {
+    auto [e, p0, p1] = item;
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.intermediate - col0);
     const std::size_t panel_stride = static_cast<std::size_t>(tk_down) * kernels::kBlockElements;
@@ -300,38 +297,31 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     const LoraTerm* term = any_lora ? &terms_[e][2] : nullptr;
     gemm_with_lora_terms(kt_, g, &term, 1, p0, n);
     swiglu_backward(e, col0, n, ws.c.data(), static_cast<std::size_t>(cols), ws);
-  }, 1, numa::ThreadPool::Guests::welcome);
-  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
-    const int e = split_k_[item], m = groups.count(e);
-    AlignedVector<float>& c = scratch_[worker].c;
+  };
+  auto sum_dh = [&](int e, WorkerScratch& ws) {
+    const int m = groups.count(e);
+    AlignedVector<float>& c = ws.c;
     grow_to(c, static_cast<std::size_t>(m) * down.k_padded);
     const SplitKItem& first = dh_split[dh_first[e]];
     sum_partials(partials_.data() + first.partial, dh_items_per_expert, static_cast<std::size_t>(m) * down.k_padded, m, s.intermediate,
                  static_cast<std::size_t>(down.k_padded), c.data(), static_cast<std::size_t>(down.k_padded));
     if (any_lora) terms_[e][2].add_f32(kt_, m, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded));
-    swiglu_backward(e, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded), scratch_[worker]);
-  });
-  lap(2);
+    swiglu_backward(e, 0, s.intermediate, c.data(), static_cast<std::size_t>(down.k_padded), ws);
+  };
 
   // lora_grads: dP and dA of gate and up (the rest came with dh).
-  if (any_lora) {
-    pool_.parallel_for(active_.size() * 2, [&](std::size_t item, int worker) {
-      const int e = active_[item / 2];
-      const int p = static_cast<int>(item % 2);
-      LoraTerm& term = terms_[e][p];
-      if (!term.active()) return;
-      const int m = groups.count(e);
-      const std::size_t r = rank_of(static_cast<Projection>(p));
-      const bf16* d_out = dgu_.data() + off(e) * gu_ld + (p == 1 ? ik : 0);
-      float* dp = dp_[p].data() + off(e) * r;
-      term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), scratch_[worker].proj, dp, r);
-      if (grads[p].a && !sums)
-        kt_.lora_grad_outer(x_rows + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
-                            lora_grad_a(grads[p], e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
-    });
-  }
-  lap(3);
-  if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
+  auto run_lora_grads = [&](int e, int p, WorkerScratch& ws) {
+    LoraTerm& term = terms_[e][p];
+    if (!term.active()) return;
+    const int m = groups.count(e);
+    const std::size_t r = rank_of(static_cast<Projection>(p));
+    const bf16* d_out = dgu_.data() + off(e) * gu_ld + (p == 1 ? ik : 0);
+    float* dp = dp_[p].data() + off(e) * r;
+    term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), ws.proj, dp, r);
+    if (grads[p].a && !sums)
+      kt_.lora_grad_outer(x_rows + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
+                          lora_grad_a(grads[p], e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
+  };
 
   // Across nodes (lora_sums, after dx: the other nodes have long published by then): blocks of
   // gate's and up's dA = (sum of dP)ᵀ x and of down's dB = dYᵀ (sum of u), claimed by any node's
@@ -374,17 +364,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   auto dx_rows = [&](int e) { return dx_.data() + static_cast<std::size_t>(off(e)) * dx_ld; };
   // The reduction is gate's and up's intermediate columns: a NUMA node's slice of them widens the
   // items so that each streams as many bytes of Wᵀ as on one node (as the forward's down items).
-  items = split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 2 * s.intermediate, 1, kt_.few_row_item_panels);
-  pool_.parallel_for(items.size() + dx_split.size(), [&](std::size_t item, int worker) {
-    WorkerScratch& ws = scratch_[worker];
-    if (item >= items.size()) {
-      const SplitKItem& it = dx_split[item - items.size()];
-      const Projection p = it.proj == 0 ? Projection::gate : Projection::up;
-      split_k_partial(kt_, transposer(p, it.e), gate_up, it.nb0, it.nb1, dgu_.data() + off(it.e) * gu_ld + (it.proj == 1 ? ik : 0),
-                      gu_ld, groups.count(it.e), ws.transposed, partials_.data() + it.partial);
-      return;
-    }
-    auto [e, p0, p1] = items[item];
+  const std::vector<ExpertItem> dx_items =
+      split_expert_columns(column_split_, groups, 2 * gate_up.kblocks, 2, 2 * s.intermediate, 1, kt_.few_row_item_panels);
+  auto run_dx = [&](const ExpertItem& item, WorkerScratch& ws) {
+    auto [e, p0, p1] = item;
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;
     const int n = std::min(cols, s.hidden - col0);
     const std::size_t half = static_cast<std::size_t>(tk_gate) * kernels::kBlockElements, panel_stride = 2 * half;
@@ -409,11 +392,11 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     for (int i = 0; i < m; ++i)
       kt_.convert_to_bf16(ws.c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f,
                           dx_rows(e) + static_cast<std::size_t>(i) * dx_ld + col0);
-  }, 1, numa::ThreadPool::Guests::welcome);
-  pool_.parallel_for(split_k_.size(), [&](std::size_t item, int worker) {
-    const int e = split_k_[item], m = groups.count(e);
+  };
+  auto sum_dx = [&](int e, WorkerScratch& ws) {
+    const int m = groups.count(e);
     const std::size_t ld = static_cast<std::size_t>(gate_up.k_padded);
-    AlignedVector<float>& c = scratch_[worker].c;
+    AlignedVector<float>& c = ws.c;
     grow_to(c, static_cast<std::size_t>(m) * ld);
     const SplitKItem& first = dx_split[dx_first[e]];
     sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
@@ -421,7 +404,96 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, c.data(), ld);
     for (int i = 0; i < m; ++i)
       kt_.convert_to_bf16(c.data() + static_cast<std::size_t>(i) * ld, hidden, 1.0f, dx_rows(e) + static_cast<std::size_t>(i) * dx_ld);
-  });
+  };
+
+  // dh, lora_grads and dx in one parallel_for, in that order: a worker that runs out of dh items
+  // goes on with the LoRA gradients and then the dx items of experts whose dG | dU is complete,
+  // instead of waiting at two phase ends for the slowest item (as the forward's gate_up and down,
+  // moe_forward.cpp). Each item waits only for items before it in the list, so it cannot deadlock
+  // (item_countdowns.hpp), and computes what it did as a phase of its own: the same bits.
+  // Counters, per expert e: [e] its dG | dU complete (dh items, or split-K sum); [E + e] its dh
+  // split-K partials; [2E + e] its lora_grads items (dx's LoRA terms read their dP); [3E + e]
+  // its dx split-K partials. Split-K partial items come after the column items of their pass.
+  const std::size_t experts = static_cast<std::size_t>(s.num_experts);
+  const std::size_t dgu_done = 0, dh_parts = experts, lora_done = 2 * experts, dx_parts = 3 * experts;
+  ready_.reset(4 * experts);
+  for (const ExpertItem& it : dh_items) ready_.expect(dgu_done + static_cast<std::size_t>(it.expert));
+  for (int e : split_k_) ready_.expect(dgu_done + static_cast<std::size_t>(e));
+  for (const SplitKItem& it : dh_split) ready_.expect(dh_parts + static_cast<std::size_t>(it.e));
+  const std::size_t lora_items = any_lora ? 2 * active_.size() : 0;
+  for (std::size_t i = 0; i < lora_items; ++i) ready_.expect(lora_done + static_cast<std::size_t>(active_[i / 2]));
+  for (const SplitKItem& it : dx_split) ready_.expect(dx_parts + static_cast<std::size_t>(it.e));
+  // Slots: [dh items | dh partials | dh sums | lora_grads | dx items | dx partials | dx sums].
+  const std::size_t dh_end = dh_items.size() + dh_split.size() + split_k_.size(), lora_end = dh_end + lora_items;
+  const std::size_t dx_end = lora_end + dx_items.size() + dx_split.size(), slots = dx_end + split_k_.size();
+  // The node's dP of gate and up, for the other nodes' lora_sums: published by the item that
+  // ends the last lora_grads item (or now, when there is none), before anything that waits.
+  std::atomic<std::size_t> dh_left{dh_end}, lora_left{lora_items};
+  std::chrono::steady_clock::time_point dh_finished{}, lora_finished{};  // written once each, read after the parallel_for
+  auto publish = [&] {
+    if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
+  };
+  if (lora_items == 0) publish();
+  ready_.parallel_for(
+      pool_, slots,
+      [&](std::size_t slot, int worker) {
+        WorkerScratch& ws = scratch_[worker];
+        if (slot < dh_end) {
+          if (slot < dh_items.size()) {
+            run_dh(dh_items[slot], ws);
+            ready_.count_down(dgu_done + static_cast<std::size_t>(dh_items[slot].expert));
+          } else if (const std::size_t i = slot - dh_items.size(); i < dh_split.size()) {
+            const SplitKItem& it = dh_split[i];
+            split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_rows + off(it.e) * hk, hk,
+                            groups.count(it.e), ws.transposed, partials_.data() + it.partial);
+            ready_.count_down(dh_parts + static_cast<std::size_t>(it.e));
+          } else {
+            const int e = split_k_[i - dh_split.size()];
+            ready_.wait(dh_parts + static_cast<std::size_t>(e));
+            sum_dh(e, ws);
+            ready_.count_down(dgu_done + static_cast<std::size_t>(e));
+          }
+          if (dh_left.fetch_sub(1, std::memory_order_acq_rel) == 1) dh_finished = std::chrono::steady_clock::now();
+          return;
+        }
+        if (slot < lora_end) {
+          const std::size_t i = slot - dh_end;
+          const int e = active_[i / 2];
+          ready_.wait(dgu_done + static_cast<std::size_t>(e));
+          run_lora_grads(e, static_cast<int>(i % 2), ws);
+          ready_.count_down(lora_done + static_cast<std::size_t>(e));
+          if (lora_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            lora_finished = std::chrono::steady_clock::now();
+            publish();
+          }
+          return;
+        }
+        if (slot < dx_end) {
+          if (const std::size_t i = slot - lora_end; i < dx_items.size()) {
+            const int e = dx_items[i].expert;
+            ready_.wait(dgu_done + static_cast<std::size_t>(e));
+            ready_.wait(lora_done + static_cast<std::size_t>(e));
+            run_dx(dx_items[i], ws);
+          } else {
+            const SplitKItem& it = dx_split[i - dx_items.size()];
+            ready_.wait(dgu_done + static_cast<std::size_t>(it.e));
+            const Projection p = it.proj == 0 ? Projection::gate : Projection::up;
+            split_k_partial(kt_, transposer(p, it.e), gate_up, it.nb0, it.nb1,
+                            dgu_.data() + off(it.e) * gu_ld + (it.proj == 1 ? ik : 0), gu_ld, groups.count(it.e), ws.transposed,
+                            partials_.data() + it.partial);
+            ready_.count_down(dx_parts + static_cast<std::size_t>(it.e));
+          }
+          return;
+        }
+        const int e = split_k_[slot - dx_end];
+        ready_.wait(dx_parts + static_cast<std::size_t>(e));
+        ready_.wait(lora_done + static_cast<std::size_t>(e));
+        sum_dx(e, ws);
+      },
+      numa::ThreadPool::Guests::welcome);
+  // --phases: dh until its last item ended, lora_grads until its last one did, dx from there.
+  clock.lap_at(2, dh_end > 0 ? dh_finished : std::chrono::steady_clock::now());
+  clock.lap_at(3, lora_items > 0 ? lora_finished : std::chrono::steady_clock::now());
   lap(4);
 
   if (!sum_blocks.empty())

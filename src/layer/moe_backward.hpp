@@ -26,6 +26,7 @@
 #include "src/layer/backward_workspace.hpp"
 #include "src/layer/cross_node_sums.hpp"
 #include "src/layer/forward_cache.hpp"
+#include "src/layer/item_countdowns.hpp"
 #include "src/layer/lora_term.hpp"
 #include "src/layer/packed_experts.hpp"
 #include "src/layer/shared_gather.hpp"
@@ -91,6 +92,7 @@ class MoeBackward {
   std::vector<int> active_, column_split_, split_k_;
   std::vector<std::pair<int, int>> units_;  // the gather's: (expert, first row)
   std::vector<std::array<LoraTerm, 3>> terms_;
+  ItemCountdowns ready_;  // what the items of dh, lora_grads and dx wait for (one parallel_for)
   std::array<double, kPhases> phase_seconds_{};
 };
 
