@@ -13,9 +13,11 @@
 // are the forward's LoraTerm with transposed factors. Items depend on the routing only, so the
 // results are bit-identical for any thread count.
 //
-// Phases (each a parallel_for): gather, lora_prep, dh (with the SwiGLU backward, and the LoRA
-// gradients of gate's and up's B and down's A, column by column), lora_grads (dP and dA of gate
-// and up), dx, lora_sums (tensor parallel: the LoRA gradients summed over the nodes), combine.
+// Phases: gather, lora_prep, dh (with the SwiGLU backward, and the LoRA gradients of gate's and
+// up's B and down's A, column by column), lora_grads (dP and dA of gate and up), dx, lora_sums
+// (tensor parallel: the LoRA gradients summed over the nodes), combine. Each is a parallel_for,
+// except dh, lora_grads and dx, which share one: an expert's lora_grads items wait for its dh
+// items, its dx items for its lora_grads (ItemCountdowns), so no core waits at their ends.
 #include <array>
 #include <functional>
 #include <memory>
