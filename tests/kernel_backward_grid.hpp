@@ -216,7 +216,8 @@ inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int r
 
 inline void check_lora_grad_grid(LoraGradOuterFn fn, LoraGradOuterFn also) {
   std::mt19937 rng(59);
-  for (int rows : {1, 2, 3, 7, 16, 17, 50})
+  // From 16 rows the AMX table's kernel runs on tiles: k-steps of 32 rows, passes of 64 columns.
+  for (int rows : {1, 2, 3, 7, 16, 17, 31, 32, 33, 50, 97})
     for (int n : {1, 15, 16, 17, 33, 100})
       for (int rank : {1, 5, 8, 16, 17, 33, 64})
         for (bool rank_major : {true, false})
@@ -258,8 +259,8 @@ inline void check_lora_grad_bf16_target(LoraGradOuterFn fn) {
 
 // A NaN in v poisons its column o, a NaN in u its q; nothing else. Empty sizes change nothing, also
 // when overwriting.
-inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn) {
-  const int rows = 3, n = 40, rank = 12;
+inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn, int rows = 3) {
+  const int n = 40, rank = 12;
   std::vector<bf16> v(rows * n, float_to_bf16(0.5f));
   std::vector<float> u(rows * rank, 0.0f);  // zero multipliers must not hide the NaN
   v[1 * n + 37] = kBf16Nan;
