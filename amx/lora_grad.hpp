@@ -45,8 +45,11 @@ void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, st
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW/VL).
 void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
                             int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
-// On AMX tiles from 16 rows (fewer go to the AVX-512 kernel), with u split into three bf16 parts
-// so that the sums keep f32's precision. Only where tile_instructions_usable().
+// On AMX tiles, with u split into three bf16 parts so that the sums keep f32's precision; any row
+// count. Only where tile_instructions_usable().
+void lora_grad_outer_amx_tiles(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
+                               int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
+// The AMX table's entry: the tiles from 64 rows, the AVX-512 kernel below (lora_grad_amx.cpp says why).
 void lora_grad_outer_amx(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
                          int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
 

@@ -1,10 +1,12 @@
 // The LoRA gradient outer products on AMX tiles: T[q][o] = sum_i u[i][q] v[i][o] as the tile
 // product (uᵀ) v, with the rows i as the reduction.
 //
-// Why tiles: in the backward at 512 tokens of DeepSeek-V2-Lite (r = 16, about 48 rows an expert)
-// the AVX-512 kernel spends one FMA per 16 products, about 1 GFLOP a step over the five
-// gradients that need it, all on cores that stream no weights meanwhile. A TDPBF16PS does 8192
-// products.
+// Why tiles: the AVX-512 kernel spends one FMA per 16 products. At 4096 tokens of
+// DeepSeek-V2-Lite (r = 16, about 384 rows an expert) that is 8 GFLOP a fine-tuning step over the
+// six gradients that need it, on cores that stream no weights meanwhile; a TDPBF16PS does 8192
+// products. On the device the 4096-token backward went from 1.27-1.40 (mean 1.32) to 1.21-1.31
+// (mean 1.25) times the forward_sft of the same round, five rounds each in two calls (lora_grads
+// 7.8-9.4 -> 5.0-6.0 ms). Per call most of the time is packing v and writing g, not products.
 //
 // Exactness: u is f32 and the tiles multiply bf16, so u is split into three bf16 parts,
 // u = hi + mid + lo, each the next 8 bits of u's 24-bit significand (truncation: the parts add up
@@ -43,9 +45,12 @@ constexpr int kPassTiles = 4;    // o-tiles of 16 columns a pass (tmm0-3)
 constexpr int kParts = 3;        // hi, mid, lo
 constexpr std::size_t kTileElements = 16 * 32;  // bf16 in one 1 KiB tile
 
-// Below this many rows the AVX-512 kernel does as well: packing v for the tiles costs about what
-// its FMAs do there.
-constexpr int kTileMinRows = 16;
+// Below this many rows the table's entry sends the products to the AVX-512 kernel. Its FMAs grow
+// with the rows; the tiles' cost is mostly per column (packing v, and writing g, transposed for
+// the [n][rank] layout) and grows slowly. On the device (rank 16, bf16 g, operands in cache, one
+// thread and 16 at once), AMX / AVX-512 time: 1.0-1.9 at 16-48 rows, 0.8-1.1 at 56-64, 0.6-0.9 at
+// 96-384 (n = 1408, 2048); for n = 128 (a dh item's columns) 0.9-1.2 up to 384 rows.
+constexpr int kTileMinRows = 64;
 
 // Each lane's top 16 bits (the lanes hold values exactly representable as bf16) as 16 bf16.
 inline __m256i top_halves(__m512 v) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)); }
@@ -145,9 +150,14 @@ inline void store_c(int j, float* dst) {
 
 void lora_grad_outer_amx(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
                          std::size_t ldg, bool rank_major, bool overwrite) {
-  if (rows <= 0 || n <= 0 || rank <= 0) return;
   if (rows < kTileMinRows) return lora_grad_outer_avx512(v, ldv, u, ldu, rows, n, rank, g, ldg, rank_major, overwrite);
-  if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "lora_grad_outer_amx: " + isa_unavailable_reason(Isa::amx_bf16));
+  lora_grad_outer_amx_tiles(v, ldv, u, ldu, rows, n, rank, g, ldg, rank_major, overwrite);
+}
+
+void lora_grad_outer_amx_tiles(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
+                               std::size_t ldg, bool rank_major, bool overwrite) {
+  if (rows <= 0 || n <= 0 || rank <= 0) return;
+  if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "lora_grad_outer_amx_tiles: " + isa_unavailable_reason(Isa::amx_bf16));
   const int ksteps = (rows + kStepRows - 1) / kStepRows;
   const int qtiles = (rank + kQ - 1) / kQ;
   thread_local AlignedVector<bf16> a_parts, b_pass;

@@ -1,6 +1,7 @@
 // The backward's kernels of the AMX table, checked like the portable and AVX-512 ones and against
-// the portable ones: the LoRA gradient outer products run on tiles from 16 rows. SKIPPED on CPUs
-// without AMX; CI's sanitizer build runs them on the emulated tiles.
+// the portable ones, and the tile kernel of the LoRA gradient outer products at every row count
+// (the table sends fewer than 64 rows to AVX-512). SKIPPED on CPUs without AMX; CI's sanitizer
+// build runs them on the emulated tiles.
 #include <cmath>
 #include <limits>
 #include <random>
@@ -19,10 +20,15 @@ TEST_CASE("amx backward kernels match W, the double reference and the portable k
   test::check_backward_kernels({t.pack_transposed_kblock, t.lora_grad_outer, t.gemm_bf16}, &portable);
 }
 
+TEST_CASE("amx outer products on tiles at every row count match the double reference and the portable kernel") {
+  test::check_lora_grad_grid(lora_grad_outer_amx_tiles, lora_grad_outer_portable);
+  test::check_lora_grad_bf16_target(lora_grad_outer_amx_tiles);
+}
+
 TEST_CASE("amx outer products: NaN on the tiles poisons only its row or column") {
-  for (int rows : {16, 40, 97}) {
+  for (int rows : {3, 16, 40, 97}) {
     INFO("rows=" << rows);
-    test::check_lora_grad_nan_and_empty(lora_grad_outer_amx, rows);
+    test::check_lora_grad_nan_and_empty(lora_grad_outer_amx_tiles, rows);
   }
 }
 
@@ -53,7 +59,7 @@ TEST_CASE("amx outer products: an infinity gives the infinite sum") {
         std::vector<float> g0(static_cast<std::size_t>(g_rows) * g_cols);
         for (auto& x : g0) x = uniform(rng);
         std::vector<float> g(g0);
-        lora_grad_outer_amx(v.data(), n, u.data(), rank, rows, n, rank, g.data(), g_cols, rank_major, overwrite);
+        lora_grad_outer_amx_tiles(v.data(), n, u.data(), rank, rows, n, rank, g.data(), g_cols, rank_major, overwrite);
         for (int q = 0; q < rank; ++q)
           for (int o = 0; o < n; ++o) {
             const std::size_t at = rank_major ? static_cast<std::size_t>(q) * g_cols + o : static_cast<std::size_t>(o) * g_cols + q;
