@@ -76,9 +76,10 @@ void LoraTerm::start_rows(int rows) {
 }
 
 void LoraTerm::project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
-                            AlignedVector<float>& scratch, float* save, std::size_t ld_save) {
+                            AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles) {
   if (!active_) return;
-  project_range(kt, v, ldv, row0, count, k_padded, false, scratch, save, ld_save);
+  if (v_tiles && !packed_) throw std::logic_error("LoraTerm::project_rows: rows in tile order need the packed form");
+  project_range(kt, v, ldv, row0, count, k_padded, v_tiles, scratch, save, ld_save);
 }
 
 void LoraTerm::load_xa(const float* values, std::size_t ld, int rows) {

@@ -81,8 +81,9 @@ class LoraTerm {
   // rows [row0, row0 + count) from v, which holds just those rows (by rows), and writes them to xa
   // and to save's rows [row0, row0 + count). Every row must be projected before the term is used.
   void start_rows(int rows);
+  // With v_tiles (the packed form only), v holds those rows in tile order (ldv is then unused).
   void project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
-                    AlignedVector<float>& scratch, float* save, std::size_t ld_save);
+                    AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
   // The packed form's xa for `rows` rows from values already scaled ([rows][ld] f32): the sum of
   // the nodes' projections, in a tensor-parallel layer's forward (expert_partial_sums.hpp).
   void load_xa(const float* values, std::size_t ld, int rows);

@@ -433,17 +433,31 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       return;
     }
     // Integer weights: kXaBlockRows of the caller's rows at a time (128 KiB at hidden 2048), which
-    // stay in this core's cache for both projections.
+    // stay in this core's cache for both projections. Where the tile kernels run, in tile order,
+    // as bf16 weights gather x: rows 4 KiB apart put a tile load's 16 lines in one L1 set. On the
+    // device (512 tokens, r = 16, temporary clocks) this x Aᵀ took 4.0 worker-ms a call from rows,
+    // against 2.3 for the bf16 weights' tiles.
     const int m = groups.count(e);
+    const bool tiles = kt_.amx_min_rows > 0 && m >= tile_order_min_rows(kt_);
     thread_local AlignedVector<bf16> block;
     block.resize(static_cast<std::size_t>(kXaBlockRows) * hk);
     for (Projection p : {Projection::gate, Projection::up}) lora_[e][static_cast<int>(p)].start_rows(m);
     for (int r0 = 0; r0 < m; r0 += kXaBlockRows) {
       const int count = std::min(kXaBlockRows, m - r0);
-      copy_x_rows(e, r0, count, block.data(), hk);
+      if (tiles) {
+        for (int t = 0; t < count; t += kernels::kATileRows) {
+          const int rows_here = std::min(kernels::kATileRows, count - t);
+          const bf16* src[kernels::kATileRows];
+          for (int r = 0; r < rows_here; ++r)
+            src[r] = x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(groups.offsets[e] + r0 + t + r)]) * hidden;
+          kernels::store_row_tile(src, rows_here, s.hidden, static_cast<int>(hk), block.data() + static_cast<std::size_t>(t) * hk);
+        }
+      } else {
+        copy_x_rows(e, r0, count, block.data(), hk);
+      }
       for (Projection p : {Projection::gate, Projection::up})
         lora_[e][static_cast<int>(p)].project_rows(kt_, block.data(), hk, r0, count, static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
-                                                   static_cast<std::size_t>(lora[p].rank));
+                                                   static_cast<std::size_t>(lora[p].rank), tiles);
     }
   };
   // With share_lora, one node computes each expert's x Aᵀ of gate and up (from A packed here or by
