@@ -96,7 +96,8 @@ void pack_u_parts(const float* u, std::size_t ldu, int rows, int rank, int kstep
 // Columns [o0, o0 + 16 * tiles) of v (clipped to n) for every k-step, as B tiles:
 // out[(s * kPassTiles + j) * kTileElements], tile row r = rows 32 s + 2r and 32 s + 2r + 1
 // interleaved element by element. Returns false when one of them is an infinity or a NaN.
-bool pack_v_pass(const bf16* v, std::size_t ldv, int rows, int n, int o0, int tiles, int ksteps, bf16* out) {
+bool pack_v_pass(const bf16* v, std::size_t ldv, const int* v_rows, int rows, int n, int o0, int tiles, int ksteps, bf16* out) {
+  auto row = [&](int i) { return v + static_cast<std::size_t>(v_rows ? v_rows[i] : i) * ldv; };
   const __m512i exponent = _mm512_set1_epi16(0x7f80);
   __mmask32 special = 0;
   for (int j = 0; j < tiles; ++j) {
@@ -106,9 +107,8 @@ bool pack_v_pass(const bf16* v, std::size_t ldv, int rows, int n, int o0, int ti
       bf16* tile = out + (static_cast<std::size_t>(s) * kPassTiles + j) * kTileElements;
       for (int r = 0; r < 16; ++r) {
         const int i = s * kStepRows + 2 * r;
-        const __m256i even = i < rows ? _mm256_maskz_loadu_epi16(mask, v + static_cast<std::size_t>(i) * ldv + oj) : _mm256_setzero_si256();
-        const __m256i odd =
-            i + 1 < rows ? _mm256_maskz_loadu_epi16(mask, v + static_cast<std::size_t>(i + 1) * ldv + oj) : _mm256_setzero_si256();
+        const __m256i even = i < rows ? _mm256_maskz_loadu_epi16(mask, row(i) + oj) : _mm256_setzero_si256();
+        const __m256i odd = i + 1 < rows ? _mm256_maskz_loadu_epi16(mask, row(i + 1) + oj) : _mm256_setzero_si256();
         const __m512i pairs = _mm512_or_si512(_mm512_cvtepu16_epi32(even), _mm512_slli_epi32(_mm512_cvtepu16_epi32(odd), 16));
         _mm512_store_si512(tile + static_cast<std::size_t>(r) * 32, pairs);
         special |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(pairs, exponent), exponent);
@@ -148,13 +148,13 @@ inline void store_c(int j, float* dst) {
 
 }  // namespace
 
-void lora_grad_outer_amx(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
+void lora_grad_outer_amx(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
                          std::size_t ldg, bool rank_major, bool overwrite) {
-  if (rows < kTileMinRows) return lora_grad_outer_avx512(v, ldv, u, ldu, rows, n, rank, g, ldg, rank_major, overwrite);
-  lora_grad_outer_amx_tiles(v, ldv, u, ldu, rows, n, rank, g, ldg, rank_major, overwrite);
+  if (rows < kTileMinRows) return lora_grad_outer_avx512(v, ldv, v_rows, u, ldu, rows, n, rank, g, ldg, rank_major, overwrite);
+  lora_grad_outer_amx_tiles(v, ldv, v_rows, u, ldu, rows, n, rank, g, ldg, rank_major, overwrite);
 }
 
-void lora_grad_outer_amx_tiles(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
+void lora_grad_outer_amx_tiles(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
                                std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0 || n <= 0 || rank <= 0) return;
   if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "lora_grad_outer_amx_tiles: " + isa_unavailable_reason(Isa::amx_bf16));
@@ -170,11 +170,11 @@ void lora_grad_outer_amx_tiles(const bf16* v, std::size_t ldv, const float* u, s
   alignas(64) float c[kQ * 16];
   for (int o0 = 0; o0 < n; o0 += kPassTiles * 16) {
     const int tiles = std::min(kPassTiles, (n - o0 + 15) / 16);
-    if (!pack_v_pass(v, ldv, rows, n, o0, tiles, ksteps, b_pass.data())) {
+    if (!pack_v_pass(v, ldv, v_rows, rows, n, o0, tiles, ksteps, b_pass.data())) {
       // 0 × inf is NaN on the tiles, where u's zero parts meet an infinite v: these columns and
       // the rest go to the f32 FMAs, which give the infinity the sum has.
       const GradTarget rest = g.offset(rank_major ? static_cast<std::size_t>(o0) : static_cast<std::size_t>(o0) * ldg);
-      return lora_grad_outer_avx512(v + o0, ldv, u, ldu, rows, n - o0, rank, rest, ldg, rank_major, overwrite);
+      return lora_grad_outer_avx512(v + o0, ldv, v_rows, u, ldu, rows, n - o0, rank, rest, ldg, rank_major, overwrite);
     }
     __asm__ volatile("" ::: "memory");
     for (int qt = 0; qt < qtiles; ++qt) {

@@ -17,6 +17,7 @@ constexpr int kMaxQ = 16;  // accumulators per 16 o's; with 2 × 16 o's at most 
 struct Args {
   const bf16* v;
   std::size_t ldv;
+  const int* v_rows;  // or null: row i at v + i * ldv
   const float* u;
   std::size_t ldu;
   int rows, n;
@@ -38,9 +39,9 @@ void tile(const Args& a, int q0, int o0) {
 #pragma GCC unroll 2
     for (int b = 0; b < B; ++b) acc[q][b] = _mm512_setzero_ps();
 
-  const bf16* vi = a.v + o0;
   const float* ui = a.u + q0;
-  for (int i = 0; i < a.rows; ++i, vi += a.ldv, ui += a.ldu) {
+  for (int i = 0; i < a.rows; ++i, ui += a.ldu) {
+    const bf16* vi = a.v + static_cast<std::size_t>(a.v_rows ? a.v_rows[i] : i) * a.ldv + o0;
     __m512 x[B];
 #pragma GCC unroll 2
     for (int b = 0; b < B; ++b) x[b] = load_f32x16(vi + 16 * b, mask[b]);
@@ -78,10 +79,10 @@ constexpr auto kTiles2 = make_tiles<2>(std::make_integer_sequence<int, kMaxQ / 2
 
 }  // namespace
 
-void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
+void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n,
                             int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0 || n <= 0) return;
-  const Args a{v, ldv, u, ldu, rows, n, g, ldg, rank_major, overwrite};
+  const Args a{v, ldv, v_rows, u, ldu, rows, n, g, ldg, rank_major, overwrite};
   for (int q0 = 0; q0 < rank; q0 += kMaxQ) {
     const int q = rank - q0 < kMaxQ ? rank - q0 : kMaxQ;
     const bool two = q <= kMaxQ / 2;

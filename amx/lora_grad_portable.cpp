@@ -7,7 +7,7 @@
 
 namespace tilemoe::kernels {
 
-void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, std::size_t ldu, int rows, int n,
+void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n,
                               int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0) return;
   constexpr int kChunk = 256;
@@ -18,7 +18,7 @@ void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const float* u, st
       std::fill(sum, sum + len, 0.0f);
       for (int i = 0; i < rows; ++i) {
         const float uq = u[static_cast<std::size_t>(i) * ldu + q];
-        const bf16* vi = v + static_cast<std::size_t>(i) * ldv + o0;
+        const bf16* vi = v + static_cast<std::size_t>(v_rows ? v_rows[i] : i) * ldv + o0;
         for (int o = 0; o < len; ++o) sum[o] += uq * bf16_to_float(vi[o]);
       }
       for (int o = 0; o < len; ++o) {

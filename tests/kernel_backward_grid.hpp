@@ -172,13 +172,19 @@ inline void check_transposed_gemm(const BackwardKernels& kern) {
 // g (+)= the outer products, against a double reference: rows, n and rank tails, both layouts,
 // padded strides. `also` (optional): a second kernel that must agree within the tolerance.
 // overwrite: g's block starts as NaN, which must not be read (g = the sums); otherwise g += them.
+// indexed: v's rows are read through a row index (some rows twice, some never), as the A
+// gradients read the saved x by token.
 inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int rows, int n, int rank, bool rank_major, bool overwrite,
-                                 std::mt19937& rng) {
-  INFO("rows=" << rows << " n=" << n << " rank=" << rank << " rank_major=" << rank_major << " overwrite=" << overwrite);
+                                 std::mt19937& rng, bool indexed = false) {
+  INFO("rows=" << rows << " n=" << n << " rank=" << rank << " rank_major=" << rank_major << " overwrite=" << overwrite
+                << " indexed=" << indexed);
   const std::size_t ldv = n + 3, ldu = rank + 2;
   const int g_rows = rank_major ? rank : n, g_cols = rank_major ? n : rank;
   const std::size_t ldg = g_cols + 5;
-  Guarded<bf16> v((rows - 1) * ldv + n);
+  const int v_count = indexed ? rows + 5 : rows;
+  std::vector<int> index(static_cast<std::size_t>(rows));
+  for (int i = 0; i < rows; ++i) index[static_cast<std::size_t>(i)] = indexed ? (i * 7 + 3) % v_count : i;
+  Guarded<bf16> v((v_count - 1) * ldv + n);
   Guarded<float> u((rows - 1) * ldu + rank);
   const std::size_t g_count = (g_rows - 1) * ldg + g_cols;
   Guarded<float> g(g_count);
@@ -189,8 +195,9 @@ inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int r
   for (std::size_t e = 0; e < g_count; ++e)
     g[e] = g0[e] = e % ldg < static_cast<std::size_t>(g_cols) ? (overwrite ? NAN : uniform(rng)) : kPadding;
   std::vector<float> g_also(g0);
-  fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g.data(), ldg, rank_major, overwrite);
-  if (also != nullptr) also(v.data(), ldv, u.data(), ldu, rows, n, rank, g_also.data(), ldg, rank_major, overwrite);
+  const int* rows_of_v = indexed ? index.data() : nullptr;
+  fn(v.data(), ldv, rows_of_v, u.data(), ldu, rows, n, rank, g.data(), ldg, rank_major, overwrite);
+  if (also != nullptr) also(v.data(), ldv, rows_of_v, u.data(), ldu, rows, n, rank, g_also.data(), ldg, rank_major, overwrite);
 
   std::ostringstream error;
   for (std::size_t e = 0; e < g_count && error.tellp() == 0; ++e) {
@@ -202,7 +209,7 @@ inline void check_lora_grad_case(LoraGradOuterFn fn, LoraGradOuterFn also, int r
     const int q = rank_major ? row : col, o = rank_major ? col : row;
     double sum = overwrite ? 0.0 : g0[e], scale = std::fabs(sum);
     for (int i = 0; i < rows; ++i) {
-      const double t = double(u[i * ldu + q]) * bf16_to_float(v[i * ldv + o]);
+      const double t = double(u[i * ldu + q]) * bf16_to_float(v[static_cast<std::size_t>(index[static_cast<std::size_t>(i)]) * ldv + o]);
       sum += t, scale += std::fabs(t);
     }
     if (!(std::fabs(g[e] - sum) <= 1e-5 * scale)) error << "g[" << q << "][" << o << "] = " << g[e] << ", reference " << sum;
@@ -221,7 +228,10 @@ inline void check_lora_grad_grid(LoraGradOuterFn fn, LoraGradOuterFn also) {
     for (int n : {1, 15, 16, 17, 33, 100})
       for (int rank : {1, 5, 8, 16, 17, 33, 64})
         for (bool rank_major : {true, false})
-          for (bool overwrite : {false, true}) check_lora_grad_case(fn, also, rows, n, rank, rank_major, overwrite, rng);
+          for (bool overwrite : {false, true}) {
+            check_lora_grad_case(fn, also, rows, n, rank, rank_major, overwrite, rng);
+            if ((rows + n + rank) % 3 == 0) check_lora_grad_case(fn, also, rows, n, rank, rank_major, overwrite, rng, /*indexed=*/true);
+          }
 }
 
 // A bf16 target gets float_to_bf16 of what an f32 target gets from the same start (bf16 values,
@@ -248,8 +258,8 @@ inline void check_lora_grad_bf16_target(LoraGradOuterFn fn) {
               g16[e] = e % ldg < static_cast<std::size_t>(g_cols) ? float_to_bf16(uniform(rng)) : bf16{0x7777};
               g32[e] = bf16_to_float(g16[e]);
             }
-            fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g32.data(), ldg, rank_major, overwrite);
-            fn(v.data(), ldv, u.data(), ldu, rows, n, rank, g16.data(), ldg, rank_major, overwrite);
+            fn(v.data(), ldv, nullptr, u.data(), ldu, rows, n, rank, g32.data(), ldg, rank_major, overwrite);
+            fn(v.data(), ldv, nullptr, u.data(), ldu, rows, n, rank, g16.data(), ldg, rank_major, overwrite);
             for (std::size_t e = 0; e < g_count; ++e) {
               INFO("element " << e);
               REQUIRE(g16[e] == (e % ldg < static_cast<std::size_t>(g_cols) ? float_to_bf16(g32[e]) : bf16{0x7777}));
@@ -269,7 +279,7 @@ inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn, int rows = 3) {
   for (bool overwrite : {false, true}) {
     INFO("rank_major=" << rank_major << " overwrite=" << overwrite);
     std::vector<float> g(n * rank, 1.0f);
-    fn(v.data(), n, u.data(), rank, rows, n, rank, g.data(), rank_major ? n : rank, rank_major, overwrite);
+    fn(v.data(), n, nullptr, u.data(), rank, rows, n, rank, g.data(), rank_major ? n : rank, rank_major, overwrite);
     for (int q = 0; q < rank; ++q)
       for (int o = 0; o < n; ++o) {
         const float got = rank_major ? g[q * n + o] : g[o * rank + q];
@@ -277,9 +287,9 @@ inline void check_lora_grad_nan_and_empty(LoraGradOuterFn fn, int rows = 3) {
         CHECK(std::isnan(got) == (q == 3 || o == 37));
       }
     std::vector<float> untouched(n * rank, 2.0f);
-    fn(v.data(), n, u.data(), rank, 0, n, rank, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
-    fn(v.data(), n, u.data(), rank, rows, n, 0, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
-    fn(v.data(), n, u.data(), rank, rows, 0, rank, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
+    fn(v.data(), n, nullptr, u.data(), rank, 0, n, rank, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
+    fn(v.data(), n, nullptr, u.data(), rank, rows, n, 0, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
+    fn(v.data(), n, nullptr, u.data(), rank, rows, 0, rank, untouched.data(), rank_major ? n : rank, rank_major, overwrite);
     CHECK(untouched == std::vector<float>(n * rank, 2.0f));
   }
 }

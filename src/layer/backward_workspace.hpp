@@ -23,7 +23,7 @@ struct BackwardWorkspace {
   std::mutex in_use;
   // Grown to the largest batch seen, never shrunk.
   // Cache-line aligned: tile rows are read and written here.
-  AlignedVector<bf16> dy, dgu, xs, dx;
+  AlignedVector<bf16> dy, dgu, dx;
   std::array<AlignedVector<float>, 3> dp;  // s·dOut·B per projection, [rows][rank]
   AlignedVector<float> partials;           // split-K partial products (decode)
   std::vector<Worker> scratch;           // per worker of the pool

@@ -82,10 +82,6 @@ std::function<void(int, int, int, bf16*, std::size_t)> MoeBackward::transposer(P
   };
 }
 
-bool MoeBackward::needs_x_rows(const LayerLoraView& lora, const LayerLoraGrad& grads) {
-  return (grads[0].a && lora[Projection::gate].rank > 0) || (grads[1].a && lora[Projection::up].rank > 0);
-}
-
 const char* MoeBackward::phase_name(int i) {
   static const char* names[kPhases] = {"gather", "lora_prep", "dh", "lora_grads", "dx", "lora_sums", "combine"};
   return names[i];
@@ -117,16 +113,13 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   const std::size_t gu_ld = 2 * ik;
 
   const bool any_lora = !lora.empty();
-  const bool need_x = needs_x_rows(lora, grads);
   const bool need_h = grads[2].a && lora[Projection::down].rank > 0;
   if (!shared) {
     grow_to(dy_, rows * hk);
-    if (need_x) grow_to(xs_, rows * hidden);
-  } else if (shared->dy.size() < rows * hk || (need_x && shared->xs.size() < rows * hidden)) {
+  } else if (shared->dy.size() < rows * hk) {
     throw std::logic_error("MoeBackward: the shared gather was not prepared for this backward");
   }
   bf16* const dy_rows = shared ? shared->dy.data() : dy_.data();
-  bf16* const x_rows = shared ? shared->xs.data() : xs_.data();
   grow_to(dgu_, rows * gu_ld);
   // dX: one bf16 row per routed row in TokenGroups order, written by the dx items from their f32
   // products (as the forward's y: half the bytes written here and read by the combine, which
@@ -171,8 +164,10 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   PhaseClock clock(phase_seconds_);
   auto lap = [&](int phase) { clock.lap(phase); };
 
-  // gather: dY = w * dO per slot, grouped by expert, zero-padded for the kernels; x rows for dA;
-  // in units of up to 16 rows of one expert, each copied once for all nodes that share them.
+  // gather: dY = w * dO per slot, grouped by expert, zero-padded for the kernels, in units of up to
+  // 16 rows of one expert, each copied once for all nodes that share them. (The A gradients of gate
+  // and up read the saved x's rows in place, by token: a gathered copy was 200 MB written and read
+  // back at 4096 tokens of DeepSeek-V2-Lite.)
   // Every node pads its own dG|dU rows. A shared unit's copy cannot fail (no allocation), so
   // the waits below always end.
   units_.clear();
@@ -194,7 +189,6 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       bf16* dy = dy_rows + pos * hk;
       kt_.convert_to_bf16(grad_output + t * hidden, hidden, wt, dy);
       std::fill(dy + hidden, dy + hk, bf16(0));
-      if (need_x) std::memcpy(x_rows + pos * hidden, entry.x.data() + t * hidden, hidden * sizeof(bf16));
     }
     if (shared) shared->done(e);
   });
@@ -233,7 +227,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       const std::size_t r = rank_of(p);
       term.project(kt_, dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
       if (grads[2].b && !sums)
-        kt_.lora_grad_outer(dy_rows + off(e) * hk, hk, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
+        kt_.lora_grad_outer(dy_rows + off(e) * hk, hk, nullptr, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
                             lora_grad_b(grads[2], e, static_cast<int>(r), s.hidden), r, false, overwrite);
     });
   }
@@ -259,13 +253,13 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
                           gu + ik, gu_ld, h, static_cast<std::size_t>(n));
     if (h)
-      kt_.lora_grad_outer(h, static_cast<std::size_t>(n), dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
+      kt_.lora_grad_outer(h, static_cast<std::size_t>(n), nullptr, dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
                           lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0), grads[2].lda(s.intermediate), true,
                           overwrite);
     for (int p = 0; p < 2 && any_lora; ++p) {
       if (!terms_[e][p].active() || !grads[p].b) continue;
       const std::size_t r = rank_of(static_cast<Projection>(p));
-      kt_.lora_grad_outer(gu + (p == 1 ? ik : 0), gu_ld, entry.xa[p].data() + off(e) * r, r, m, n, static_cast<int>(r),
+      kt_.lora_grad_outer(gu + (p == 1 ? ik : 0), gu_ld, nullptr, entry.xa[p].data() + off(e) * r, r, m, n, static_cast<int>(r),
                           lora_grad_b(grads[p], e, static_cast<int>(r), s.intermediate).offset(static_cast<std::size_t>(col0) * r), r, false,
                           overwrite);
     }
@@ -319,7 +313,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     float* dp = dp_[p].data() + off(e) * r;
     term.project(kt_, d_out, gu_ld, m, static_cast<int>(ik), ws.proj, dp, r);
     if (grads[p].a && !sums)
-      kt_.lora_grad_outer(x_rows + off(e) * hidden, hidden, dp, r, m, s.hidden, static_cast<int>(r),
+      kt_.lora_grad_outer(entry.x.data(), hidden, groups.token.data() + off(e), dp, r, m, s.hidden, static_cast<int>(r),
                           lora_grad_a(grads[p], e, static_cast<int>(r), s.hidden), grads[p].lda(s.hidden), true, overwrite);
   };
 
@@ -349,11 +343,11 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       grow_to(ws.proj, static_cast<std::size_t>(m) * r);
       sums->sum_rows(sb.p, off(sb.e), m, static_cast<int>(r), ws.proj.data());
       if (sb.p == 2)
-        kt_.lora_grad_outer(dy_rows + off(sb.e) * hk + sb.col0, hk, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
+        kt_.lora_grad_outer(dy_rows + off(sb.e) * hk + sb.col0, hk, nullptr, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
                             lora_grad_b(grads[2], sb.e, static_cast<int>(r), s.hidden).offset(static_cast<std::size_t>(sb.col0) * r), r, false,
                             overwrite);
       else
-        kt_.lora_grad_outer(x_rows + off(sb.e) * hidden + sb.col0, hidden, ws.proj.data(), r, m, sb.n, static_cast<int>(r),
+        kt_.lora_grad_outer(entry.x.data() + sb.col0, hidden, groups.token.data() + off(sb.e), ws.proj.data(), r, m, sb.n, static_cast<int>(r),
                             lora_grad_a(grads[sb.p], sb.e, static_cast<int>(r), s.hidden).offset(sb.col0), grads[sb.p].lda(s.hidden), true,
                             overwrite);
     }

@@ -46,7 +46,7 @@ struct BackwardNodes {
   // The backward then throws CrossNodeSums::Stopped when another node failed.
   CrossNodeSums* sums = nullptr;
   int node = 0;
-  // Nodes on one memory node: the rows of w dO and of x, each copied by one node
+  // Nodes on one memory node: the rows of w dO, each copied by one node
   // (SharedGather::prepare_backward, called before the nodes start).
   SharedGather* gather = nullptr;
 };
@@ -60,8 +60,6 @@ class MoeBackward {
   // overwritten (experts without tokens get zero) or, with accumulate, added to what is there.
   void backward(const ForwardCacheEntry& entry, const float* grad_output, float* grad_input, const LayerLoraGrad& grads,
                 bool accumulate, const BackwardNodes& nodes = {});
-  // Whether a backward reads rows of x (for the A gradients of gate and up).
-  static bool needs_x_rows(const LayerLoraView& lora, const LayerLoraGrad& grads);
 
   // Reads Wᵀ from `copy` (built from the same weights) instead of repacking it in every item;
   // the same bits. nullptr (the default): repack. The copy must outlive the backward calls.
@@ -86,7 +84,6 @@ class MoeBackward {
   std::shared_ptr<BackwardWorkspace> ws_;
   AlignedVector<bf16>& dy_ = ws_->dy;
   AlignedVector<bf16>& dgu_ = ws_->dgu;
-  AlignedVector<bf16>& xs_ = ws_->xs;
   AlignedVector<bf16>& dx_ = ws_->dx;
   std::array<AlignedVector<float>, 3>& dp_ = ws_->dp;
   AlignedVector<float>& partials_ = ws_->partials;

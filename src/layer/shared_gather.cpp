@@ -42,12 +42,11 @@ void SharedGather::prepare(const TokenGroups& groups, std::size_t x_ld, std::siz
   if (code_ld > 0) token_codes.prepare(tokens, code_ld);
 }
 
-void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld) {
+void SharedGather::prepare_backward(const TokenGroups& groups, std::size_t dy_ld) {
   reset_units(groups);
   nodes_ = 1;
   const std::size_t total = static_cast<std::size_t>(groups.total());
   grow_to(dy, total * dy_ld);
-  grow_to(xs, total * x_ld);
 }
 
 bool SharedGather::claim(int e, int row) {

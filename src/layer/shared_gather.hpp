@@ -12,8 +12,8 @@
 // changes nothing in what is copied: the output bits are those of per-node gathers.
 //
 // The same holds for what the nodes' LoRA terms of gate and up would each compute alike (their A
-// is not sliced): A packed, and s x Aᵀ (below); and for the backward's rows of dY = w dO and of x,
-// which every node reads whole (prepare_backward).
+// is not sliced): A packed, and s x Aᵀ (below); and for the backward's rows of dY = w dO, which
+// every node reads whole (prepare_backward).
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -50,9 +50,8 @@ class SharedGather {
   // tiles: the buffers allow for that. `nodes`: the nodes that share the rows (owns()). With
   // codes, token_codes holds `tokens` rows.
   void prepare(const TokenGroups& groups, std::size_t x_ld, std::size_t code_ld, int nodes = 1, int tokens = 0);
-  // The same for a backward: units as above, over rows of dY (dy_ld elements) and, for x_ld > 0,
-  // of x (rows in TokenGroups order, no padding).
-  void prepare_backward(const TokenGroups& groups, std::size_t dy_ld, std::size_t x_ld);
+  // The same for a backward: units as above, over rows of dY (dy_ld elements).
+  void prepare_backward(const TokenGroups& groups, std::size_t dy_ld);
 
   // Whether the caller copies unit (e, first row `row`): true for exactly one caller a call.
   bool claim(int e, int row);
@@ -96,7 +95,7 @@ class SharedGather {
   AlignedVector<std::int8_t> codes;  // int8 codes (integer weights)
   std::vector<float> code_scales;  // one per routed row, in TokenGroups order
   TokenCodes token_codes;          // each token's codes, quantized once for every node
-  AlignedVector<bf16> dy, xs;      // the backward's rows of w dO and of x
+  AlignedVector<bf16> dy;          // the backward's rows of w dO
 
  private:
   void reset_units(const TokenGroups& groups);

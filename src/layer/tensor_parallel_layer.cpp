@@ -280,7 +280,7 @@ void TensorParallelLayer::backward(const float* grad_output, float* grad_input, 
     const TokenGroups groups = group_tokens_by_expert(entry.ids.data(), tokens, entry.top_k, shape_.num_experts);
     // dY rows as every node's down products read them: the hidden size padded to a k-block.
     const std::size_t dy_ld = static_cast<std::size_t>(kernels::transposed_kblocks(shards_[0]->weights.down_shape().panels)) * kernels::kBlockK;
-    shared_work.gather->prepare_backward(groups, dy_ld, MoeBackward::needs_x_rows(lora, grads) ? shape_.hidden : 0);
+    shared_work.gather->prepare_backward(groups, dy_ld);
   }
   const int saved_before = cached_forwards();
   try {

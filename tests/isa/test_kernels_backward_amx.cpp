@@ -59,7 +59,7 @@ TEST_CASE("amx outer products: an infinity gives the infinite sum") {
         std::vector<float> g0(static_cast<std::size_t>(g_rows) * g_cols);
         for (auto& x : g0) x = uniform(rng);
         std::vector<float> g(g0);
-        lora_grad_outer_amx_tiles(v.data(), n, u.data(), rank, rows, n, rank, g.data(), g_cols, rank_major, overwrite);
+        lora_grad_outer_amx_tiles(v.data(), n, nullptr, u.data(), rank, rows, n, rank, g.data(), g_cols, rank_major, overwrite);
         for (int q = 0; q < rank; ++q)
           for (int o = 0; o < n; ++o) {
             const std::size_t at = rank_major ? static_cast<std::size_t>(q) * g_cols + o : static_cast<std::size_t>(o) * g_cols + q;
