@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <stdexcept>
 
 #include "amx/pack_transposed.hpp"
