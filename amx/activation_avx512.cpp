@@ -65,7 +65,7 @@ void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate
     bf16* dui = dup + i * ldo;
     bf16* hi = h ? h + i * ldh : nullptr;
     for (int j = 0; j < n; j += 16) {
-      const __mmask16 mask = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1u);
+      const __mmask16 mask = lanes16(n - j);
       silu_backward_vec(mask, di + j, gi + j, ui + j, dgi + j, dui + j, hi ? hi + j : nullptr);
     }
   }
@@ -83,7 +83,7 @@ void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, s
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j), to_bf16(v));
     }
     if (j < n) {
-      const __mmask16 mask = static_cast<__mmask16>((1u << (n - j)) - 1u);
+      const __mmask16 mask = lanes16(n - j);
       const __m512 v = silu_mul(_mm512_maskz_loadu_ps(mask, gi + j), _mm512_maskz_loadu_ps(mask, ui + j));
       _mm256_mask_storeu_epi16(hi + j, mask, to_bf16(v));
     }

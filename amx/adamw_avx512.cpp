@@ -4,6 +4,7 @@
 #include "amx/immintrin_gcc12.hpp"
 
 #include "amx/adamw.hpp"
+#include "amx/bf16_avx512.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -26,7 +27,7 @@ inline void update16(const AdamWCoefficients& c, float* p, const float* g, float
 void adamw_update_avx512(const AdamWCoefficients& c, float* p, const float* g, float* m, float* v, std::size_t n) {
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) update16(c, p + i, g + i, m + i, v + i, 0xffff);
-  if (i < n) update16(c, p + i, g + i, m + i, v + i, static_cast<__mmask16>((1u << (n - i)) - 1u));
+  if (i < n) update16(c, p + i, g + i, m + i, v + i, lanes16(n - i));
 }
 
 }  // namespace tilemoe::kernels

@@ -16,6 +16,12 @@ inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(rounded);
 }
 
+// The first `count` of 16 lanes (all for count >= 16, none for count <= 0): the mask of a row's
+// last, partial vector.
+inline __mmask16 lanes16(int count) {
+  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
+}
+
 inline __m512 bf16_to_f32(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
 
 // 16 consecutive elements of f32 or bf16 storage (the caller's LoRA factors may be either), as

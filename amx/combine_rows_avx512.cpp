@@ -32,7 +32,7 @@ void combine_bf16_rows_avx512(const bf16* const* rows, const float* weights, int
   }
   for (; c < width; c += 16) {
     const std::size_t left = width - c;
-    const __mmask16 m = left >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+    const __mmask16 m = lanes16(left);
     __m512 a = _mm512_setzero_ps();
     for (int j = 0; j < count; ++j) a = _mm512_fmadd_ps(_mm512_set1_ps(weights ? weights[j] : 1.0f), load_bf16(rows[j] + c, m), a);
     _mm512_mask_storeu_ps(out + c, m, a);

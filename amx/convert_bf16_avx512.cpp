@@ -11,7 +11,7 @@ void convert_to_bf16_avx512(const float* src, std::size_t n, float scale, bf16* 
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), to_bf16(_mm512_mul_ps(s, _mm512_loadu_ps(src + i))));
   if (i < n) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 mask = lanes16(n - i);
     _mm256_mask_storeu_epi16(dst + i, mask, to_bf16(_mm512_mul_ps(s, _mm512_maskz_loadu_ps(mask, src + i))));
   }
 }

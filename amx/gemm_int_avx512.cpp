@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "amx/gemm_int.hpp"
 #include "amx/immintrin_gcc12.hpp"
+
+#include "amx/bf16_avx512.hpp"
+#include "amx/gemm_int.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -193,7 +195,7 @@ void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int
     const std::uint16_t* xi = x + ldx * static_cast<std::size_t>(i);
     std::int8_t* qi = codes + ldq * static_cast<std::size_t>(i);
     auto load = [&](int kk) {
-      const __mmask16 m = kk + 16 <= k ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (k - kk)) - 1u);
+      const __mmask16 m = lanes16(k - kk);
       const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, xi + kk));
       return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
     };
@@ -213,7 +215,7 @@ void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int
     if (amax == 0.0f) continue;
     const __m512 inv = _mm512_set1_ps(127.0f / amax);
     for (int kk = 0; kk < k; kk += 16) {
-      const __mmask16 m = kk + 16 <= k ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (k - kk)) - 1u);
+      const __mmask16 m = lanes16(k - kk);
       const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load(kk), inv));  // round to nearest even
       _mm_mask_storeu_epi8(qi + kk, m, _mm512_cvtsepi32_epi8(q));
     }

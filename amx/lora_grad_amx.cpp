@@ -67,7 +67,7 @@ void pack_u_parts(const float* u, std::size_t ldu, int rows, int rank, int kstep
   const __m512 quiet_nan = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000));
   for (int qt = 0; qt < qtiles; ++qt) {
     const int q0 = qt * kQ;
-    const __mmask16 qmask = lora_grad_tail_mask(rank - q0);
+    const __mmask16 qmask = lanes16(rank - q0);
     for (int i0 = 0; i0 < ksteps * kStepRows; i0 += 16) {
       __m512 part[kParts][16];
       for (int r = 0; r < 16; ++r) {
@@ -102,7 +102,7 @@ bool pack_v_pass(const bf16* v, std::size_t ldv, const int* v_rows, int rows, in
   __mmask32 special = 0;
   for (int j = 0; j < tiles; ++j) {
     const int oj = o0 + 16 * j;
-    const __mmask16 mask = lora_grad_tail_mask(n - oj);
+    const __mmask16 mask = lanes16(n - oj);
     for (int s = 0; s < ksteps; ++s) {
       bf16* tile = out + (static_cast<std::size_t>(s) * kPassTiles + j) * kTileElements;
       for (int r = 0; r < 16; ++r) {

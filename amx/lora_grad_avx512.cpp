@@ -32,7 +32,7 @@ template <int Q, int B>
 void tile(const Args& a, int q0, int o0) {
   __mmask16 mask[B];
 #pragma GCC unroll 2
-  for (int b = 0; b < B; ++b) mask[b] = lora_grad_tail_mask(a.n - o0 - 16 * b);
+  for (int b = 0; b < B; ++b) mask[b] = lanes16(a.n - o0 - 16 * b);
   __m512 acc[Q][B];
 #pragma GCC unroll 16
   for (int q = 0; q < Q; ++q)

@@ -13,10 +13,6 @@
 
 namespace tilemoe::kernels {
 
-inline __mmask16 lora_grad_tail_mask(int count) {
-  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
-}
-
 // g[at, at + 16) (+)= v in the lanes of mask, g f32 or bf16 (added in f32, then rounded once).
 inline void add_to_grad(GradTarget g, std::size_t at, __mmask16 mask, __m512 v, bool overwrite) {
   if (g.is_bf16()) {
@@ -34,12 +30,12 @@ inline void write_grad_block(GradTarget g, std::size_t ldg, bool rank_major, boo
                              int count) {
   if (count <= 0) return;
   if (rank_major) {
-    const __mmask16 mask = lora_grad_tail_mask(count);
+    const __mmask16 mask = lanes16(count);
     for (int q = 0; q < qn; ++q) add_to_grad(g, static_cast<std::size_t>(q0 + q) * ldg + o0, mask, x[q], overwrite);
     return;
   }
   transpose16(x);  // x[c] now holds the sums of column o0 + c, one lane per q
-  const __mmask16 qmask = lora_grad_tail_mask(qn);
+  const __mmask16 qmask = lanes16(qn);
   for (int c = 0; c < 16 && c < count; ++c) add_to_grad(g, static_cast<std::size_t>(o0 + c) * ldg + q0, qmask, x[c], overwrite);
 }
 

@@ -28,24 +28,20 @@ constexpr int kRowGroup = 4;  // rows of v and
 constexpr int kJGroup = 4;    // rows of A per block: 16 accumulators
 constexpr int kMaxRankVectors = 4;  // rank <= 64 in vector registers; larger ranks in chunks
 
-inline __mmask16 tail_mask(int count) {
-  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
-}
-
 // Rows of v widened to f32, each padded with zeros to a multiple of 16.
 void widen_rows(const bf16* v, std::size_t ldv, int rows, int in, int in16, std::vector<float>& out) {
   out.resize(static_cast<std::size_t>(rows) * in16);
   for (int i = 0; i < rows; ++i) {
     const bf16* vi = v + static_cast<std::size_t>(i) * ldv;
     float* o = out.data() + static_cast<std::size_t>(i) * in16;
-    for (int k = 0; k < in16; k += 16) _mm512_storeu_ps(o + k, load_f32x16(vi + k, tail_mask(in - k)));
+    for (int k = 0; k < in16; k += 16) _mm512_storeu_ps(o + k, load_f32x16(vi + k, lanes16(in - k)));
   }
 }
 
 // R rows × J consecutive j's of xa: each 16-float load of v serves J products, each load of A R.
 template <int R, int J, typename T>
 void project_block(const float* vf, int in, int in16, const T* const* aj, float scale, float* xa, std::size_t ldxa) {
-  const __mmask16 last = tail_mask(in - (in16 - 16));
+  const __mmask16 last = lanes16(in - (in16 - 16));
   __m512 acc[R][J];
   for (int r = 0; r < R; ++r)
     for (int q = 0; q < J; ++q) acc[r][q] = _mm512_setzero_ps();
@@ -86,7 +82,7 @@ void transpose_rows_to(const T* src, std::size_t lds, int n, int rank, float* t,
   for (int j0 = 0; j0 < n; j0 += 16) {
     const int rows = std::min(16, n - j0);
     for (int q0 = 0; q0 < rank; q0 += 16) {
-      const __mmask16 lanes = tail_mask(rank - q0);
+      const __mmask16 lanes = lanes16(rank - q0);
       __m512 x[16];
       for (int r = 0; r < 16; ++r)
         x[r] = r < rows ? load_f32x16(src + static_cast<std::size_t>(j0 + r) * lds + q0, lanes) : _mm512_setzero_ps();
@@ -107,7 +103,7 @@ void project_by_columns(const float* vf, int rows, int in, int in16, StridedFact
       const int vecs = std::min(kMaxRankVectors, (rank - j0 + 15) / 16);
       __m512 acc[kMaxRankVectors];
       __mmask16 mask[kMaxRankVectors];
-      for (int q = 0; q < kMaxRankVectors; ++q) acc[q] = _mm512_setzero_ps(), mask[q] = tail_mask(rank - j0 - 16 * q);
+      for (int q = 0; q < kMaxRankVectors; ++q) acc[q] = _mm512_setzero_ps(), mask[q] = lanes16(rank - j0 - 16 * q);
       for (int k = 0; k < in; ++k) {
         const __m512 x = _mm512_set1_ps(vi[k]);
         const T* ak = a.as<T>() + static_cast<std::size_t>(k) * a.col_stride + j0;
@@ -143,7 +139,7 @@ void expand_add(const float* xa, std::size_t ldxa, int rows, int rank, const T* 
     const float* x = xa + static_cast<std::size_t>(i) * ldxa;
     float* ci = c + static_cast<std::size_t>(i) * ldc;
     for (int j = 0; j < n; j += 16) {
-      const __mmask16 mask = tail_mask(n - j);
+      const __mmask16 mask = lanes16(n - j);
       __m512 acc = _mm512_maskz_loadu_ps(mask, ci + j);
       for (int q = 0; q < rank; ++q)
         acc = _mm512_fmadd_ps(_mm512_set1_ps(x[q]), load_f32x16(bt + static_cast<std::size_t>(q) * ldbt + j, mask), acc);

@@ -19,17 +19,13 @@
 namespace tilemoe::kernels {
 namespace {
 
-inline __mmask16 tail_mask(int count) {
-  return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
-}
-
 template <typename T>
 void pack_rows_along_k(StridedFactor w, int n, int k, const PackedShape& s, bf16* packed) {
   bf16* out = packed;
   for (int nb = 0; nb < s.panels; ++nb) {
     for (int kb = 0; kb < s.kblocks; ++kb, out += kBlockElements) {
       const int k0 = kb * kBlockK;
-      const __mmask16 lo = tail_mask(k - k0), hi = tail_mask(k - k0 - 16);
+      const __mmask16 lo = lanes16(k - k0), hi = lanes16(k - k0 - 16);
       __m512 x[kPanelColumns];
       for (int c = 0; c < kPanelColumns; ++c) {
         const int col = nb * kPanelColumns + c;
@@ -56,7 +52,7 @@ void pack_rows_along_n(StridedFactor w, int n, int k, const PackedShape& s, bf16
   const __m512i interleave = _mm512_load_si512(kInterleave);
   bf16* out = packed;
   for (int nb = 0; nb < s.panels; ++nb) {
-    const __mmask16 cols = tail_mask(n - nb * kPanelColumns);
+    const __mmask16 cols = lanes16(n - nb * kPanelColumns);
     const T* base = w.as<T>() + static_cast<std::size_t>(nb) * kPanelColumns;
     for (int kk = 0; kk < s.k_padded; kk += 2, out += 2 * kPanelColumns) {
       const __mmask16 even = kk < k ? cols : 0, odd = kk + 1 < k ? cols : 0;
