@@ -249,6 +249,20 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       grow_to(ws.h, static_cast<std::size_t>(m) * n);
       h = ws.h.data();
     }
+    // The gradient blocks that the outer products below write, asked for now so that their
+    // misses overlap the SwiGLU backward (see silu_mul_backward_avx512).
+    if (h) {
+      const kernels::GradTarget t = lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0);
+      const std::size_t row = grads[2].lda(s.intermediate) * grads[2].element_bytes();
+      for (std::size_t q = 0; q < r_down; ++q)
+        prefetch_range(static_cast<const char*>(t.data) + q * row, static_cast<std::size_t>(n) * grads[2].element_bytes());
+    }
+    for (int p = 0; p < 2 && any_lora; ++p)
+      if (terms_[e][p].active() && grads[p].b) {
+        const std::size_t r = rank_of(static_cast<Projection>(p));
+        const kernels::GradTarget t = lora_grad_b(grads[p], e, static_cast<int>(r), s.intermediate).offset(static_cast<std::size_t>(col0) * r);
+        prefetch_range(t.data, static_cast<std::size_t>(n) * r * grads[p].element_bytes());
+      }
     kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
                           gu + ik, gu_ld, h, static_cast<std::size_t>(n));
     if (h)
