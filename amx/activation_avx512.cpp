@@ -5,6 +5,7 @@
 
 #include "amx/activation.hpp"
 #include "amx/bf16_avx512.hpp"
+#include "amx/prefetch.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -39,7 +40,6 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
   return _mm512_mul_ps(s, u);
 }
 
-
 // One vector of silu_mul_backward; `mask` selects the columns that exist.
 inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, const bf16* u16, bf16* dg, bf16* du, bf16* h) {
   const __m512 one = _mm512_set1_ps(1.0f);
@@ -54,33 +54,25 @@ inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, c
   if (h) _mm256_mask_storeu_epi16(h, mask, to_bf16(_mm512_mul_ps(silu, u)));
 }
 
-// Asks for the rows that are kRowsAhead rows on: the saved gate and up (read) and the
-// dG and dU they become (written). In the backward each row of these is a few hundred bytes
-// of a 2.8-5.6 KB row in memory, a stride the hardware prefetchers do not follow, and the
-// loop's own loads and stores reach about one row ahead, so each row waited on its misses. A
-// read prefetch also serves the stores: it brings a line that no other core holds exclusive.
-// On the device (512 tokens of DeepSeek-V2-Lite, r=16), with the gradient blocks asked for
-// likewise (moe_backward.cpp), the backward went from 1.12 to 1.09 times the forward_sft (means
-// of three rounds; docs/perf.md, session 30).
-constexpr int kRowsAhead = 4;
-
-inline void prefetch_row(const void* p, std::size_t bytes) {
-  const char* q = static_cast<const char*>(p);
-  for (std::size_t b = 0; b < bytes; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
-}
-
 }  // namespace
 
+// silu_mul_backward asks for the rows kPrefetchRowsAhead on: the saved gate and up (read) and
+// the dG and dU they become (written). In the backward each row of these is a few hundred bytes
+// of a 2.8-5.6 KB row in memory, a stride the hardware prefetchers do not follow, and the
+// loop's own loads and stores reach about one row ahead, so each row waited on its misses.
+// On the device (512 tokens of DeepSeek-V2-Lite, r=16), with the gradient blocks asked for
+// likewise (moe_backward.cpp), the dh phase went from 0.45 to 0.39 times the forward_sft and the
+// whole backward from 1.11 to 1.08 (means of four rounds each; docs/perf.md, session 30).
 void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                               bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh) {
   const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(bf16);
   for (int i = 0; i < m; ++i) {
-    if (i + kRowsAhead < m) {
-      const std::size_t r = static_cast<std::size_t>(i + kRowsAhead);
-      prefetch_row(gate + r * ldgu, row_bytes);
-      prefetch_row(up + r * ldgu, row_bytes);
-      prefetch_row(dgate + r * ldo, row_bytes);
-      prefetch_row(dup + r * ldo, row_bytes);
+    if (i + kPrefetchRowsAhead < m) {
+      const std::size_t r = static_cast<std::size_t>(i + kPrefetchRowsAhead);
+      prefetch_range(gate + r * ldgu, row_bytes);
+      prefetch_range(up + r * ldgu, row_bytes);
+      prefetch_range(dgate + r * ldo, row_bytes);
+      prefetch_range(dup + r * ldo, row_bytes);
     }
     const float* di = dh + i * ldd;
     const bf16* gi = gate + i * ldgu;

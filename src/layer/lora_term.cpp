@@ -193,14 +193,6 @@ kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, in
   return grad_target(g.b_of(e, rank, out), g.dtype);
 }
 
-void prefetch_range(const void* p, std::size_t bytes) {
-  if (bytes == 0) return;
-  const char* first = static_cast<const char*>(p);
-  const char* last = first + bytes - 1;
-  for (const char* q = first; q < last; q += 64) __builtin_prefetch(q);
-  __builtin_prefetch(last);
-}
-
 void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
                           int panel_shift, int n) {
   const LoraTerm* fused = nullptr;

@@ -19,6 +19,7 @@
 #include "amx/kernel_table.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/lora_rows.hpp"
+#include "amx/prefetch.hpp"
 #include "tilemoe/lora.hpp"
 
 namespace tilemoe {
@@ -36,9 +37,7 @@ kernels::StridedFactor lora_b_factor(const LoraProjectionView& lp, int e);
 kernels::GradTarget lora_grad_a(const LoraProjectionGrad& g, int e, int rank, int in);
 kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, int out);
 
-// Asks for the cache lines of `bytes` bytes from p: the few KiB of LoRA factors an item is about
-// to read, so that their memory latency overlaps other work. Only a hint.
-void prefetch_range(const void* p, std::size_t bytes);
+using kernels::prefetch_range;  // amx/prefetch.hpp: the few KiB of LoRA factors an item is about to read
 
 class LoraTerm {
  public:

@@ -396,9 +396,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
                                                        ws.c.data(), static_cast<std::size_t>(cols));
     const LoraTerm* terms[2] = {any_lora ? &terms_[e][0] : nullptr, any_lora ? &terms_[e][1] : nullptr};
     gemm_with_lora_terms(kt_, g, terms, 2, p0, n);
-    for (int i = 0; i < m; ++i)
-      kt_.convert_to_bf16(ws.c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f,
-                          dx_rows(e) + static_cast<std::size_t>(i) * dx_ld + col0);
+    kernels::convert_rows_to_bf16(kt_.convert_to_bf16, ws.c.data(), static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
+                                  dx_rows(e) + col0, dx_ld);
   };
   auto sum_dx = [&](int e, WorkerScratch& ws) {
     const int m = groups.count(e);
@@ -409,8 +408,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     sum_partials(partials_.data() + first.partial, dx_items_per_expert, static_cast<std::size_t>(m) * ld, m, s.hidden, ld, c.data(), ld);
     if (any_lora)
       for (int p = 0; p < 2; ++p) terms_[e][p].add_f32(kt_, m, 0, s.hidden, c.data(), ld);
-    for (int i = 0; i < m; ++i)
-      kt_.convert_to_bf16(c.data() + static_cast<std::size_t>(i) * ld, hidden, 1.0f, dx_rows(e) + static_cast<std::size_t>(i) * dx_ld);
+    kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), ld, m, hidden, 1.0f, dx_rows(e), dx_ld);
   };
 
   // dh, lora_grads and dx in one parallel_for, in that order: a worker that runs out of dh items

@@ -558,10 +558,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
                       static_cast<std::size_t>(e));
     }
     if (save) {
-      for (int i = 0; i < m; ++i) {
-        kt_.convert_to_bf16(cg + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f, save->gate + (row0 + i) * inter + col0);
-        kt_.convert_to_bf16(cu + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f, save->up + (row0 + i) * inter + col0);
-      }
+      kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cg, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
+                                    save->gate + row0 * inter + col0, inter);
+      kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cu, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
+                                    save->up + row0 * inter + col0, inter);
     }
     const ExpertRows he = expert_rows(h_, e, ik);
     if (he.tiles) {
@@ -624,9 +624,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     grow_to(c, static_cast<std::size_t>(m) * cols);
     project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
                     down_ready + static_cast<std::size_t>(e));
-    for (int i = 0; i < m; ++i)
-      kt_.convert_to_bf16(c.data() + static_cast<std::size_t>(i) * cols, static_cast<std::size_t>(n), 1.0f,
-                          y_.data() + (row0 + static_cast<std::size_t>(i)) * y_ld + col0);
+    kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_.data() + row0 * y_ld + col0,
+                                  y_ld);
   };
 
   // Both in one parallel_for, down's after all of gate_up's: a worker that runs out of gate_up

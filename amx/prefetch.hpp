@@ -1,0 +1,23 @@
+#pragma once
+// Software prefetch of a byte range, for data a loop will reach later than its own loads run
+// ahead: rows some KiB apart (a stride the hardware prefetchers do not follow) and the few KiB
+// of LoRA factors or gradients an item is about to touch. A read prefetch also serves stores: it
+// brings a line that no other core holds in exclusive state, so the store needs no second trip.
+#include <cstddef>
+
+namespace tilemoe::kernels {
+
+// Asks for every cache line of [p, p + bytes). Only a hint: it never faults.
+inline void prefetch_range(const void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  const char* first = static_cast<const char*>(p);
+  const char* last = first + bytes - 1;
+  for (const char* q = first; q < last; q += 64) __builtin_prefetch(q);
+  __builtin_prefetch(last);
+}
+
+// How many rows ahead the row loops below ask for the rows they will write (or read): far
+// enough that 4 rows' misses are in flight together, near enough that the lines are still in L1.
+inline constexpr int kPrefetchRowsAhead = 4;
+
+}  // namespace tilemoe::kernels
