@@ -13,6 +13,8 @@ namespace tilemoe::kernels {
 namespace {
 
 constexpr int kMaxQ = 16;  // accumulators per 16 o's; with 2 × 16 o's at most 8 q's (16 zmm)
+constexpr int kLineElements = 32;  // bf16 values of v in a cache line
+constexpr int kAheadLines = 2;
 
 struct Args {
   const bf16* v;
@@ -39,9 +41,13 @@ void tile(const Args& a, int q0, int o0) {
 #pragma GCC unroll 2
     for (int b = 0; b < B; ++b) acc[q][b] = _mm512_setzero_ps();
 
+  // Rows of v are KiBs apart (the saved x's, by token): the hardware does not follow them, so the
+  // sweep asks for each row's line kAheadLines on whenever it starts a new line of the row.
+  const bool ask = o0 % kLineElements == 0 && o0 + kAheadLines * kLineElements < a.n;
   const float* ui = a.u + q0;
   for (int i = 0; i < a.rows; ++i, ui += a.ldu) {
     const bf16* vi = a.v + static_cast<std::size_t>(a.v_rows ? a.v_rows[i] : i) * a.ldv + o0;
+    if (ask) _mm_prefetch(reinterpret_cast<const char*>(vi + kAheadLines * kLineElements), _MM_HINT_T0);
     __m512 x[B];
 #pragma GCC unroll 2
     for (int b = 0; b < B; ++b) x[b] = load_f32x16(vi + 16 * b, mask[b]);
