@@ -370,6 +370,28 @@ inline void check_convert_to_bf16(ConvertToBf16Fn convert) {
   }
 }
 
+// convert_rows_to_bf16 over strided rows (fewer and more rows than it asks for ahead): each row as
+// convert would write it, and nothing between or after the rows' n values.
+inline void check_convert_rows_to_bf16(ConvertToBf16Fn convert) {
+  std::mt19937 rng(11);
+  for (int rows : {0, 1, kPrefetchRowsAhead, kPrefetchRowsAhead + 1, 13}) {
+    for (std::size_t n : {1u, 17u, 64u}) {
+      const std::size_t lds = n + 5, ldd = n + 9;
+      std::vector<float> src(static_cast<std::size_t>(rows) * lds + 1);
+      for (float& v : src) v = std::uniform_real_distribution<float>(-8, 8)(rng);
+      Guarded<bf16> dst(static_cast<std::size_t>(rows) * ldd + 3);
+      for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = bf16{0x1234};
+      convert_rows_to_bf16(convert, src.data(), lds, rows, n, 0.5f, dst.data(), ldd);
+      for (std::size_t i = 0; i < dst.size(); ++i) {
+        const std::size_t r = i / ldd, c = i % ldd;
+        INFO("rows " << rows << " n " << n << " at row " << r << " column " << c);
+        const bool written = r < static_cast<std::size_t>(rows) && c < n;
+        REQUIRE(dst[i] == (written ? float_to_bf16(0.5f * src[r * lds + c]) : bf16{0x1234}));
+      }
+    }
+  }
+}
+
 // The sum of weighted bf16 rows against a double sum: every column up to width written (junk
 // before), nothing after it, the rows taken in order with their own weights (or 1 each); NaN and
 // Inf in a row reach that column of out.
@@ -435,7 +457,10 @@ inline void check_kernels(Isa isa) {
     check_gemm_large(table.gemm_bf16);
   }
   SECTION("silu_mul") { check_silu_mul(table.silu_mul_bf16); }
-  SECTION("convert_to_bf16") { check_convert_to_bf16(table.convert_to_bf16); }
+  SECTION("convert_to_bf16") {
+    check_convert_to_bf16(table.convert_to_bf16);
+    check_convert_rows_to_bf16(table.convert_to_bf16);
+  }
   SECTION("combine_bf16_rows") { check_combine_bf16_rows(table.combine_bf16_rows); }
   SECTION("lora rows") { check_lora_rows(table.lora_project_rows, table.lora_expand_rows_add); }
 }
