@@ -1,6 +1,8 @@
 #pragma once
 // bf16 <-> f32 in zmm registers, for the AVX-512 kernels only (include from *_avx512.cpp files,
 // which are compiled for AVX-512). Needs <immintrin.h> (amx/immintrin_gcc12.hpp) included first.
+#include <cstddef>
+
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe::kernels {
@@ -21,6 +23,8 @@ inline __m256i to_bf16(__m512 v) {
 inline __mmask16 lanes16(int count) {
   return count >= 16 ? static_cast<__mmask16>(0xffff) : count <= 0 ? 0 : static_cast<__mmask16>((1u << count) - 1);
 }
+// The same for an unsigned count (what is left of a row of any length).
+inline __mmask16 lanes16(std::size_t count) { return lanes16(count >= 16 ? 16 : static_cast<int>(count)); }
 
 inline __m512 bf16_to_f32(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
 
