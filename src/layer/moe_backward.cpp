@@ -249,32 +249,32 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       grow_to(ws.h, static_cast<std::size_t>(m) * n);
       h = ws.h.data();
     }
-    // The gradient blocks that the outer products below write, asked for now so that their
-    // misses overlap the SwiGLU backward (see silu_mul_backward_avx512).
-    if (h) {
-      const kernels::GradTarget t = lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0);
-      const std::size_t row = grads[2].lda(s.intermediate) * grads[2].element_bytes();
+    // The gradient blocks the outer products below write: down's dA columns [col0, col0 + n) and
+    // gate's and up's dB rows. They are asked for now, so that their misses overlap the SwiGLU
+    // backward (see silu_mul_backward_avx512).
+    kernels::GradTarget down_da;
+    if (h) down_da = lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0);
+    const std::size_t da_ld = grads[2].lda(s.intermediate);
+    if (h)
       for (std::size_t q = 0; q < r_down; ++q)
-        prefetch_range(static_cast<const char*>(t.data) + q * row, static_cast<std::size_t>(n) * grads[2].element_bytes());
-    }
+        prefetch_range(down_da.offset(q * da_ld).data, static_cast<std::size_t>(n) * grads[2].element_bytes());
+    kernels::GradTarget gu_db[2];
     for (int p = 0; p < 2 && any_lora; ++p)
       if (terms_[e][p].active() && grads[p].b) {
         const std::size_t r = rank_of(static_cast<Projection>(p));
-        const kernels::GradTarget t = lora_grad_b(grads[p], e, static_cast<int>(r), s.intermediate).offset(static_cast<std::size_t>(col0) * r);
-        prefetch_range(t.data, static_cast<std::size_t>(n) * r * grads[p].element_bytes());
+        gu_db[p] = lora_grad_b(grads[p], e, static_cast<int>(r), s.intermediate).offset(static_cast<std::size_t>(col0) * r);
+        prefetch_range(gu_db[p].data, static_cast<std::size_t>(n) * r * grads[p].element_bytes());
       }
     kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
                           gu + ik, gu_ld, h, static_cast<std::size_t>(n));
     if (h)
       kt_.lora_grad_outer(h, static_cast<std::size_t>(n), nullptr, dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
-                          lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0), grads[2].lda(s.intermediate), true,
-                          overwrite);
-    for (int p = 0; p < 2 && any_lora; ++p) {
-      if (!terms_[e][p].active() || !grads[p].b) continue;
+                          down_da, da_ld, true, overwrite);
+    for (int p = 0; p < 2; ++p) {
+      if (!gu_db[p].data) continue;
       const std::size_t r = rank_of(static_cast<Projection>(p));
-      kt_.lora_grad_outer(gu + (p == 1 ? ik : 0), gu_ld, nullptr, entry.xa[p].data() + off(e) * r, r, m, n, static_cast<int>(r),
-                          lora_grad_b(grads[p], e, static_cast<int>(r), s.intermediate).offset(static_cast<std::size_t>(col0) * r), r, false,
-                          overwrite);
+      kt_.lora_grad_outer(gu + (p == 1 ? ik : 0), gu_ld, nullptr, entry.xa[p].data() + off(e) * r, r, m, n, static_cast<int>(r), gu_db[p], r,
+                          false, overwrite);
     }
   };
   // dh items: twice the forward's columns per item, so that one streams 512 KiB of Wdᵀ at 16-63
