@@ -16,8 +16,9 @@ inline void prefetch_range(const void* p, std::size_t bytes) {
   __builtin_prefetch(last);
 }
 
-// How many rows ahead the row loops below ask for the rows they will write (or read): far
-// enough that 4 rows' misses are in flight together, near enough that the lines are still in L1.
+// How many rows ahead the row loops that use this (convert_rows_to_bf16, silu_mul_backward_avx512)
+// ask for the rows they will read or write: far enough that 4 rows' misses are in flight together,
+// near enough that the lines are still in L1.
 inline constexpr int kPrefetchRowsAhead = 4;
 
 }  // namespace tilemoe::kernels

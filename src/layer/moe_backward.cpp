@@ -253,11 +253,12 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     // gate's and up's dB rows. They are asked for now, so that their misses overlap the SwiGLU
     // backward (see silu_mul_backward_avx512).
     kernels::GradTarget down_da;
-    if (h) down_da = lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0);
     const std::size_t da_ld = grads[2].lda(s.intermediate);
-    if (h)
+    if (h) {
+      down_da = lora_grad_a(grads[2], e, static_cast<int>(r_down), s.intermediate).offset(col0);
       for (std::size_t q = 0; q < r_down; ++q)
         prefetch_range(down_da.offset(q * da_ld).data, static_cast<std::size_t>(n) * grads[2].element_bytes());
+    }
     kernels::GradTarget gu_db[2];
     for (int p = 0; p < 2 && any_lora; ++p)
       if (terms_[e][p].active() && grads[p].b) {
