@@ -10,8 +10,9 @@
 #            and .ktk with KT=1)
 #
 # Environment for `run`: TESTS=1 runs the working tree's whole suite first (AMX tests shown);
-# KT=1 also builds kt-kernel's harness (.ktk, ../shared/anchors/ktkernel) and runs it after
-# round 3 and at the end with KT_ARGS (default: --qlens 1,512 --sft-qlens 512); STEP=1 adds a
+# KT=1 also builds kt-kernel's harness (.ktk, ../shared/anchors/ktkernel) and runs it after the
+# rounds listed in KT_AFTER (default 3) and at the end, with KT_ARGS (default: --qlens 1,512
+# --sft-qlens 512): its runs differ by up to 15 %, so a peer figure wants several; STEP=1 adds a
 # fine-tuning step at 512 tokens (weight copy) to every round. Logs go to $OUT.
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -71,7 +72,7 @@ for r in $rounds; do
     "$bin" bench --shape v2-lite --tokens 512 --lora-rank 16 --backward --backward-weight-copy --phases 2>&1 |
       tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases"
   fi
-  [ "${KT:-0}" = 1 ] && [ "$i" = 3 ] && kt
+  [ "${KT:-0}" = 1 ] && [[ " ${KT_AFTER:-3} " == *" $i "* ]] && kt
 done
 [ "${KT:-0}" = 1 ] && kt
 echo "done in $(( $(date +%s) - t0 )) s"
