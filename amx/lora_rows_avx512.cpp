@@ -7,7 +7,7 @@
 // this the compiler keeps the portable loop's dot products scalar (it may not reorder an f32
 // sum), which made the LoRA of a 12-row expert cost as much as its share of the GEMM.
 // Project, A by columns (a(j, k) contiguous along j, the backward's transposed factors): an
-// axpy of v[i][k] into up to 4 vectors of 16 j's.
+// axpy of v[i][k] into 16 j's at a time, for up to 4 rows at once.
 // Expand, B by rows (b(col, q) contiguous along q, the forward): B's columns for the call are
 // transposed once into a buffer (16 x 16 blocks in registers) so that each row is an axpy of
 // xa[i][q] over 16 columns at a time.
@@ -26,7 +26,6 @@ namespace {
 
 constexpr int kRowGroup = 4;  // rows of v and
 constexpr int kJGroup = 4;    // rows of A per block: 16 accumulators
-constexpr int kMaxRankVectors = 4;  // rank <= 64 in vector registers; larger ranks in chunks
 
 // Rows of v widened to f32, each padded with zeros to a multiple of 16.
 void widen_rows(const bf16* v, std::size_t ldv, int rows, int in, int in16, std::vector<float>& out) {
@@ -93,23 +92,48 @@ void transpose_rows_to(const T* src, std::size_t lds, int n, int rank, float* t,
   }
 }
 
-// The axpy form of the projection: a(j, k) = a[k * col_stride + j].
+// The axpy form of the projection, for R rows and 16 j's from j0: a(j, k) = a[k * col_stride + j].
+// Each load of A's row k serves the R rows, and each row keeps two partial sums (even and odd k):
+// with one sum a row, every FMA waited for the one before (2048 of them a row at hidden 2048,
+// rank 16), which made the backward's down dP at 12 rows an expert take most of its prep phase.
+template <int R, typename T>
+void project_columns_block(const float* vf, std::size_t ldvf, int in, const T* a, std::size_t col_stride, __mmask16 mask, float scale,
+                           float* xa, std::size_t ldxa) {
+  __m512 even[R], odd[R];
+  for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k + 1 < in; k += 2) {
+    const __m512 a0 = load_f32x16(a + static_cast<std::size_t>(k) * col_stride, mask);
+    const __m512 a1 = load_f32x16(a + static_cast<std::size_t>(k + 1) * col_stride, mask);
+    for (int r = 0; r < R; ++r) {
+      const float* vr = vf + static_cast<std::size_t>(r) * ldvf + k;
+      even[r] = _mm512_fmadd_ps(_mm512_set1_ps(vr[0]), a0, even[r]);
+      odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(vr[1]), a1, odd[r]);
+    }
+  }
+  if (k < in) {
+    const __m512 a0 = load_f32x16(a + static_cast<std::size_t>(k) * col_stride, mask);
+    for (int r = 0; r < R; ++r) even[r] = _mm512_fmadd_ps(_mm512_set1_ps(vf[static_cast<std::size_t>(r) * ldvf + k]), a0, even[r]);
+  }
+  for (int r = 0; r < R; ++r)
+    _mm512_mask_storeu_ps(xa + static_cast<std::size_t>(r) * ldxa, mask, _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_add_ps(even[r], odd[r])));
+}
+
 template <typename T>
 void project_by_columns(const float* vf, int rows, int in, int in16, StridedFactor a, int rank, float scale, float* xa, std::size_t ldxa) {
-  for (int i = 0; i < rows; ++i) {
-    const float* vi = vf + static_cast<std::size_t>(i) * in16;
-    float* out = xa + static_cast<std::size_t>(i) * ldxa;
-    for (int j0 = 0; j0 < rank; j0 += 16 * kMaxRankVectors) {
-      const int vecs = std::min(kMaxRankVectors, (rank - j0 + 15) / 16);
-      __m512 acc[kMaxRankVectors];
-      __mmask16 mask[kMaxRankVectors];
-      for (int q = 0; q < kMaxRankVectors; ++q) acc[q] = _mm512_setzero_ps(), mask[q] = lanes16(rank - j0 - 16 * q);
-      for (int k = 0; k < in; ++k) {
-        const __m512 x = _mm512_set1_ps(vi[k]);
-        const T* ak = a.as<T>() + static_cast<std::size_t>(k) * a.col_stride + j0;
-        for (int q = 0; q < vecs; ++q) acc[q] = _mm512_fmadd_ps(x, load_f32x16(ak + 16 * q, mask[q]), acc[q]);
+  const std::size_t ldvf = static_cast<std::size_t>(in16);
+  for (int j0 = 0; j0 < rank; j0 += 16) {
+    const __mmask16 mask = lanes16(rank - j0);
+    const T* aj = a.as<T>() + j0;
+    for (int i = 0; i < rows; i += kRowGroup) {
+      const float* vi = vf + static_cast<std::size_t>(i) * ldvf;
+      float* out = xa + static_cast<std::size_t>(i) * ldxa + j0;
+      switch (std::min(kRowGroup, rows - i)) {
+        case 4: project_columns_block<4, T>(vi, ldvf, in, aj, a.col_stride, mask, scale, out, ldxa); break;
+        case 3: project_columns_block<3, T>(vi, ldvf, in, aj, a.col_stride, mask, scale, out, ldxa); break;
+        case 2: project_columns_block<2, T>(vi, ldvf, in, aj, a.col_stride, mask, scale, out, ldxa); break;
+        default: project_columns_block<1, T>(vi, ldvf, in, aj, a.col_stride, mask, scale, out, ldxa); break;
       }
-      for (int q = 0; q < vecs; ++q) _mm512_mask_storeu_ps(out + j0 + 16 * q, mask[q], _mm512_mul_ps(_mm512_set1_ps(scale), acc[q]));
     }
   }
 }
