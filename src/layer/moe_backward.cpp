@@ -163,17 +163,42 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   PhaseClock clock(phase_seconds_);
   auto lap = [&](int phase) { clock.lap(phase); };
 
-  // gather: dY = w * dO per slot, grouped by expert, zero-padded for the kernels, in units of up to
-  // 16 rows of one expert, each copied once for all nodes that share them. (The A gradients of gate
-  // and up read the saved x's rows in place, by token: a gathered copy was 200 MB written and read
-  // back at 4096 tokens of DeepSeek-V2-Lite.)
-  // Every node pads its own dG|dU rows. A shared unit's copy cannot fail (no allocation), so
-  // the waits below always end.
-  units_.clear();
-  for (int e : active_)
-    for (int r0 = 0; r0 < groups.count(e); r0 += SharedGather::kUnitRows) units_.emplace_back(e, r0);
-  pool_.parallel_for(units_.size(), [&](std::size_t u, int) {
-    const auto [e, r0] = units_[u];
+  // Unless accumulating, the LoRA gradients that no item writes are zeroed first (experts without
+  // tokens or without LoRA; the others are stored by the items, which then overwrite).
+  const bool overwrite = !accumulate;
+  if (any_lora && overwrite) {
+    pool_.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
+      const int e = static_cast<int>(item / 3), p = static_cast<int>(item % 3);
+      const auto& lp = lora.proj[p];
+      if (lp.rank == 0 || (groups.count(e) > 0 && lp.active(e))) return;
+      const LoraProjectionGrad& g = grads[p];
+      // Across nodes, gate's and up's A and down's B are one array that one node zeroes.
+      const bool zero_summed = !sums || e % sums->nodes() == node;
+      if (g.a && (p == 2 || zero_summed))
+        for (int i = 0; i < lp.rank; ++i)
+          kernels::zero_bytes_streaming(lora_grad_a(g, e, lp.rank, lp.in).offset(i * g.lda(lp.in)).data, lp.in * g.element_bytes());
+      if (g.b && (p != 2 || zero_summed))
+        kernels::zero_bytes_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank * g.element_bytes());
+      kernels::streaming_stores_done();
+    });
+  }
+  lap(1);
+
+  // The prep items of the one parallel_for below, each expert's in a row, ahead of its dh items:
+  // - gather units: dY = w * dO per slot, grouped by expert, zero-padded for the kernels, up to 16
+  //   rows of one expert each, copied once for all nodes that share them; each node pads its own
+  //   dG|dU rows. (The A gradients of gate and up read the saved x's rows in place, by token: a
+  //   gathered copy was 200 MB written and read back at 4096 tokens of DeepSeek-V2-Lite.)
+  // - the LoRA terms prepared, and down's dP and (on one node) dB, once the expert's units are in.
+  // As phases of their own (a parallel_for each) they took 0.26-0.30 and 0.5-0.6 ms of a 30 ms
+  // step at 512 tokens on the device, every core waiting at both ends.
+  prep_.clear();
+  for (int e : active_) {
+    for (int r0 = 0; r0 < groups.count(e); r0 += SharedGather::kUnitRows) prep_.push_back({e, -1 - r0});
+    if (any_lora)
+      for (int p = 0; p < 3; ++p) prep_.push_back({e, p});
+  }
+  auto gather_unit = [&](int e, int r0) {
     const std::size_t p0 = off(e) + static_cast<std::size_t>(r0);
     const std::size_t p1 = off(e) + static_cast<std::size_t>(std::min(groups.count(e), r0 + SharedGather::kUnitRows));
     for (std::size_t pos = p0; pos < p1; ++pos) {
@@ -181,6 +206,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       std::fill(gu + inter, gu + ik, bf16(0));
       std::fill(gu + ik + inter, gu + gu_ld, bf16(0));
     }
+    // A shared unit's copy cannot fail (no allocation) nor wait, so the nodes' waits always end.
     if (shared && !shared->claim(e, r0)) return;
     for (std::size_t pos = p0; pos < p1; ++pos) {
       const std::size_t t = static_cast<std::size_t>(groups.token[pos]);
@@ -190,47 +216,23 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       std::fill(dy + hidden, dy + hk, bf16(0));
     }
     if (shared) shared->done(e);
-  });
-  if (shared)
-    for (int e : active_) shared->wait(e);
-  lap(0);
-
-  // lora_prep: unless accumulating, the gradients that no product writes are zeroed (experts
-  // without tokens or without LoRA; the others are stored by the products, which then overwrite);
-  // the terms prepared; down's dP and (on one node) dB.
-  const bool overwrite = !accumulate;
-  if (any_lora) {
-    if (overwrite) {
-      pool_.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
-        const int e = static_cast<int>(item / 3), p = static_cast<int>(item % 3);
-        const auto& lp = lora.proj[p];
-        if (lp.rank == 0 || (groups.count(e) > 0 && lp.active(e))) return;
-        const LoraProjectionGrad& g = grads[p];
-        // Across nodes, gate's and up's A and down's B are one array that one node zeroes.
-        const bool zero_summed = !sums || e % sums->nodes() == node;
-        if (g.a && (p == 2 || zero_summed))
-          for (int i = 0; i < lp.rank; ++i)
-            kernels::zero_bytes_streaming(lora_grad_a(g, e, lp.rank, lp.in).offset(i * g.lda(lp.in)).data, lp.in * g.element_bytes());
-        if (g.b && (p != 2 || zero_summed))
-          kernels::zero_bytes_streaming(g.b_of(e, lp.rank, lp.out), static_cast<std::size_t>(lp.out) * lp.rank * g.element_bytes());
-        kernels::streaming_stores_done();
-      });
-    }
-    pool_.parallel_for(active_.size() * 3, [&](std::size_t item, int worker) {
-      const int e = active_[item / 3];
-      const Projection p = static_cast<Projection>(item % 3);
-      LoraTerm& term = terms_[e][static_cast<int>(p)];
-      const int m = groups.count(e);
-      prepare_backward_term(kt_, lora[p], e, m, term);
-      if (p != Projection::down || !term.active()) return;
-      const std::size_t r = rank_of(p);
-      term.project(kt_, dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
-      if (grads[2].b && !sums)
-        kt_.lora_grad_outer(dy_rows + off(e) * hk, hk, nullptr, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
-                            lora_grad_b(grads[2], e, static_cast<int>(r), s.hidden), r, false, overwrite);
-    });
-  }
-  lap(1);
+  };
+  // Every row of expert e's dY, before this node reads them (another node may copy some).
+  auto gathered = [&](int e) {
+    if (shared) shared->wait(e);
+  };
+  auto prepare_term = [&](int e, Projection p, int worker) {
+    LoraTerm& term = terms_[e][static_cast<int>(p)];
+    const int m = groups.count(e);
+    prepare_backward_term(kt_, lora[p], e, m, term);
+    if (p != Projection::down || !term.active()) return;
+    gathered(e);
+    const std::size_t r = rank_of(p);
+    term.project(kt_, dy_rows + off(e) * hk, hk, m, static_cast<int>(hk), scratch_[worker].proj, dp_[2].data() + off(e) * r, r);
+    if (grads[2].b && !sums)
+      kt_.lora_grad_outer(dy_rows + off(e) * hk, hk, nullptr, entry.xa[2].data() + off(e) * r, r, m, s.hidden, static_cast<int>(r),
+                          lora_grad_b(grads[2], e, static_cast<int>(r), s.hidden), r, false, overwrite);
+  };
 
   // dh: dH = dY Wd (+ LoRA) on 32-column slices of Wdᵀ (or split-K partials, then their sum),
   // then the SwiGLU backward into dG | dU, and the LoRA gradients that need only those columns,
@@ -415,30 +417,48 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
     kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), ld, m, hidden, 1.0f, dx_rows(e), dx_ld);
   };
 
-  // dh, lora_grads and dx in one parallel_for, in that order: a worker that runs out of dh items
-  // goes on with the LoRA gradients and then the dx items of experts whose dG | dU is complete,
-  // instead of waiting at two phase ends for the slowest item (as the forward's gate_up and down,
-  // moe_forward.cpp). Each item waits only for items before it in the list, so it cannot deadlock
-  // (item_countdowns.hpp), and computes what it did as a phase of its own: the same bits.
+  // The prep items, dh, lora_grads and dx in one parallel_for, in that order: a worker that runs
+  // out of dh items goes on with the LoRA gradients and then the dx items of experts whose dG | dU
+  // is complete, instead of waiting at phase ends for the slowest item (as the forward's gate_up
+  // and down, moe_forward.cpp). Each item waits only for items before it in the list, so it cannot
+  // deadlock (item_countdowns.hpp), and computes what it did as a phase of its own: the same bits.
   // Counters, per expert e: [e] its dG | dU complete (dh items, or split-K sum); [E + e] its dh
   // split-K partials; [2E + e] its lora_grads items (dx's LoRA terms read their dP); [3E + e]
-  // its dx split-K partials. Split-K partial items come after the column items of their pass.
+  // its dx split-K partials; [4E + e] its prep items (what its dh items wait for); [5E + e] its
+  // gather units (what down's prep item and the split-K partials read). Split-K partial items
+  // come after the column items of their pass.
   const std::size_t experts = static_cast<std::size_t>(s.num_experts);
   const std::size_t dgu_done = 0, dh_parts = experts, lora_done = 2 * experts, dx_parts = 3 * experts;
-  ready_.reset(4 * experts);
+  const std::size_t prep_done = 4 * experts, units_done = 5 * experts;
+  ready_.reset(6 * experts);
+  std::size_t units = 0;
+  for (const auto& [e, code] : prep_) {
+    ready_.expect(prep_done + static_cast<std::size_t>(e));
+    if (code < 0) ready_.expect(units_done + static_cast<std::size_t>(e)), ++units;
+  }
   for (const ExpertItem& it : dh_items) ready_.expect(dgu_done + static_cast<std::size_t>(it.expert));
   for (int e : split_k_) ready_.expect(dgu_done + static_cast<std::size_t>(e));
   for (const SplitKItem& it : dh_split) ready_.expect(dh_parts + static_cast<std::size_t>(it.e));
   const std::size_t lora_items = any_lora ? 2 * active_.size() : 0;
   for (std::size_t i = 0; i < lora_items; ++i) ready_.expect(lora_done + static_cast<std::size_t>(active_[i / 2]));
   for (const SplitKItem& it : dx_split) ready_.expect(dx_parts + static_cast<std::size_t>(it.e));
-  // Slots: [dh items | dh partials | dh sums | lora_grads | dx items | dx partials | dx sums].
-  const std::size_t dh_end = dh_items.size() + dh_split.size() + split_k_.size(), lora_end = dh_end + lora_items;
+  // Each expert's prep items go this many slots ahead of its first dh item, so that they are done
+  // before a worker takes that item: four times the workers, the forward's lead for its LoRA prep
+  // (a down term's dP and dB read the expert's dY and its factors). One lead for all of them keeps
+  // an expert's gather units before its down term, which waits for them.
+  const std::vector<std::uint32_t> dh_order = lead_items(prep_, dh_items, 4 * static_cast<std::size_t>(pool_.size()));
+  // Slots: [prep and dh items (dh_order) | dh partials | dh sums | lora_grads | dx items | dx partials | dx sums].
+  const std::size_t pre = prep_.size(), dh_region = dh_order.size();
+  const std::size_t dh_end = dh_region + dh_split.size() + split_k_.size(), lora_end = dh_end + lora_items;
   const std::size_t dx_end = lora_end + dx_items.size() + dx_split.size(), slots = dx_end + split_k_.size();
   // The node's dP of gate and up, for the other nodes' lora_sums: published by the item that
   // ends the last lora_grads item (or now, when there is none), before anything that waits.
-  std::atomic<std::size_t> dh_left{dh_end}, lora_left{lora_items};
-  std::chrono::steady_clock::time_point dh_finished{}, lora_finished{};  // written once each, read after the parallel_for
+  std::atomic<std::size_t> units_left{units}, prep_left{pre - units}, dh_left{dh_end - pre}, lora_left{lora_items};
+  // Written once each, read after the parallel_for.
+  std::chrono::steady_clock::time_point units_finished{}, prep_finished{}, dh_finished{}, lora_finished{};
+  auto finished = [](std::atomic<std::size_t>& left, std::chrono::steady_clock::time_point& at) {
+    if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) at = std::chrono::steady_clock::now();
+  };
   auto publish = [&] {
     if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
   };
@@ -447,22 +467,42 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       pool_, slots,
       [&](std::size_t slot, int worker) {
         WorkerScratch& ws = scratch_[worker];
+        if (slot < dh_region && dh_order[slot] < pre) {
+          const auto [e, code] = prep_[dh_order[slot]];
+          if (code < 0) {
+            gather_unit(e, -1 - code);
+            ready_.count_down(units_done + static_cast<std::size_t>(e));
+            finished(units_left, units_finished);
+          } else {
+            if (code == static_cast<int>(Projection::down)) ready_.wait(units_done + static_cast<std::size_t>(e));
+            prepare_term(e, static_cast<Projection>(code), worker);
+            finished(prep_left, prep_finished);
+          }
+          ready_.count_down(prep_done + static_cast<std::size_t>(e));
+          return;
+        }
         if (slot < dh_end) {
-          if (slot < dh_items.size()) {
-            run_dh(dh_items[slot], ws);
-            ready_.count_down(dgu_done + static_cast<std::size_t>(dh_items[slot].expert));
-          } else if (const std::size_t i = slot - dh_items.size(); i < dh_split.size()) {
+          if (slot < dh_region) {
+            const ExpertItem& item = dh_items[dh_order[slot] - pre];
+            ready_.wait(prep_done + static_cast<std::size_t>(item.expert));
+            gathered(item.expert);
+            run_dh(item, ws);
+            ready_.count_down(dgu_done + static_cast<std::size_t>(item.expert));
+          } else if (const std::size_t i = slot - dh_region; i < dh_split.size()) {
             const SplitKItem& it = dh_split[i];
+            ready_.wait(units_done + static_cast<std::size_t>(it.e));
+            gathered(it.e);
             split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_rows + off(it.e) * hk, hk,
                             groups.count(it.e), ws.transposed, partials_.data() + it.partial);
             ready_.count_down(dh_parts + static_cast<std::size_t>(it.e));
           } else {
             const int e = split_k_[i - dh_split.size()];
+            ready_.wait(prep_done + static_cast<std::size_t>(e));
             ready_.wait(dh_parts + static_cast<std::size_t>(e));
             sum_dh(e, ws);
             ready_.count_down(dgu_done + static_cast<std::size_t>(e));
           }
-          if (dh_left.fetch_sub(1, std::memory_order_acq_rel) == 1) dh_finished = std::chrono::steady_clock::now();
+          finished(dh_left, dh_finished);
           return;
         }
         if (slot < lora_end) {
@@ -500,10 +540,15 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         sum_dx(e, ws);
       },
       numa::ThreadPool::Guests::welcome);
-  // --phases: dh until its last item ended, lora_grads until its last one did, dx from there.
-  clock.lap_at(2, dh_end > 0 ? dh_finished : std::chrono::steady_clock::now());
-  clock.lap_at(3, lora_items > 0 ? lora_finished : std::chrono::steady_clock::now());
+  // --phases: dh (with the gather and the LoRA's prep, whose items run among dh's) until its last
+  // item ended, lora_grads until its last one did, dx from there. gather and lora_prep keep only
+  // what ran before this parallel_for (the zeroing of overwritten gradients).
+  const auto now = std::chrono::steady_clock::now();
+  clock.lap_at(2, dh_end > 0 ? std::max({units_finished, prep_finished, dh_finished}) : now);
+  clock.lap_at(3, lora_items > 0 ? lora_finished : now);
   lap(4);
+  // Every expert's dY is read by now on this node except, across nodes, by the lora_sums.
+  for (int e : active_) gathered(e);
 
   if (!sum_blocks.empty())
     pool_.parallel_for(static_cast<std::size_t>(pool_.size()), [&](std::size_t, int worker) { run_sum_blocks(scratch_[worker]); });

@@ -15,9 +15,11 @@
 //
 // Phases: gather, lora_prep, dh (with the SwiGLU backward, and the LoRA gradients of gate's and
 // up's B and down's A, column by column), lora_grads (dP and dA of gate and up), dx, lora_sums
-// (tensor parallel: the LoRA gradients summed over the nodes), combine. Each is a parallel_for,
-// except dh, lora_grads and dx, which share one: an expert's lora_grads items wait for its dh
-// items, its dx items for its lora_grads (ItemCountdowns), so no core waits at their ends.
+// (tensor parallel: the LoRA gradients summed over the nodes), combine. The first five share one
+// parallel_for: an expert's dh items wait for its gather units and prepared terms, its lora_grads
+// items for its dh items, its dx items for its lora_grads (ItemCountdowns), so no core waits at
+// their ends. (Overwritten gradients that no item writes are zeroed by a parallel_for before;
+// phase_seconds counts that as lora_prep, and the gather and the terms' preparation in dh.)
 #include <array>
 #include <functional>
 #include <memory>
@@ -89,7 +91,8 @@ class MoeBackward {
   AlignedVector<float>& partials_ = ws_->partials;
   std::vector<WorkerScratch>& scratch_ = ws_->scratch;
   std::vector<int> active_, column_split_, split_k_;
-  std::vector<std::pair<int, int>> units_;  // the gather's: (expert, first row)
+  // The prep items ahead of the dh items: {e, -1 - first row} a gather unit, {e, p} a LoRA term.
+  std::vector<std::array<int, 2>> prep_;
   std::vector<std::array<LoraTerm, 3>> terms_;
   ItemCountdowns ready_;  // what the items of dh, lora_grads and dx wait for (one parallel_for)
   std::array<double, kPhases> phase_seconds_{};
