@@ -94,7 +94,7 @@ class MoeBackward {
   // The prep items ahead of the dh items: {e, -1 - first row} a gather unit, {e, p} a LoRA term.
   std::vector<std::array<int, 2>> prep_;
   std::vector<std::array<LoraTerm, 3>> terms_;
-  ItemCountdowns ready_;  // what the items of dh, lora_grads and dx wait for (one parallel_for)
+  ItemCountdowns ready_;  // what the prep, dh, lora_grads and dx items wait for (one parallel_for)
   std::array<double, kPhases> phase_seconds_{};
 };
 
