@@ -9,6 +9,7 @@
 #include <memory>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -234,4 +235,47 @@ TEST_CASE("a failing item stops the items waiting for it, and its exception is t
     });
     CHECK(done.load() == 9);
   }
+}
+
+TEST_CASE("a wait for an item that comes after the waiting one is a logic_error, on any pool size") {
+  // Slot 2 counts counter 0 down; slot 1 waits for it. With one worker that would wait forever;
+  // naming the slots makes it an error at once, whatever the pool's size or timing.
+  for (int threads : {1, 2, 4}) {
+    INFO(threads << " threads");
+    numa::ThreadPool pool(threads, {});
+    ItemCountdowns ready;
+    ready.reset(2);
+    ready.expect(0, 2);
+    ready.expect(1, 0);
+    std::string message;
+    within_two_minutes([&] {
+      try {
+        ready.parallel_for(pool, 3, [&](std::size_t slot, int) {
+          if (slot == 0) return ready.count_down(1);
+          if (slot == 2) return ready.count_down(0);
+          ready.wait(1, slot);  // slot 0 comes first: allowed
+          ready.wait(0, slot);
+        });
+      } catch (const std::logic_error& e) {
+        message = e.what();
+      }
+    });
+    CHECK(message.find("slot 1 waits for counter 0") != std::string::npos);
+    CHECK(message.find("slot 2 counts down") != std::string::npos);
+  }
+  // Named in order, the same waits run.
+  numa::ThreadPool pool(2, {});
+  ItemCountdowns ready;
+  ready.reset(1);
+  ready.expect(0, 0);
+  ready.expect(0, 1);
+  std::atomic<int> waited{0};
+  within_two_minutes([&] {
+    ready.parallel_for(pool, 4, [&](std::size_t slot, int) {
+      if (slot < 2) return ready.count_down(0);
+      ready.wait(0, slot);
+      ++waited;
+    });
+  });
+  CHECK(waited.load() == 2);
 }

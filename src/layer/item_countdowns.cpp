@@ -1,11 +1,15 @@
 #include "src/layer/item_countdowns.hpp"
 
+#include <stdexcept>
+#include <string>
+
 #include "src/layer/spin_wait.hpp"
 
 namespace tilemoe {
 
 void ItemCountdowns::reset(std::size_t n) {
   counts_.assign(n, 0);
+  after_.assign(n, 0);
   failed_.store(false, std::memory_order_relaxed);
   error_ = nullptr;
 }
@@ -14,6 +18,13 @@ void ItemCountdowns::wait(std::size_t i) {
   spin_until_zero(counts_[i], [this] {
     if (failed_.load(std::memory_order_acquire)) throw Stopped{};
   });
+}
+
+void ItemCountdowns::wait(std::size_t i, std::size_t slot) {
+  if (after_[i] > slot)
+    throw std::logic_error("ItemCountdowns: the item in slot " + std::to_string(slot) + " waits for counter " + std::to_string(i) +
+                           ", which the item in slot " + std::to_string(after_[i] - 1) + " counts down: a waited-for item must come first");
+  wait(i);
 }
 
 void ItemCountdowns::parallel_for(numa::ThreadPool& pool, std::size_t count, const std::function<void(std::size_t, int)>& fn,

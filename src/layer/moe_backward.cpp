@@ -433,18 +433,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   const std::size_t experts = static_cast<std::size_t>(s.num_experts);
   const std::size_t dgu_done = 0, dh_parts = experts, lora_done = 2 * experts, dx_parts = 3 * experts;
   const std::size_t prep_done = 4 * experts, units_done = 5 * experts;
-  ready_.reset(6 * experts);
-  std::size_t units = 0;
-  for (const auto& [e, code] : prep_) {
-    ready_.expect(prep_done + static_cast<std::size_t>(e));
-    if (code < 0) ready_.expect(units_done + static_cast<std::size_t>(e)), ++units;
-  }
-  for (const ExpertItem& it : dh_items) ready_.expect(dgu_done + static_cast<std::size_t>(it.expert));
-  for (int e : split_k_) ready_.expect(dgu_done + static_cast<std::size_t>(e));
-  for (const SplitKItem& it : dh_split) ready_.expect(dh_parts + static_cast<std::size_t>(it.e));
   const std::size_t lora_items = any_lora ? 2 * active_.size() : 0;
-  for (std::size_t i = 0; i < lora_items; ++i) ready_.expect(lora_done + static_cast<std::size_t>(active_[i / 2]));
-  for (const SplitKItem& it : dx_split) ready_.expect(dx_parts + static_cast<std::size_t>(it.e));
   // Each expert's prep items go this many slots ahead of its first dh item, so that they are done
   // before a worker takes that item: four times the workers, the forward's lead for its LoRA prep
   // (a down term's dP and dB read the expert's dY and its factors). One lead for all of them keeps
@@ -452,8 +441,25 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   const std::vector<std::uint32_t> dh_order = lead_items(prep_, dh_items, 4 * static_cast<std::size_t>(pool_.size()));
   // Slots: [prep and dh items (dh_order) | dh partials | dh sums | lora_grads | dx items | dx partials | dx sums].
   const std::size_t pre = prep_.size(), dh_region = dh_order.size();
-  const std::size_t dh_end = dh_region + dh_split.size() + split_k_.size(), lora_end = dh_end + lora_items;
-  const std::size_t dx_end = lora_end + dx_items.size() + dx_split.size(), slots = dx_end + split_k_.size();
+  const std::size_t split_end = dh_region + dh_split.size(), dh_end = split_end + split_k_.size(), lora_end = dh_end + lora_items;
+  const std::size_t dx_items_end = lora_end + dx_items.size(), dx_end = dx_items_end + dx_split.size(), slots = dx_end + split_k_.size();
+  // What each slot counts down, named by its slot: every wait below names its own, and
+  // ItemCountdowns checks that what it waits for comes first.
+  ready_.reset(6 * experts);
+  std::size_t units = 0;
+  for (std::size_t slot = 0; slot < dh_region; ++slot) {
+    if (const std::size_t j = dh_order[slot]; j < pre) {
+      const std::size_t e = static_cast<std::size_t>(prep_[j][0]);
+      ready_.expect(prep_done + e, slot);
+      if (prep_[j][1] < 0) ready_.expect(units_done + e, slot), ++units;
+    } else {
+      ready_.expect(dgu_done + static_cast<std::size_t>(dh_items[j - pre].expert), slot);
+    }
+  }
+  for (std::size_t i = 0; i < dh_split.size(); ++i) ready_.expect(dh_parts + static_cast<std::size_t>(dh_split[i].e), dh_region + i);
+  for (std::size_t i = 0; i < split_k_.size(); ++i) ready_.expect(dgu_done + static_cast<std::size_t>(split_k_[i]), split_end + i);
+  for (std::size_t i = 0; i < lora_items; ++i) ready_.expect(lora_done + static_cast<std::size_t>(active_[i / 2]), dh_end + i);
+  for (std::size_t i = 0; i < dx_split.size(); ++i) ready_.expect(dx_parts + static_cast<std::size_t>(dx_split[i].e), dx_items_end + i);
   // The node's dP of gate and up, for the other nodes' lora_sums: published by the item that
   // ends the last lora_grads item (or now, when there is none), before anything that waits.
   std::atomic<std::size_t> units_left{units}, prep_left{pre - units}, dh_left{dh_end - pre}, lora_left{lora_items};
@@ -477,7 +483,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
             ready_.count_down(units_done + static_cast<std::size_t>(e));
             finished(units_left, units_finished);
           } else {
-            if (code == static_cast<int>(Projection::down)) ready_.wait(units_done + static_cast<std::size_t>(e));
+            if (code == static_cast<int>(Projection::down)) ready_.wait(units_done + static_cast<std::size_t>(e), slot);
             prepare_term(e, static_cast<Projection>(code), worker);
             finished(prep_left, prep_finished);
           }
@@ -487,21 +493,21 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         if (slot < dh_end) {
           if (slot < dh_region) {
             const ExpertItem& item = dh_items[dh_order[slot] - pre];
-            ready_.wait(prep_done + static_cast<std::size_t>(item.expert));
+            ready_.wait(prep_done + static_cast<std::size_t>(item.expert), slot);
             gathered(item.expert);
             run_dh(item, ws);
             ready_.count_down(dgu_done + static_cast<std::size_t>(item.expert));
           } else if (const std::size_t i = slot - dh_region; i < dh_split.size()) {
             const SplitKItem& it = dh_split[i];
-            ready_.wait(units_done + static_cast<std::size_t>(it.e));
+            ready_.wait(units_done + static_cast<std::size_t>(it.e), slot);
             gathered(it.e);
             split_k_partial(kt_, transposer(Projection::down, it.e), down, it.nb0, it.nb1, dy_rows + off(it.e) * hk, hk,
                             groups.count(it.e), ws.transposed, partials_.data() + it.partial);
             ready_.count_down(dh_parts + static_cast<std::size_t>(it.e));
           } else {
             const int e = split_k_[i - dh_split.size()];
-            ready_.wait(prep_done + static_cast<std::size_t>(e));
-            ready_.wait(dh_parts + static_cast<std::size_t>(e));
+            ready_.wait(prep_done + static_cast<std::size_t>(e), slot);
+            ready_.wait(dh_parts + static_cast<std::size_t>(e), slot);
             sum_dh(e, ws);
             ready_.count_down(dgu_done + static_cast<std::size_t>(e));
           }
@@ -511,7 +517,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         if (slot < lora_end) {
           const std::size_t i = slot - dh_end;
           const int e = active_[i / 2];
-          ready_.wait(dgu_done + static_cast<std::size_t>(e));
+          ready_.wait(dgu_done + static_cast<std::size_t>(e), slot);
           run_lora_grads(e, static_cast<int>(i % 2), ws);
           ready_.count_down(lora_done + static_cast<std::size_t>(e));
           if (lora_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -523,12 +529,12 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         if (slot < dx_end) {
           if (const std::size_t i = slot - lora_end; i < dx_items.size()) {
             const int e = dx_items[i].expert;
-            ready_.wait(dgu_done + static_cast<std::size_t>(e));
-            ready_.wait(lora_done + static_cast<std::size_t>(e));
+            ready_.wait(dgu_done + static_cast<std::size_t>(e), slot);
+            ready_.wait(lora_done + static_cast<std::size_t>(e), slot);
             run_dx(dx_items[i], ws);
           } else {
             const SplitKItem& it = dx_split[i - dx_items.size()];
-            ready_.wait(dgu_done + static_cast<std::size_t>(it.e));
+            ready_.wait(dgu_done + static_cast<std::size_t>(it.e), slot);
             const Projection p = it.proj == 0 ? Projection::gate : Projection::up;
             split_k_partial(kt_, transposer(p, it.e), gate_up, it.nb0, it.nb1,
                             dgu_.data() + off(it.e) * gu_ld + (it.proj == 1 ? ik : 0), gu_ld, groups.count(it.e), ws.transposed,
@@ -538,8 +544,8 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
           return;
         }
         const int e = split_k_[slot - dx_end];
-        ready_.wait(dx_parts + static_cast<std::size_t>(e));
-        ready_.wait(lora_done + static_cast<std::size_t>(e));
+        ready_.wait(dx_parts + static_cast<std::size_t>(e), slot);
+        ready_.wait(lora_done + static_cast<std::size_t>(e), slot);
         sum_dx(e, ws);
       },
       numa::ThreadPool::Guests::welcome);

@@ -51,7 +51,7 @@ constexpr int kXaBlockRows = 2 * kernels::kATileRows;
 }  // namespace
 
 void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
-                                 float* c, std::size_t ldc, int n, ItemCountdowns* ready, std::size_t ready_counter) {
+                                 float* c, std::size_t ldc, int n, ItemCountdowns* ready, std::size_t ready_counter, std::size_t ready_slot) {
   const bool f32_form = term != nullptr && term->active() && !term->packed();
   if (w_.weight_type() == WeightType::bf16) {
     kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, static_cast<int>(a.ld), w_.packed(p, e), p0, p1, c, ldc);
@@ -59,7 +59,7 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
     if (f32_form && ready) {
       // The product first: its x Aᵀ is computed by another item meanwhile.
       kt_.gemm_bf16(g);
-      ready->wait(ready_counter);
+      ready->wait(ready_counter, ready_slot);
       term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
       return;
     }
@@ -87,7 +87,7 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   kt_.gemm_int(gi);
   if (term == nullptr || !term->active() || fused) return;
   // Not fused: the f32 form (a packed term always fuses), whose x Aᵀ another item computes.
-  if (ready) ready->wait(ready_counter);
+  if (ready) ready->wait(ready_counter, ready_slot);
   term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
 }
 
@@ -544,7 +544,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     for (Projection p : {Projection::gate, Projection::up}) prefetch_lora_b(p, e, col0, n);
     // The product reads the gathered rows, and a packed term whole: those prep items first. An f32
     // term's x Aᵀ is waited for only where it is added, after the product.
-    ready_.wait((any_lora && m >= lora_pack_rows(kt_) ? 0 : experts) + static_cast<std::size_t>(e));
+    ready_.wait((any_lora && m >= lora_pack_rows(kt_) ? 0 : experts) + static_cast<std::size_t>(e), slot);
     gathered(e);
     auto& scratch = scratch_[worker];
     grow_to(scratch, static_cast<std::size_t>(2) * m * cols);
@@ -555,7 +555,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
       const ExpertRows xe = x_rows ? expert_rows(xs, e, hk) : ExpertRows{nullptr, hk, false};
       project_columns(p, e, m, row0, p0, p1, xe, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n, &ready_,
-                      static_cast<std::size_t>(e));
+                      static_cast<std::size_t>(e), slot);
     }
     if (save) {
       kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cg, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
@@ -588,11 +588,12 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   auto adds_down_term = [&](int e) { return any_lora && (!summed_down(e) || down_sums->owner(e) == nodes.node); };
   for (const auto& [e, p] : down_prep_) ready_.expect(down_ready + static_cast<std::size_t>(e));
   const std::vector<std::uint32_t> down_order = lead_items(down_prep_, down_items, lora_lead);
+  // slot: in the one parallel_for below, after gate_up's.
   auto run_down = [&](std::size_t slot, int worker) {
-    const std::size_t item = down_order[slot];
+    const std::size_t item = down_order[slot - order.size()];
     if (item < down_prep_.size()) {
       const auto [e, code] = down_prep_[item];
-      ready_.wait(h_done + static_cast<std::size_t>(e));
+      ready_.wait(h_done + static_cast<std::size_t>(e), slot);
       LoraTerm& term = lora_[e][static_cast<int>(Projection::down)];
       if (code < 0) {
         // The summed term this node adds: every node's s h A_downᵀ of e, in node order.
@@ -610,20 +611,20 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       return;
     }
     auto [e, p0, p1] = down_items[item - down_prep_.size()];
-    ready_.wait(h_done + static_cast<std::size_t>(e));
+    ready_.wait(h_done + static_cast<std::size_t>(e), slot);
     const int col0 = p0 * kernels::kPanelColumns;
     const int n = std::min((p1 - p0) * kernels::kPanelColumns, s.hidden - col0);
     const LoraTerm* term = adds_down_term(e) ? &lora_[e][static_cast<int>(Projection::down)] : nullptr;
     if (term) prefetch_lora_b(Projection::down, e, col0, n);
     // A summed term is loaded by a prep item of this phase.
-    if (term && summed_down(e)) ready_.wait(down_ready + static_cast<std::size_t>(e));
+    if (term && summed_down(e)) ready_.wait(down_ready + static_cast<std::size_t>(e), slot);
     const std::size_t row0 = static_cast<std::size_t>(groups.offsets[e]);
     const int m = groups.count(e);
     const std::size_t cols = static_cast<std::size_t>(p1 - p0) * kernels::kPanelColumns;
     auto& c = scratch_[worker];
     grow_to(c, static_cast<std::size_t>(m) * cols);
     project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
-                    down_ready + static_cast<std::size_t>(e));
+                    down_ready + static_cast<std::size_t>(e), slot);
     kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_.data() + row0 * y_ld + col0,
                                   y_ld);
   };
@@ -635,6 +636,22 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // process, bf16 about as before). Every item waits only for items before it in the list, so
   // it cannot deadlock (item_countdowns.hpp). --phases counts gate_up until its last item ends.
   const std::size_t gate_up_slots = order.size();
+  // The slots that count each counter down, named, so that ItemCountdowns checks the order of
+  // every wait: a prep item its expert's [e] (one of them, as it runs, also the x Aᵀ's count) and,
+  // a gather unit, [E + e]; an expert's gate_up items [2E + e] (the last to end counts it down); a
+  // down prep item [3E + e].
+  for (std::size_t slot = 0; slot < gate_up_slots; ++slot) {
+    if (const std::size_t item = order[slot]; item < prep_count) {
+      const std::size_t e = static_cast<std::size_t>(prep_[item][0]);
+      ready_.produced_by(e, slot);
+      if (prep_[item][1] < 0) ready_.produced_by(experts + e, slot);
+    } else {
+      ready_.produced_by(h_done + static_cast<std::size_t>(items[item - prep_count].expert), slot);
+    }
+  }
+  for (std::size_t i = 0; i < down_order.size(); ++i)
+    if (down_order[i] < down_prep_.size())
+      ready_.produced_by(down_ready + static_cast<std::size_t>(down_prep_[down_order[i]][0]), gate_up_slots + i);
   std::atomic<std::size_t> gate_up_left{gate_up_slots};
   // Written once, by the item that ends gate_up; read after the parallel_for has returned.
   std::chrono::steady_clock::time_point gate_up_end{};
@@ -646,7 +663,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   ready_.parallel_for(
       pool_, gate_up_slots + down_order.size(),
       [&](std::size_t slot, int worker) {
-        if (slot >= gate_up_slots) return run_down(slot - gate_up_slots, worker);
+        if (slot >= gate_up_slots) return run_down(slot, worker);
         run_gate_up(slot, worker);
         gate_up_done();
       },

@@ -113,9 +113,10 @@ class MoeForward {
   // C = A Wᵀ (+ LoRA term) for expert e's m rows over panels [p0, p1); `a` is its bf16 rows of
   // x or h, whose quantized twin (rows from row0, TokenGroups order) integer weights read. A term
   // in the f32 form is added after the product; with `ready`, once its counter ready_counter is
-  // zero (another item computes its x Aᵀ or h A_downᵀ). A packed term must be ready before the call.
+  // zero (another item computes its x Aᵀ or h A_downᵀ), waited for from slot `ready_slot` of its
+  // parallel_for. A packed term must be ready before the call.
   void project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term, float* c,
-                       std::size_t ldc, int n, ItemCountdowns* ready = nullptr, std::size_t ready_counter = 0);
+                       std::size_t ldc, int n, ItemCountdowns* ready = nullptr, std::size_t ready_counter = 0, std::size_t ready_slot = 0);
   void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
   // The same into rows [row0, row0 + rows) of codes held in tile order.
   void quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row0, int rows, Projection p, std::int8_t* tiles, float* scales);
