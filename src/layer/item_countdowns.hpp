@@ -55,7 +55,7 @@ class ItemCountdowns {
  private:
   struct Stopped {};  // what a waiting item throws once another has failed
   std::vector<int> counts_;
-  std::vector<std::size_t> after_;  // per counter: 1 + the last slot named by expect, 0 for none
+  std::vector<std::size_t> after_;  // per counter: 1 + the last slot named by expect or produced_by, 0 for none
   std::atomic<bool> failed_{false};
   std::mutex error_mutex_;
   std::exception_ptr error_;
