@@ -446,12 +446,11 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // What each slot counts down, named by its slot: every wait below names its own, and
   // ItemCountdowns checks that what it waits for comes first.
   ready_.reset(6 * experts);
-  std::size_t units = 0;
   for (std::size_t slot = 0; slot < dh_region; ++slot) {
     if (const std::size_t j = dh_order[slot]; j < pre) {
       const std::size_t e = static_cast<std::size_t>(prep_[j][0]);
       ready_.expect(prep_done + e, slot);
-      if (prep_[j][1] < 0) ready_.expect(units_done + e, slot), ++units;
+      if (prep_[j][1] < 0) ready_.expect(units_done + e, slot);
     } else {
       ready_.expect(dgu_done + static_cast<std::size_t>(dh_items[j - pre].expert), slot);
     }
@@ -462,12 +461,9 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   for (std::size_t i = 0; i < dx_split.size(); ++i) ready_.expect(dx_parts + static_cast<std::size_t>(dx_split[i].e), dx_items_end + i);
   // The node's dP of gate and up, for the other nodes' lora_sums: published by the item that
   // ends the last lora_grads item (or now, when there is none), before anything that waits.
-  std::atomic<std::size_t> units_left{units}, prep_left{pre - units}, dh_left{dh_end - pre}, lora_left{lora_items};
-  // Written once each, read after the parallel_for.
-  std::chrono::steady_clock::time_point units_finished{}, prep_finished{}, dh_finished{}, lora_finished{};
-  auto finished = [](std::atomic<std::size_t>& left, std::chrono::steady_clock::time_point& at) {
-    if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) at = std::chrono::steady_clock::now();
-  };
+  // dh_left counts the prep items too: they run among the dh items.
+  std::atomic<std::size_t> dh_left{dh_end}, lora_left{lora_items};
+  std::chrono::steady_clock::time_point dh_finished{}, lora_finished{};  // written once each, read after the parallel_for
   auto publish = [&] {
     if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
   };
@@ -476,22 +472,18 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
       pool_, slots,
       [&](std::size_t slot, int worker) {
         WorkerScratch& ws = scratch_[worker];
-        if (slot < dh_region && dh_order[slot] < pre) {
-          const auto [e, code] = prep_[dh_order[slot]];
-          if (code < 0) {
-            gather_unit(e, -1 - code);
-            ready_.count_down(units_done + static_cast<std::size_t>(e));
-            finished(units_left, units_finished);
-          } else {
-            if (code == static_cast<int>(Projection::down)) ready_.wait(units_done + static_cast<std::size_t>(e), slot);
-            prepare_term(e, static_cast<Projection>(code), worker);
-            finished(prep_left, prep_finished);
-          }
-          ready_.count_down(prep_done + static_cast<std::size_t>(e));
-          return;
-        }
         if (slot < dh_end) {
-          if (slot < dh_region) {
+          if (slot < dh_region && dh_order[slot] < pre) {
+            const auto [e, code] = prep_[dh_order[slot]];
+            if (code < 0) {
+              gather_unit(e, -1 - code);
+              ready_.count_down(units_done + static_cast<std::size_t>(e));
+            } else {
+              if (code == static_cast<int>(Projection::down)) ready_.wait(units_done + static_cast<std::size_t>(e), slot);
+              prepare_term(e, static_cast<Projection>(code), worker);
+            }
+            ready_.count_down(prep_done + static_cast<std::size_t>(e));
+          } else if (slot < dh_region) {
             const ExpertItem& item = dh_items[dh_order[slot] - pre];
             ready_.wait(prep_done + static_cast<std::size_t>(item.expert), slot);
             gathered(item.expert);
@@ -511,7 +503,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
             sum_dh(e, ws);
             ready_.count_down(dgu_done + static_cast<std::size_t>(e));
           }
-          finished(dh_left, dh_finished);
+          if (dh_left.fetch_sub(1, std::memory_order_acq_rel) == 1) dh_finished = std::chrono::steady_clock::now();
           return;
         }
         if (slot < lora_end) {
@@ -553,7 +545,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   // item ended, lora_grads until its last one did, dx from there. gather and lora_prep keep only
   // what ran before this parallel_for (the zeroing of overwritten gradients).
   const auto now = std::chrono::steady_clock::now();
-  clock.lap_at(2, dh_end > 0 ? std::max({units_finished, prep_finished, dh_finished}) : now);
+  clock.lap_at(2, dh_end > 0 ? dh_finished : now);
   clock.lap_at(3, lora_items > 0 ? lora_finished : now);
   lap(4);
   // Every expert's dY is read by now on this node except, across nodes, by the lora_sums.
