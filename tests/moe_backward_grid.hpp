@@ -107,10 +107,10 @@ struct BackwardCase {
   LayerLora want_grads;
 };
 
-inline BackwardCase make_backward_case(const MoeShape& s, int tokens, int rank, int lora_every, std::uint64_t seed) {
+inline BackwardCase make_backward_case(const MoeShape& s, int tokens, LayerLora lora, std::uint64_t seed) {
   BackwardCase c;
   c.w = random_expert_weights(s, seed);
-  c.lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  c.lora = std::move(lora);
   c.routing = random_routing(tokens, s, seed + 2);
   for (std::size_t i = 5; i < c.routing.expert_ids.size(); i += 7) c.routing.expert_ids[i] = -1;  // run elsewhere
   c.x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
@@ -122,6 +122,10 @@ inline BackwardCase make_backward_case(const MoeShape& s, int tokens, int rank, 
   reference_forward(c.w.view(), c.lora, batch, c.want_out.data());
   reference_backward(c.w.view(), c.lora, batch, c.go.data(), c.want_dx.data(), &c.want_grads);
   return c;
+}
+
+inline BackwardCase make_backward_case(const MoeShape& s, int tokens, int rank, int lora_every, std::uint64_t seed) {
+  return make_backward_case(s, tokens, random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every), seed);
 }
 
 inline void check_backward_case(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
@@ -190,6 +194,29 @@ inline void check_same_sft_bits(const std::vector<SftResult>& results, const std
     for (int p = 0; p < 3; ++p) {
       CHECK(results[i].grads.proj[p].a == results[0].grads.proj[p].a);
       CHECK(results[i].grads.proj[p].b == results[0].grads.proj[p].b);
+    }
+  }
+}
+
+// Gate, up and down with ranks of their own (PEFT's rank_pattern): dX adds gate's and up's terms
+// as one product where it can (LoraTerm::fuse_pair_into: an even gate rank), else one by one.
+inline void run_backward_projection_ranks(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  const MoeShape s{100, 72, 6, 2};
+  const int ranks[][3] = {{6, 11, 16}, {16, 16, 5}, {5, 16, 8}, {32, 17, 3}, {2, 64, 1}};
+  for (const auto& r : ranks) {
+    for (int tokens : {7, 150}) {  // few rows an expert (the f32 form), and the packed form
+      INFO("ranks gate " << r[0] << " up " << r[1] << " down " << r[2] << ", " << tokens << " tokens");
+      LayerLora lora;
+      for (Projection p : kProjections) {
+        const int rank = r[static_cast<int>(p)];
+        lora[p] = random_lora(s, rank, 2.0f * rank, 40 + rank, 1)[p];
+      }
+      const BackwardCase c = make_backward_case(s, tokens, std::move(lora), 19 + tokens);
+      const SftResult got = run_sft(isa, pool, c.w, c.lora, tokens, s.top_k, c.x, c.routing.expert_ids, c.routing.weights, c.go);
+      CHECK(rel_error(got.out, c.want_out) <= 1e-2);
+      CHECK(rel_error(got.grad_input, c.want_dx) <= 1e-2);
+      check_lora_grads(got.grads, c.want_grads, 2e-2);
     }
   }
 }

@@ -16,3 +16,6 @@ TEST_CASE("portable backward is bit-identical for 1, 2 and 3 threads", "[backwar
 TEST_CASE("portable backward with a Wᵀ weight copy gives the bits of the repacking one", "[backward][portable]") {
   test::run_backward_weight_copy_identity(kernels::Isa::portable);
 }
+TEST_CASE("portable backward with other ranks for gate, up and down", "[backward][portable]") {
+  test::run_backward_projection_ranks(kernels::Isa::portable);
+}

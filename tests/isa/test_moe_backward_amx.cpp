@@ -10,3 +10,6 @@ TEST_CASE("amx backward is bit-identical for 1, 2 and 16 threads", "[backward][a
 TEST_CASE("amx backward with a Wᵀ weight copy gives the bits of the repacking one", "[backward][amx]") {
   test::run_backward_weight_copy_identity(kernels::Isa::amx_bf16);
 }
+TEST_CASE("amx backward with other ranks for gate, up and down", "[backward][amx]") {
+  test::run_backward_projection_ranks(kernels::Isa::amx_bf16);
+}

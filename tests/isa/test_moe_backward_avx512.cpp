@@ -14,3 +14,6 @@ TEST_CASE("avx512 backward is bit-identical for 1, 2 and 3 threads", "[backward]
 TEST_CASE("avx512 backward with a Wᵀ weight copy gives the bits of the repacking one", "[backward][avx512]") {
   test::run_backward_weight_copy_identity(kernels::Isa::avx512_bf16);
 }
+TEST_CASE("avx512 backward with other ranks for gate, up and down", "[backward][avx512]") {
+  test::run_backward_projection_ranks(kernels::Isa::avx512_bf16);
+}
