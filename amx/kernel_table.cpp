@@ -46,7 +46,7 @@ constexpr KernelTable kAmx{Isa::amx_bf16,         gemm_bf16_amx_or_avx512,
                            lora_grad_outer_amx, lora_project_rows_avx512, lora_expand_rows_add_avx512,
                            pack_strided_avx512,
                            convert_to_bf16_avx512, combine_bf16_rows_avx512, gemm_int_amx_or_avx512,
-                           quantize_rows_avx512, adamw_update_avx512, kAmxMinRows, 1};
+                           quantize_rows_avx512, adamw_update_avx512, kAmxMinRows, 4};
 
 }  // namespace
 

@@ -60,24 +60,24 @@ TEST_CASE("work split: chunk widths by rows, reduction, density and the few-row 
   const TokenGroups g = groups_with_rows(rows);
   const std::vector<int> active = {0, 1, 2, 3, 4, 5, 6};
   const int panels = 256;
-  // Defaults (k = 2048 or not given): 1 panel under 16 rows, 4 from 16, 8 from 64.
+  // Defaults (k = 2048 or not given): 1 panel under 16 rows, 8 from 16.
   std::map<int, int> w = widths(split_expert_columns(active, g, panels), active, panels, 1);
-  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 4}, {5, 4}, {6, 8}});
+  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 8}, {5, 8}, {6, 8}});
   // A kernel that blocks 4 panels widens the experts of 4-15 rows; decode's 1-3 keep 1 panel.
   w = widths(split_expert_columns(active, g, panels, 1, 2048, 1, 4), active, panels, 1);
-  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 4}, {3, 4}, {4, 4}, {5, 4}, {6, 8}});
+  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 4}, {3, 4}, {4, 8}, {5, 8}, {6, 8}});
   // A short reduction (k = 1408 -> twice) and int8 density (twice) multiply every width.
   w = widths(split_expert_columns(active, g, panels, 1, 1408, 2, 4), active, panels, 1);
-  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 16}, {3, 16}, {4, 16}, {5, 16}, {6, 32}});
-  // int4 density (4) widens every width below 64 rows by 4; from 64 rows, where an item is tile
-  // products more than bytes, by 2 as int8 (an integer k-block is twice a bf16 one).
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 16}, {3, 16}, {4, 32}, {5, 32}, {6, 32}});
+  // int4 density (4) widens every width below 16 rows by 4; from 16 rows, where items are 8 panels,
+  // by 2 as int8 (an integer k-block is twice a bf16 one).
   w = widths(split_expert_columns(active, g, panels, 1, 2048, 4, 4), active, panels, 1);
   CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 16}, {3, 16}, {4, 16}, {5, 16}, {6, 16}});
   w = widths(split_expert_columns(active, g, panels, 1, 1408, 4, 4), active, panels, 1);
   CHECK(w == std::map<int, int>{{0, 8}, {1, 8}, {2, 32}, {3, 32}, {4, 32}, {5, 32}, {6, 32}});
   // Whole units of 2 panels: a width of 1 rounds up to one unit.
   w = widths(split_expert_columns(active, g, panels, 2), active, panels, 2);
-  CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}, {4, 4}, {5, 4}, {6, 8}});
+  CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}, {4, 8}, {5, 8}, {6, 8}});
   // A width below 1 is taken as 1.
   w = widths(split_expert_columns(active, g, panels, 1, 0, 1, 0), active, panels, 1);
   CHECK(w.at(2) == 1);

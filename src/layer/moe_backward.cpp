@@ -283,15 +283,13 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
                           false, overwrite);
     }
   };
-  // dh items: four times the forward's columns per item below 64 rows (16 panels, 1 MiB of Wdᵀ at
-  // 16-63 rows), so that each item's epilogue reads and writes rows of 512 bytes, not 256 (the
-  // saved gate and up, dG | dU, the gradient blocks). On the device (512 tokens, r=16, weight
-  // copy) twice the columns took the phase from 5.9 / 6.4 to 5.3 / 5.7 ms; four times then took
-  // the backward from 1.114 to 1.089 times the forward_sft (three rounds each; every round of four
-  // below every round of two). Eight was no better than four, and twice the columns for dx was
-  // not clearly faster.
+  // dh items: 16 panels from 4 rows (1 MiB of Wdᵀ), so that each item's epilogue reads and writes
+  // rows of 512 bytes, not 128 or 256 (the saved gate and up, dG | dU, the gradient blocks). On the
+  // device (512 tokens, r=16, weight copy) 8 panels instead of 4 took the phase from 5.9 / 6.4 to
+  // 5.3 / 5.7 ms; 16 then took the backward from 1.114 to 1.089 times the forward_sft (three
+  // rounds each; every round of 16 below every round of 8). 32 was no better than 16.
   const std::vector<ExpertItem> dh_items =
-      split_expert_columns(column_split_, groups, 2 * down.kblocks, 2, 0, /*widen=*/4, kt_.few_row_item_panels);
+      split_expert_columns(column_split_, groups, 2 * down.kblocks, 2, 0, /*denser=*/2, /*few_row_panels=*/8);
   auto run_dh = [&](const ExpertItem& item, WorkerScratch& ws) {
     auto [e, p0, p1] = item;
     const int m = groups.count(e), cols = (p1 - p0) * kernels::kPanelColumns, col0 = p0 * kernels::kPanelColumns;

@@ -5,27 +5,28 @@
 namespace tilemoe {
 
 namespace {
-// 16-63 rows: 4 panels (64 columns), not 2. An item's weights stream from memory, and at 48 rows
-// per expert (512 tokens of DeepSeek-V2-Lite) twice as many bytes per item took the forward's
-// down phase from 6.0-6.3 to 5.1-5.6 ms and the backward (whose items gather one 1 KiB block
-// from every panel of W per 32 columns) from 30.2 to 26.1 ms on the device.
+// 16-63 rows: 8 panels (128 columns). An item's weights stream from memory, and at 48 rows per
+// expert (512 tokens of DeepSeek-V2-Lite) 4 panels instead of 2 took the forward's down phase from
+// 6.0-6.3 to 5.1-5.6 ms and the backward (whose items gather one 1 KiB block from every panel of W
+// per 32 columns) from 30.2 to 26.1 ms on the device; 8 instead of 4 then took the fine-tuning step
+// 1.7 % faster and int8's forward 6-7 % (cases taking turns in one process).
 // 4-15 rows: the kernel table's width (KernelTable::few_row_item_panels). 1-3 rows (decode): 1 panel,
 // the most items, so that every core of a many-core machine has weights to stream.
-int panels_per_item(int rows, int few_row_panels) { return rows >= 64 ? 8 : rows >= 16 ? 4 : rows >= 4 ? few_row_panels : 1; }
+int panels_per_item(int rows, int few_row_panels) { return rows >= 16 ? 8 : rows >= 4 ? few_row_panels : 1; }
 // The reduction length the chunk sizes above are for: a shorter one widens the items so that each
 // streams about as many bytes. DeepSeek-V2-Lite's down projection (k = 1408) gets twice the
 // columns of gate and up (k = 2048): on the device (cases taking turns) its phase went from
 // 7.14 to 6.48 ms at 512 tokens (bf16, r=16), 4.09 to 3.71 (int8), and 31 to 29 ms at 4096 tokens,
 // against 1024 here before.
 constexpr int kItemReduction = 2048;
-// From 64 rows an item's time is its tile products more than its bytes, and an int8 or int4
-// k-block (64 inputs) is twice a bf16 one (32): integer items of twice bf16's panels are as much
-// work. int4 widened as its bytes (4x) had items of 32 panels of gate_up and 64 of down at 384 rows
-// (4096 tokens of DeepSeek-V2-Lite): 3 and 2 items an expert. On the device (cases taking turns in
-// one process, two calls) int4 sized as int8 took 4096 tokens from 36.80 / 38.89 to 35.57 / 36.40 ms
-// (r=16: 48.54 to 47.01) and 1024 tokens from 10.89 / 11.52 to 10.59 / 11.02.
-constexpr int kProductBoundRows = 64;
-constexpr int kProductBoundDensity = 2;
+// From 16 rows items are 8 panels wide, and an int8 or int4 k-block (64 inputs) is twice a bf16
+// one (32): integer items of twice bf16's panels are as much work, and int4 widened as its bytes
+// (4x) had items of 32 panels of gate_up and 64 of down at 384 rows (4096 tokens of
+// DeepSeek-V2-Lite): 3 and 2 items an expert. On the device (cases taking turns in one process,
+// two calls) int4 sized as int8 took 4096 tokens from 36.80 / 38.89 to 35.57 / 36.40 ms (r=16:
+// 48.54 to 47.01) and 1024 tokens from 10.89 / 11.52 to 10.59 / 11.02.
+constexpr int kDensityCapRows = 16;
+constexpr int kDensityCap = 2;
 }  // namespace
 
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k,
@@ -34,7 +35,7 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
   const int reduction_widen = k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1;
   for (int e : active) {
     const int rows = groups.count(e);
-    const int density = std::clamp(rows >= kProductBoundRows ? std::min(denser, kProductBoundDensity) : denser, 1, 4);
+    const int density = std::clamp(rows >= kDensityCapRows ? std::min(denser, kDensityCap) : denser, 1, 4);
     const int step = std::max(unit, panels_per_item(rows, std::max(1, few_row_panels)) * reduction_widen * density / unit * unit);
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
   }

@@ -28,11 +28,11 @@ struct ExpertItem {
 // node's slice of the intermediate size) widens the chunks so that an item's work stays about
 // the same as at k = 2048. `denser` widens them again for weights of fewer bytes than bf16 (2 for
 // int8, 4 for int4), so that an item streams as many bytes as a bf16 one: at decode an item is
-// mostly the fixed cost of one call and a stream that the prefetchers must pick up. From 64 rows,
-// where an item is tile products more than bytes, it widens by 2 at most: an integer k-block is
-// twice a bf16 one. (Any other reason to widen, 1 to 4, may be passed the same way.) `few_row_panels` is the chunk, before
-// widening, for experts of 4-15 rows (KernelTable::few_row_item_panels: 1 where small chunks are
-// best, more where the kernel blocks several panels per pass); 1-3 rows always get 1 panel.
+// mostly the fixed cost of one call and a stream that the prefetchers must pick up. From 16 rows,
+// where items are 8 panels, it widens by 2 at most: an integer k-block is twice a bf16 one. (Any
+// other reason to widen, 1 to 4, may be passed the same way.) `few_row_panels` is the chunk,
+// before widening, for experts of 4-15 rows (KernelTable::few_row_item_panels: 1 where small chunks
+// are best, more where the kernel blocks several panels per pass); 1-3 rows always get 1 panel.
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
                                              int k = 0, int denser = 1, int few_row_panels = 1);
 
