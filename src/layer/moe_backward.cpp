@@ -457,11 +457,12 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
   for (std::size_t i = 0; i < split_k_.size(); ++i) ready_.expect(dgu_done + static_cast<std::size_t>(split_k_[i]), split_end + i);
   for (std::size_t i = 0; i < lora_items; ++i) ready_.expect(lora_done + static_cast<std::size_t>(active_[i / 2]), dh_end + i);
   for (std::size_t i = 0; i < dx_split.size(); ++i) ready_.expect(dx_parts + static_cast<std::size_t>(dx_split[i].e), dx_items_end + i);
-  // The node's dP of gate and up, for the other nodes' lora_sums: published by the item that
-  // ends the last lora_grads item (or now, when there is none), before anything that waits.
-  // dh_left counts the prep items too: they run among the dh items.
+  // --phases' ends of dh and lora_grads: the items left of each (dh_left counts the prep items
+  // too: they run among the dh items), and when the last one ended.
   std::atomic<std::size_t> dh_left{dh_end}, lora_left{lora_items};
   std::chrono::steady_clock::time_point dh_finished{}, lora_finished{};  // written once each, read after the parallel_for
+  // The node's dP of gate and up, for the other nodes' lora_sums: published by the item that
+  // ends the last lora_grads item (or now, when there is none), before anything that waits.
   auto publish = [&] {
     if (sums) sums->publish(node, {dp_[0].data(), dp_[1].data(), entry.xa[2].data()});
   };
