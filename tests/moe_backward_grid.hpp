@@ -198,8 +198,8 @@ inline void check_same_sft_bits(const std::vector<SftResult>& results, const std
   }
 }
 
-// Gate, up and down with ranks of their own (PEFT's rank_pattern): dX adds gate's and up's terms
-// as one product where it can (LoraTerm::fuse_pair_into: an even gate rank), else one by one.
+// Gate, up and down with ranks of their own (PEFT's rank_pattern): dX adds gate's term fused into
+// its product and up's after it, each at its own rank, and dh's epilogue reads both x Aᵀ.
 inline void run_backward_projection_ranks(kernels::Isa isa) {
   numa::ThreadPool& pool = pool_for_threads(0);
   const MoeShape s{100, 72, 6, 2};
