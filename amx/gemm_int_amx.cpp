@@ -37,6 +37,7 @@
 #include "amx/gemm_int.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/prefetch.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
@@ -121,10 +122,13 @@ struct DeferredFlush {
 // wait on memory: on the device at 512 tokens (48 rows per expert) 16 blocks ahead took the
 // layer from 10.9 to 8.8 ms, 8 blocks into L1 to 9.4 ms. int4's B is the unpacked copy, in L2.
 constexpr std::size_t kPrefetchBlocks = 16;
-
-inline void prefetch_block_to_l2(const std::uint8_t* block) {
-  for (std::size_t line = 0; line < kBlockBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(block) + line, _MM_HINT_T1);
-}
+// int8 B blocks this many k-steps ahead are also asked for into L1, on every pass, so that the
+// tile loads find them there and not in L2. On the device (DeepSeek-V2-Lite, with and without as
+// cases taking turns in one process, four calls) int8 took 9-10 % less time at 128 tokens, about
+// 2 % less at 512 and 1024 (pairs from +1 to -6 %) and 1-2 % less at 4096. int4's B, the unpacked
+// copy this core just wrote, goes without: at 4096 tokens it was 5-7 % slower with it, and no
+// faster at 128 or 512.
+constexpr std::size_t kL1AheadBlocks = 2;
 
 // int8 experts of 33 to this many rows and int4 experts of up to this many (A at most 256 KiB of
 // int8 at K = 2048) run panel pairs outside and row blocks inside (pairs_outside): int8's first row
@@ -164,6 +168,7 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   const std::size_t a_second = g.a_tiles ? static_cast<std::size_t>(job.kblocks) * kBlockBytes : kTileRows * g.lda;
   const std::uint8_t* b0 = job.b + static_cast<std::size_t>(panel - job.b_panel0) * job.panel_stride;
   const bool second = g.has_second();
+  const bool ask_l1 = g.shape.bits == 8;
   // Two sets of group sums: a group's are scaled (AVX-512) only after the next group's tile
   // products are issued, so that the TMUL works on those while the flush runs (int4 has one
   // group per 128 inputs: 16 flushes of a 2048-long row). The groups still add up in order.
@@ -205,14 +210,18 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
       const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
       const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * a_kstep;
       if (kb < next.blocks) {
-        prefetch_block_to_l2(next.first + static_cast<std::size_t>(kb) * kBlockBytes);
-        prefetch_block_to_l2(next.first + next.stride + static_cast<std::size_t>(kb) * kBlockBytes);
+        prefetch_tile_block_l2(next.first + static_cast<std::size_t>(kb) * kBlockBytes);
+        prefetch_tile_block_l2(next.first + next.stride + static_cast<std::size_t>(kb) * kBlockBytes);
       }
       if (prefetch) {
         // Past the panel's end this reaches into the next panel or beyond the matrix: a prefetch
         // never faults, and the next pair's first blocks are wanted anyway.
-        prefetch_block_to_l2(bk + kPrefetchBlocks * kBlockBytes);
-        if constexpr (TwoPanels) prefetch_block_to_l2(bk + job.panel_stride + kPrefetchBlocks * kBlockBytes);
+        prefetch_tile_block_l2(bk + kPrefetchBlocks * kBlockBytes);
+        if constexpr (TwoPanels) prefetch_tile_block_l2(bk + job.panel_stride + kPrefetchBlocks * kBlockBytes);
+      }
+      if (ask_l1) {
+        prefetch_tile_block_l1(bk + kL1AheadBlocks * kBlockBytes);
+        if constexpr (TwoPanels) prefetch_tile_block_l1(bk + job.panel_stride + kL1AheadBlocks * kBlockBytes);
       }
       tile_step<TileProduct::int8, TwoRowTiles, TwoPanels>(ak, a_second, lda_bytes, bk, job.panel_stride);
       if (deferred && deferred->next < deferred->count) deferred->run_one();
