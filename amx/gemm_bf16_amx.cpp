@@ -35,6 +35,7 @@
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/prefetch.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
@@ -42,6 +43,8 @@
 
 namespace tilemoe::kernels {
 namespace {
+
+static_assert(kBlockElements * sizeof(bf16) == kTileBlockBytes, "prefetch_tile_block_* ask for one packed block");
 
 constexpr int kTileRows = 16;
 constexpr int kBlockRows = 2 * kTileRows;
@@ -62,11 +65,6 @@ struct Operand {
   int kblocks;
 };
 
-inline void prefetch_block(const bf16* block) {
-  const char* p = reinterpret_cast<const char*>(block);
-  for (int line = 0; line < kBlockElements * 2; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
-}
-
 // All k-blocks of one operand into the C tiles.
 template <bool TwoRowTiles, bool TwoPanels>
 inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b) {
@@ -75,8 +73,8 @@ inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b) {
   for (int kb = 0; kb < op.kblocks; ++kb) {
     const bf16* bk = b0 + static_cast<std::size_t>(kb) * kBlockElements;
     if (prefetch_b) {
-      prefetch_block(bk + kPrefetchBlocks * kBlockElements);
-      if constexpr (TwoPanels) prefetch_block(bk + op.panel_stride + kPrefetchBlocks * kBlockElements);
+      prefetch_tile_block_l1(bk + kPrefetchBlocks * kBlockElements);
+      if constexpr (TwoPanels) prefetch_tile_block_l1(bk + op.panel_stride + kPrefetchBlocks * kBlockElements);
     }
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * op.kblock_stride;
     tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, op.row_tile_stride * sizeof(bf16), op.lda_bytes, bk,

@@ -49,7 +49,7 @@ namespace {
 constexpr int kTileRows = 16;
 constexpr int kBlockRows = 2 * kTileRows;
 constexpr long kTileRowBytes = 64;
-constexpr std::size_t kBlockBytes = 1024;  // one int8 B tile
+constexpr std::size_t kBlockBytes = kTileBlockBytes;  // one int8 B tile (prefetch.hpp)
 // Panel groups: the codes of one group (int8 form) are re-read by every 32-row block.
 constexpr std::size_t kGroupBytes = 512 * 1024;
 

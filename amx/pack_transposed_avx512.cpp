@@ -13,9 +13,12 @@
 #include "amx/immintrin_gcc12.hpp"
 
 #include "amx/pack_transposed.hpp"
+#include "amx/prefetch.hpp"
 
 namespace tilemoe::kernels {
 namespace {
+
+static_assert(kBlockElements * sizeof(bf16) == kTileBlockBytes, "prefetch_tile_block_* ask for one packed block");
 
 // Panels to prefetch ahead, 0 for none. Consecutive panels of one k-block are kblocks KiB apart,
 // a new page each time, where the hardware prefetchers start over. One thread, 500 MiB of
@@ -61,20 +64,13 @@ inline void zero_half(bf16* out) {
   for (int n = 0; n < 8; ++n) _mm512_storeu_si512(out + n * 32, _mm512_setzero_si512());
 }
 
-inline void prefetch_block(const bf16* block) {
-#pragma GCC unroll 16
-  for (int line = 0; line < kBlockElements * 2 / 64; ++line) {
-    _mm_prefetch(reinterpret_cast<const char*>(block) + line * 64, _MM_HINT_T0);
-  }
-}
-
 }  // namespace
 
 void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                    std::size_t dst_panel_stride) {
   const std::size_t panel_step = static_cast<std::size_t>(kblocks) * kBlockElements;
   const bf16* src = packed_w + static_cast<std::size_t>(kb) * kBlockElements;
-  for (int p = 0; p < kPrefetchPanels && p < panels; ++p) prefetch_block(src + p * panel_step);
+  for (int p = 0; p < kPrefetchPanels && p < panels; ++p) prefetch_tile_block_l1(src + p * panel_step);
   const int tkblocks = transposed_kblocks(panels);
   for (int j = 0; j < tkblocks; ++j) {
     bf16* out0 = dst + static_cast<std::size_t>(j) * kBlockElements;
@@ -88,7 +84,7 @@ void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks
         zero_half(o1);
         continue;
       }
-      if (nb + kPrefetchPanels < panels) prefetch_block(src + (nb + kPrefetchPanels) * panel_step);
+      if (nb + kPrefetchPanels < panels) prefetch_tile_block_l1(src + (nb + kPrefetchPanels) * panel_step);
       const bf16* block = src + nb * panel_step;
       transpose_half(block, o0);                        // k-pairs 0..7: W's k-columns 0..15
       transpose_half(block + kBlockElements / 2, o1);   // k-pairs 8..15: 16..31

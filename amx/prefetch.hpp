@@ -16,13 +16,14 @@ inline void prefetch_range(const void* p, std::size_t bytes) {
   __builtin_prefetch(last);
 }
 
-// Asks for the 16 lines of one 1 KiB tile block (a packed B block of the tile kernels), into L1
-// or only into L2.
+// Asks for the 16 lines of one tile-sized block (16 rows of 64 bytes: a packed B block of the
+// tile kernels), into L1 or only into L2.
+inline constexpr int kTileBlockBytes = 1024;
 inline void prefetch_tile_block_l1(const void* block) {
-  for (int line = 0; line < 1024; line += 64) __builtin_prefetch(static_cast<const char*>(block) + line, 0, 3);
+  for (int line = 0; line < kTileBlockBytes; line += 64) __builtin_prefetch(static_cast<const char*>(block) + line, 0, 3);
 }
 inline void prefetch_tile_block_l2(const void* block) {
-  for (int line = 0; line < 1024; line += 64) __builtin_prefetch(static_cast<const char*>(block) + line, 0, 2);
+  for (int line = 0; line < kTileBlockBytes; line += 64) __builtin_prefetch(static_cast<const char*>(block) + line, 0, 2);
 }
 
 // How many rows ahead the row loops that use this (convert_rows_to_bf16, silu_mul_backward_avx512)
