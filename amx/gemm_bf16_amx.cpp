@@ -53,9 +53,10 @@ constexpr int kTileRowBytes = 64;
 // (later passes find them in L2); 4 KiB per panel is about one memory latency of work. The same
 // pass also asks for the blocks kL2AheadBlocks ahead into L2, so that more of the core's misses
 // are in flight than the L1 requests alone keep. On the device (with and without as cases taking
-// turns in one process, two calls) that took the forward at 128 and 512 tokens 1-4 % faster in 13
-// of 14 pairs (the other +1.8 %), and the fine-tuning step at 512 tokens 0-2 %. With the L1 requests only 2 blocks
-// ahead it was 1-4 % faster on one instance and 16-21 % slower on another: the 4 ahead stay.
+// turns in one process, two calls) that took the forward at 128 and 512 tokens 1-4 % faster in
+// 13 of 14 pairs (the other +1.8 %), and the fine-tuning step at 512 tokens 0-2 %. With the L1
+// requests only 2 blocks ahead it was 1-4 % faster on one instance and 16-21 % slower on
+// another: the 4 ahead stay.
 constexpr int kPrefetchBlocks = 4;
 constexpr int kL2AheadBlocks = 16;
 // Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
