@@ -16,7 +16,11 @@
 //  - packed_b is the whole packed matrix with k_padded == PackedShape::k_padded; only panels
 //    [panel_begin, panel_end) are read; panel_end > panel_begin (any count, odd too).
 //  - When packed_b2 != nullptr and k2_padded > 0: the same rules hold for a2/lda2/k2_padded/
-//    packed_b2, which must have the same panel count as packed_b.
+//    packed_b2, which must have the same panel count as packed_b. packed_b2's panels lie
+//    b2_panel_stride elements apart, or k2_padded * 16 (whole k-blocks) when it is 0; the short
+//    panel form (compact_panel_elements, pack_bf16.hpp) is read as whole blocks too, so that A2
+//    must then be zero in the columns past the panel's own k-pairs, and the next panel's values
+//    (or the form's trailing zeros) finite.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns,
 //    ldc >= that. Only rows < m and those columns are written.
 #include <cstddef>
@@ -37,6 +41,7 @@ struct GemmBf16Args {
   std::size_t lda2 = 0;
   int k2_padded = 0;
   const bf16* packed_b2 = nullptr;
+  std::size_t b2_panel_stride = 0;  // 0: k2_padded * kPanelColumns
   float* c;
   std::size_t ldc;
   bool accumulate = false;  // false: C = ...; true: C += ...
@@ -55,6 +60,11 @@ inline ARows a_rows(const GemmBf16Args& g, int row0) {
   const std::size_t tile_elements = static_cast<std::size_t>(g.k_padded) * kATileRows;
   return {g.a + static_cast<std::size_t>(row0 / kATileRows) * tile_elements + static_cast<std::size_t>(row0 % kATileRows) * kBlockK,
           kBlockK, kBlockElements};
+}
+
+// Elements between consecutive panels of a second product's packed_b2 (see the contract above).
+inline std::size_t second_panel_stride(int k2_padded, std::size_t b2_panel_stride) {
+  return b2_panel_stride != 0 ? b2_panel_stride : static_cast<std::size_t>(k2_padded) * kPanelColumns;
 }
 
 using GemmBf16Fn = void (*)(const GemmBf16Args&);

@@ -137,9 +137,9 @@ void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_
   }
 }
 
-Operand make_operand(const bf16* a, std::size_t lda, bool tiles, const bf16* packed, int k_padded) {
+Operand make_operand(const bf16* a, std::size_t lda, bool tiles, const bf16* packed, int k_padded, std::size_t b_panel_stride = 0) {
   const int kblocks = k_padded / kBlockK;
-  const std::size_t panel_stride = static_cast<std::size_t>(kblocks) * kBlockElements;
+  const std::size_t panel_stride = second_panel_stride(k_padded, b_panel_stride);
   if (tiles) return Operand{a, panel_stride, kBlockElements, kTileRowBytes, packed, panel_stride, kblocks};
   return Operand{a, kTileRows * lda, kBlockK, static_cast<long>(lda * sizeof(bf16)), packed, panel_stride, kblocks};
 }
@@ -158,7 +158,7 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   Job job{};
   job.first = make_operand(args.a, args.lda, args.a_tiles, args.packed_b, args.k_padded);
   job.has_second = args.packed_b2 != nullptr && args.k2_padded > 0;
-  if (job.has_second) job.second = make_operand(args.a2, args.lda2, false, args.packed_b2, args.k2_padded);
+  if (job.has_second) job.second = make_operand(args.a2, args.lda2, false, args.packed_b2, args.k2_padded, args.b2_panel_stride);
   job.c = args.c;
   job.ldc = args.ldc;
   job.ldc_bytes = static_cast<long>(args.ldc * sizeof(float));

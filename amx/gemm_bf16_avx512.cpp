@@ -71,7 +71,7 @@ void block(const GemmBf16Args& g, int row0, int panel) {
   accumulate<R, P>(acc, a_rows(g, row0), g.packed_b + panel * stride, stride, kblocks);
   if (g.packed_b2 != nullptr && g.k2_padded > 0) {
     const int kblocks2 = g.k2_padded / kBlockK;
-    const std::size_t stride2 = static_cast<std::size_t>(kblocks2) * kBlockElements;
+    const std::size_t stride2 = second_panel_stride(g.k2_padded, g.b2_panel_stride);
     accumulate<R, P>(acc, ARows{g.a2 + row0 * g.lda2, g.lda2, kBlockK}, g.packed_b2 + panel * stride2, stride2, kblocks2);
   }
 

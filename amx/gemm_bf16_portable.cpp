@@ -46,7 +46,7 @@ void row_group(const GemmBf16Args& g, int row0) {
     accumulate_panel<R>(acc, a_rows(g, row0), g.packed_b + static_cast<std::size_t>(p) * kblocks * kBlockElements, kblocks);
     if (second) {
       accumulate_panel<R>(acc, ARows{g.a2 + row0 * g.lda2, g.lda2, kBlockK},
-                          g.packed_b2 + static_cast<std::size_t>(p) * kblocks2 * kBlockElements, kblocks2);
+                          g.packed_b2 + static_cast<std::size_t>(p) * second_panel_stride(g.k2_padded, g.b2_panel_stride), kblocks2);
     }
     for (int i = 0; i < R; ++i) {
       float* ci = g.c + (row0 + i) * g.ldc + (p - g.panel_begin) * kPanelColumns;

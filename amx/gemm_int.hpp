@@ -17,7 +17,7 @@
 //  - b is the whole packed matrix of shape `shape`; only panels [panel_begin, panel_end) are read.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns.
 //  - Optional second product in bf16 (a LoRA term stays bf16 on every weight type), with
-//    GemmBf16Args's rules for a2/lda2/k2_padded/packed_b2: C also gets + A2 · W2ᵀ over the same
+//    GemmBf16Args's rules for a2/lda2/k2_padded/packed_b2/b2_panel_stride: C also gets + A2 · W2ᵀ over the same
 //    panels, W2 having the same panel count as b.
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +43,7 @@ struct GemmIntArgs {
   std::size_t lda2 = 0;
   int k2_padded = 0;
   const bf16* packed_b2 = nullptr;
+  std::size_t b2_panel_stride = 0;  // 0: k2_padded * kPanelColumns
 
   bool has_second() const { return packed_b2 != nullptr && k2_padded > 0; }
 };

@@ -235,8 +235,8 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     const long lda2_bytes = static_cast<long>(g.lda2 * sizeof(bf16));
     const bf16* a2 = g.a2 + static_cast<std::size_t>(row0) * g.lda2;
     const int kblocks2 = g.k2_padded / kBlockK;
-    const bf16* b2 = g.packed_b2 + static_cast<std::size_t>(panel) * kblocks2 * kBlockElements;
-    const std::size_t b2_panel = static_cast<std::size_t>(kblocks2) * kBlockElements;
+    const std::size_t b2_panel = second_panel_stride(g.k2_padded, g.b2_panel_stride);
+    const bf16* b2 = g.packed_b2 + static_cast<std::size_t>(panel) * b2_panel;
     zero_c_tiles<TwoRowTiles, TwoPanels>();
     for (int kb = 0; kb < kblocks2; ++kb) {
       const bf16* ak = a2 + static_cast<std::size_t>(kb) * kBlockK;

@@ -29,6 +29,7 @@ void add_second_product(const GemmIntArgs& args, GemmBf16Fn gemm) {
   g.lda2 = args.lda2;
   g.k2_padded = args.k2_padded;
   g.packed_b2 = args.packed_b2;
+  g.b2_panel_stride = args.b2_panel_stride;
   g.accumulate = true;
   gemm(g);
 }

@@ -38,6 +38,29 @@ std::size_t packed_bf16_elements(int n, int k) {
   return static_cast<std::size_t>(s.n_padded) * static_cast<std::size_t>(s.k_padded);
 }
 
+std::size_t compact_panel_elements(int k) {
+  const PackedShape s = packed_shape(1, k);
+  const int rest = k % kBlockK;
+  const std::size_t whole = static_cast<std::size_t>(s.kblocks) * kBlockElements;
+  return rest > 0 && rest <= kBlockK / 2 ? whole - kBlockElements / 2 : whole;
+}
+
+std::size_t compact_packed_elements(int n, int k) {
+  const PackedShape s = packed_shape(n, k);
+  const std::size_t panel = compact_panel_elements(k);
+  const std::size_t whole = static_cast<std::size_t>(s.kblocks) * kBlockElements;
+  return static_cast<std::size_t>(s.panels) * panel + (whole - panel);
+}
+
+void compact_packed_panels(const bf16* packed, int n, int k, bf16* compact) {
+  const PackedShape s = packed_shape(n, k);
+  const std::size_t panel = compact_panel_elements(k);
+  const std::size_t whole = static_cast<std::size_t>(s.kblocks) * kBlockElements;
+  for (int nb = 0; nb < s.panels; ++nb)
+    std::copy_n(packed + static_cast<std::size_t>(nb) * whole, panel, compact + static_cast<std::size_t>(nb) * panel);
+  std::fill_n(compact + static_cast<std::size_t>(s.panels) * panel, whole - panel, bf16{0});
+}
+
 void pack_bf16_weights(const bf16* w, int n, int k, std::size_t ldw, bf16* packed) {
   check_ld(n, k, ldw, "pack_bf16_weights");
   pack_weights_with(n, k, packed, [&](int col, int kk) { return w[static_cast<std::size_t>(col) * ldw + kk]; });

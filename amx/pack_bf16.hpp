@@ -37,6 +37,17 @@ std::size_t packed_bf16_elements(int n, int k);  // n_padded * k_padded
 
 // `packed` must hold packed_bf16_elements(n, k) elements; every one of them is written.
 void pack_bf16_weights(const bf16* w, int n, int k, std::size_t ldw, bf16* packed);
+// The short panel form of a packed matrix whose K ends at most 16 past a k-block boundary
+// (k % 32 in (0, 16]: a LoRA factor of rank 16, say): each panel keeps only the k-pairs it has in
+// its last k-block, half a block, so the next panel starts 512 bytes earlier. A kernel reading a
+// whole last block then reads the next panel's first pairs (or the trailing zeros) as well; the
+// second product's A2 is zero in those columns, so they add 0 (the values must be finite).
+// Other K keep whole blocks (compact_panel_elements returns the packed panel's length).
+std::size_t compact_panel_elements(int k);
+// Elements of the short panel form of an n × k matrix, the trailing half block of zeros included.
+std::size_t compact_packed_elements(int n, int k);
+// Copies a packed n × k matrix (pack_bf16_weights' layout) into that form.
+void compact_packed_panels(const bf16* packed, int n, int k, bf16* compact);
 // Rounds to nearest even (tilemoe::float_to_bf16).
 void pack_f32_weights_to_bf16(const float* w, int n, int k, std::size_t ldw, bf16* packed);
 // The inverse of pack_bf16_weights (padding dropped), for tests and debugging.

@@ -170,11 +170,12 @@ struct IntGemmCase {
   bool a_tiles = false;  // A passed in tile order (pack_int.hpp)
   bool multiples = false;  // int4 scales that decompose, passed in column form too
   int k2 = 0;              // > 0: a bf16 second product (a LoRA term) of this reduction length
+  bool compact2 = false;   // its W2 in the short panel form (compact_packed_panels, pack_bf16.hpp)
   std::string describe() const {
     std::ostringstream s;
     s << "bits=" << bits << " group=" << group << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
       << " panels=[" << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples << " k2=" << k2;
+      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples << " k2=" << k2 << " compact2=" << compact2;
     return s.str();
   }
 };
@@ -225,12 +226,19 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
     for (bf16& v : w2) v = float_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
     pack_bf16_weights(w2.data(), tc.n, tc.k2, static_cast<std::size_t>(tc.k2), b2.data());
   }
+  // The short panel form ends where the last panel's last tile load ends: a longer read faults.
+  Guarded<bf16> compact(tc.k2 > 0 && tc.compact2 ? compact_packed_elements(tc.n, tc.k2) : 1);
   GemmIntArgs args{};
   if (tc.k2 > 0) {
     args.a2 = a2.data();
     args.lda2 = lda2;
     args.k2_padded = k2_padded;
     args.packed_b2 = b2.data();
+    if (tc.compact2) {
+      compact_packed_panels(b2.data(), tc.n, tc.k2, compact.data());
+      args.packed_b2 = compact.data();
+      args.b2_panel_stride = compact_panel_elements(tc.k2);
+    }
   }
   args.a = tc.a_tiles ? tiles.data() : a.data();
   args.a_tiles = tc.a_tiles;
@@ -328,6 +336,8 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
             lora.multiples = bits == 4 && rng() % 2 == 0;
             const int lora_panels = packed_int_shape(bits, n, k, group).panels;
             lora.panel_begin = static_cast<int>(rng() % lora_panels);
+            check_int_gemm_case(gemm, lora, rng);
+            lora.compact2 = true;
             check_int_gemm_case(gemm, lora, rng);
           }
     }

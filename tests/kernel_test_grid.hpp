@@ -82,12 +82,13 @@ struct GemmCase {
   int lda_extra = 0, ldc_extra = 0;
   bool misaligned = false;  // A, A2 and C start off a 64-byte line (A by one bf16)
   bool tiles = false;       // A given in tile order (pack_rows_as_tiles); lda then unused
+  bool compact2 = false;    // the second product's W2 in the short panel form (compact_packed_panels)
 
   std::string describe() const {
     std::ostringstream s;
     s << "m=" << m << " n=" << n << " k=" << k << " k2=" << k2 << " accumulate=" << accumulate << " panels=["
       << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " misaligned=" << misaligned << " tiles=" << tiles;
+      << " misaligned=" << misaligned << " tiles=" << tiles << " compact2=" << compact2;
     return s.str();
   }
 };
@@ -167,11 +168,18 @@ inline void check_gemm_case(GemmBf16Fn gemm, const GemmCase& tc, std::mt19937& r
   args.packed_b = x.packed.data();
   args.panel_begin = pb;
   args.panel_end = pe;
+  // The short panel form ends where the last panel's last tile load ends: a longer read faults.
+  Guarded<bf16> compact(x2 && tc.compact2 ? compact_packed_elements(tc.n, tc.k2) : 0);
   if (x2) {
     args.a2 = x2->a.data();
     args.lda2 = x2->lda;
     args.k2_padded = x2->k_padded;
     args.packed_b2 = x2->packed.data();
+    if (tc.compact2) {
+      compact_packed_panels(x2->packed.data(), tc.n, tc.k2, compact.data());
+      args.packed_b2 = compact.data();
+      args.b2_panel_stride = compact_panel_elements(tc.k2);
+    }
   }
   args.c = c.data();
   args.ldc = ldc;
@@ -234,6 +242,7 @@ inline void check_gemm_grid(GemmBf16Fn gemm) {
         tc.ldc_extra = pick(ldc_extras);
         tc.misaligned = rng() % 2 == 0;
         tc.tiles = rng() % 2 == 0;
+        tc.compact2 = rng() % 2 == 0;
         check_gemm_case(gemm, tc, rng);
       }
     }
@@ -249,6 +258,7 @@ inline void check_gemm_features(GemmBf16Fn gemm) {
       for (int m : {1, 5, 17, 33, 50}) {
         GemmCase tc{m, 100, 70};  // 7 panels
         tc.k2 = k2;
+        tc.compact2 = (m + k2) % 2 == 0;  // each width both ways, over the row counts
         tc.accumulate = accumulate;
         tc.panel_begin = 2;
         tc.panel_end = 5;  // three panels: a pair and a single
@@ -290,6 +300,7 @@ inline void check_gemm_large(GemmBf16Fn gemm) {
     tc.ldc_extra = 2;
     check_gemm_case(gemm, tc, rng);
     tc.tiles = true;
+    tc.compact2 = true;
     check_gemm_case(gemm, tc, rng);
   }
   // Many 32-row blocks, then a row tail.

@@ -10,6 +10,7 @@
 
 #include <sys/resource.h>
 
+#include "amx/pack_bf16.hpp"
 #include "numa/topology.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/moe_forward.hpp"
@@ -409,9 +410,10 @@ void add_bench_command(CLI::App& app, int& status) {
         const Case& cs = cases[c];
         const int rank = cs.rank;
         // The factors read per expert: the caller's A and B (f32 or bf16); or, held, their packed bf16 forms
-        // (B's rank padded to a whole k-block of 32) where experts have the rows for that form.
+        // (B's rank padded to a whole k-block of 32, or to 16 in the short panel form, pack_bf16.hpp) where
+        // experts have the rows for that form.
         std::size_t lora_bytes_per_expert = 0;
-        const std::size_t rank_padded = (static_cast<std::size_t>(rank) + 31) / 32 * 32;
+        const std::size_t rank_padded = rank > 0 ? kernels::compact_panel_elements(rank) / kernels::kPanelColumns : 0;
         const bool packed_form = a->lora_held && static_cast<double>(tokens) * s.top_k * iters >= 16.0 * experts_sum;
         for (Projection p : kProjections)
           lora_bytes_per_expert += packed_form ? (rank * projection_in(s, p) + rank_padded * projection_out(s, p)) * sizeof(bf16)

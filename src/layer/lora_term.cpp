@@ -30,6 +30,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedFactor a,
   if (!packed_) return;
   if (held_generation != 0 && packed_generation_ == held_generation) return;
   packed_generation_ = 0;
+  b_panel_stride_ = 0;
   rank_panels_ = kernels::packed_shape(rank, in).panels;
   rank_k_padded_ = kernels::packed_shape(out, rank).k_padded;
   a_ready_ = pack_a || held_generation != 0;
@@ -41,12 +42,27 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedFactor a,
     b_by_item_ = true;
     return;
   }
-  b_packed_.resize(kernels::packed_bf16_elements(padded_out_rows(out), rank));
+  const int b_rows = padded_out_rows(out);
+  b_packed_.resize(kernels::packed_bf16_elements(b_rows, rank));
   // Rows of B' from out on are the zero padding pack_strided writes for n_padded > out.
   kt.pack_strided(b, out, rank, b_packed_.data(), pack_scratch_);
   const std::size_t b_written = kernels::packed_bf16_elements(out, rank);
   std::fill(b_packed_.begin() + static_cast<std::ptrdiff_t>(b_written), b_packed_.end(), bf16{0});
   packed_generation_ = held_generation;
+  // A held set at a rank that ends in the first half of a k-block (16, say) keeps B' in the short
+  // panel form (pack_bf16.hpp): at r = 16 half of each padded panel was zeros, so every call reads
+  // half the bytes of B' (at 512 tokens of DeepSeek-V2-Lite, 21 MB of factors instead of 31). The
+  // fused product then reads the next panel's first k-pairs against xa's zero
+  // columns, which adds nothing only if they are finite: with a non-finite value in B' (which
+  // must reach its own columns only, as in PyTorch) the padded form stays.
+  const std::size_t compact_panel = kernels::compact_panel_elements(rank);
+  if (held_generation == 0 || compact_panel == static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns) return;
+  const bool finite = std::none_of(b_packed_.begin(), b_packed_.end(), [](bf16 v) { return (v & 0x7f80u) == 0x7f80u; });
+  if (!finite) return;
+  AlignedVector<bf16> compact(kernels::compact_packed_elements(b_rows, rank));
+  kernels::compact_packed_panels(b_packed_.data(), b_rows, rank, compact.data());
+  b_packed_ = std::move(compact);
+  b_panel_stride_ = compact_panel;
 }
 
 void LoraTerm::project(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int rows, int k_padded,
@@ -126,7 +142,7 @@ void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std:
 
 bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
   if (!active_ || !packed_) return false;
-  const std::size_t panel_stride = static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns;
+  const std::size_t panel_stride = kernels::second_panel_stride(rank_k_padded_, b_panel_stride_);
   const bf16* b_packed = b_packed_.data();
   if (b_by_item_) {
     // Panels [p0, p1) of B' at their place in a buffer laid out as the whole packed B'; the
@@ -150,6 +166,7 @@ bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {
   g.a2 = (xa_owner_ ? xa_owner_ : this)->xa_.data();
   g.lda2 = static_cast<std::size_t>(rank_k_padded_);
   g.k2_padded = rank_k_padded_;
+  g.b2_panel_stride = b_by_item_ ? 0 : b_panel_stride_;
   g.packed_b2 = b_packed + static_cast<std::ptrdiff_t>(panel_shift) * static_cast<std::ptrdiff_t>(panel_stride);
   return true;
 }
@@ -163,6 +180,7 @@ bool LoraTerm::fuse_into(kernels::GemmIntArgs& g, int panel_shift) const {
   g.lda2 = second.lda2;
   g.k2_padded = second.k2_padded;
   g.packed_b2 = second.packed_b2;
+  g.b2_panel_stride = second.b2_panel_stride;
   return true;
 }
 

@@ -112,6 +112,7 @@ class LoraTerm {
   AlignedVector<float> xa_f32_;  // [rows][rank], when not packed
   int rank_panels_ = 0;        // A' packed as n = rank
   int rank_k_padded_ = 0;      // B' packed as k = rank
+  std::size_t b_panel_stride_ = 0;  // b_packed_'s short panel form (a held set), or 0: whole k-blocks
   AlignedVector<bf16> a_packed_, b_packed_;  // tile operands: cache-line aligned
   std::vector<bf16> pack_scratch_;
   AlignedVector<bf16> xa_;  // bf16(s V A'ᵀ), [rows][rank_k_padded_], when packed
