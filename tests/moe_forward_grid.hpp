@@ -3,6 +3,7 @@
 // sizes off every tile multiple, 1 to 1024 tokens, top-k 1 to 8, LoRA rank 1 to 64, experts
 // without LoRA, experts with no tokens, ids < 0. Included by one test file per ISA.
 #include <cstring>
+#include <limits>
 
 #include "catch.hpp"
 #include "fixture_cases.hpp"
@@ -97,6 +98,22 @@ inline void run_held_lora(kernels::Isa isa) {
   held.set_lora_held(1003);
   check(other, 7, 70);
   check(other, many, 71);
+  // A non-finite value in a held B reaches its own output column only, as in PyTorch. (At rank 8
+  // a panel of B' is half a k-block: the short panel form would read output 17's first k-pairs
+  // against the zero columns of panel 0's xa, and 0 * inf is NaN in outputs 0-15.)
+  LayerLora bad = random_lora(s, 8, 16.0f, 34);
+  LoraProjectionT<float>& down = bad[Projection::down];
+  const int col = 17;
+  for (int e = 0; e < s.num_experts; ++e) down.b_of(e)[static_cast<std::size_t>(col) * down.rank] = std::numeric_limits<float>::infinity();
+  held.set_lora_held(1004);
+  const auto y = run(held, bad, many, 80);
+  int nonfinite_elsewhere = 0, nonfinite_at_col = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const bool own = static_cast<int>(i % static_cast<std::size_t>(s.hidden)) == col;
+    if (!std::isfinite(y[i])) ++(own ? nonfinite_at_col : nonfinite_elsewhere);
+  }
+  CHECK(nonfinite_elsewhere == 0);
+  CHECK(nonfinite_at_col > 0);
 }
 
 inline void run_fixture_forward(kernels::Isa isa) {
