@@ -17,8 +17,8 @@
 //  - b is the whole packed matrix of shape `shape`; only panels [panel_begin, panel_end) are read.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns.
 //  - Optional second product in bf16 (a LoRA term stays bf16 on every weight type), with
-//    GemmBf16Args's rules for a2/lda2/k2_padded/packed_b2/b2_panel_stride: C also gets + A2 · W2ᵀ over the same
-//    panels, W2 having the same panel count as b.
+//    GemmBf16Args's rules for a2/lda2/k2_padded/packed_b2/b2_panel_stride: C also gets
+//    + A2 · W2ᵀ over the same panels, W2 having the same panel count as b.
 #include <cstddef>
 #include <cstdint>
 

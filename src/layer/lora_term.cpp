@@ -52,9 +52,9 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedFactor a,
   // A held set at a rank that ends in the first half of a k-block (16, say) keeps B' in the short
   // panel form (pack_bf16.hpp): at r = 16 half of each padded panel was zeros, so every call reads
   // half the bytes of B' (at 512 tokens of DeepSeek-V2-Lite, 21 MB of factors instead of 31). The
-  // fused product then reads the next panel's first k-pairs against xa's zero
-  // columns, which adds nothing only if they are finite: with a non-finite value in B' (which
-  // must reach its own columns only, as in PyTorch) the padded form stays.
+  // fused product then reads the next panel's first k-pairs against xa's zero columns, which adds
+  // nothing only if they are finite: with a non-finite value in B' (which must reach its own
+  // columns only, as in PyTorch) the padded form stays.
   const std::size_t compact_panel = kernels::compact_panel_elements(rank);
   if (held_generation == 0 || compact_panel == static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns) return;
   const bool finite = std::none_of(b_packed_.begin(), b_packed_.end(), [](bf16 v) { return (v & 0x7f80u) == 0x7f80u; });
