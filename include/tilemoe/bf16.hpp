@@ -15,6 +15,9 @@ inline float bf16_to_float(bf16 v) {
   return f;
 }
 
+// False for Inf and NaN (an all-ones exponent).
+inline bool bf16_is_finite(bf16 v) { return (v & 0x7f80u) != 0x7f80u; }
+
 inline bf16 float_to_bf16(float f) {
   std::uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);

@@ -67,7 +67,7 @@ void check_finite_weights(const ExpertWeightsView& w, numa::ThreadPool& pool) {
   pool.parallel_for(static_cast<std::size_t>(items), [&](std::size_t i, int) {
     const bf16* v = w.projection(kProjections[i % 3], static_cast<int>(i / 3));
     bf16 any = 0;
-    for (std::size_t j = 0; j < n; ++j) any |= static_cast<bf16>(((v[j] & 0x7f80u) == 0x7f80u) ? 1 : 0);
+    for (std::size_t j = 0; j < n; ++j) any |= static_cast<bf16>(bf16_is_finite(v[j]) ? 0 : 1);
     bad[i] = static_cast<char>(any);
   });
   for (int i = 0; i < items; ++i)

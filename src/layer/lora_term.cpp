@@ -57,7 +57,7 @@ void LoraTerm::prepare(const kernels::KernelTable& kt, kernels::StridedFactor a,
   // columns only, as in PyTorch) the padded form stays.
   const std::size_t compact_panel = kernels::compact_panel_elements(rank);
   if (held_generation == 0 || compact_panel == static_cast<std::size_t>(rank_k_padded_) * kernels::kPanelColumns) return;
-  const bool finite = std::none_of(b_packed_.begin(), b_packed_.end(), [](bf16 v) { return (v & 0x7f80u) == 0x7f80u; });
+  const bool finite = std::all_of(b_packed_.begin(), b_packed_.end(), bf16_is_finite);
   if (!finite) return;
   AlignedVector<bf16> compact(kernels::compact_packed_elements(b_rows, rank));
   kernels::compact_packed_panels(b_packed_.data(), b_rows, rank, compact.data());

@@ -41,7 +41,7 @@ HeldAdapter::HeldAdapter(LoadedLora loaded, AdapterStorage storage) : loaded_(st
     auto check = [&](const std::vector<std::uint16_t>& held, const std::vector<float>& source, std::size_t per_expert,
                      const char* factor) {
       for (std::size_t i = 0; i < held.size(); ++i)
-        if ((held[i] & 0x7f80u) == 0x7f80u)
+        if (!bf16_is_finite(held[i]))
           fail(ErrorKind::invalid_argument, std::string("adapter: LoRA ") + factor + " of " + projection_name(p) + ", expert " +
                                                 std::to_string(i / per_expert) + ": " + std::to_string(source[i]) +
                                                 " is beyond bf16's range; hold the adapter as f32 (AdapterStorage::f32 or "

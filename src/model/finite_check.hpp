@@ -12,7 +12,7 @@ namespace tilemoe {
 
 inline void require_finite(const bf16* v, std::size_t n, const std::string& what) {
   for (std::size_t i = 0; i < n; ++i)
-    if ((v[i] & 0x7f80u) == 0x7f80u)
+    if (!bf16_is_finite(v[i]))
       fail(ErrorKind::bad_file, what + ": element " + std::to_string(i) + " is " + (v[i] & 0x7fu ? "NaN" : "Inf") +
                                     "; weights must be finite");
 }
