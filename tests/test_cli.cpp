@@ -287,6 +287,8 @@ TEST_CASE("bench reads LoRA factors stored as f32, bf16 or both in turns (--lora
   CHECK(count("\"lora_dtype\":\"none\"") == 2);
   CHECK(count("\"lora_dtype\":\"f32\"") == 2);
   CHECK(count("\"lora_dtype\":\"bf16\"") == 2);
+  // Each LoRA case's cost over the r=0 case, from call-by-call ratios; the r=0 case has none.
+  CHECK(count("\"lora_cost\":") == 4);
   auto b = run_cli("bench --backward --lora-dtype bf16 --shape mini --tokens 20 --lora-rank 4 --layers 2 --iter-scale 0.05");
   CHECK(b.status == 0);
   test::expect_failure("bench --lora-dtype f16 --shape mini --tokens 1 --layers 1", "--lora-dtype f16", "");

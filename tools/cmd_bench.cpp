@@ -429,15 +429,31 @@ void add_bench_command(CLI::App& app, int& status) {
         double median = median_of(times[c].ms), fwd_median = median_of(times[c].fwd_ms), bwd_median = median_of(times[c].bwd_ms);
         double min_ms = *std::min_element(times[c].ms.begin(), times[c].ms.end());
         if (rank == 0 && cs.nodes == cases[0].nodes && !a->backward) r0_medians.emplace_back(tokens, median);
+        // The LoRA's cost over the r=0 case of the same node count and group size: the median of the
+        // call-by-call ratios. Each pair of calls shares its routing, input and moment, so the drift of
+        // the machine within a run (10-30 % a minute on the device) cancels, which it does not in the
+        // ratio of two medians.
+        double lora_cost = 0;
+        bool has_lora_cost = false;
+        for (std::size_t c0 = 0; c0 < cases.size() && rank > 0; ++c0) {
+          const Case& base = cases[c0];
+          if (base.rank != 0 || base.nodes != cs.nodes || base.group_index != cs.group_index) continue;
+          std::vector<double> ratios(times[c].ms.size());
+          for (std::size_t i = 0; i < ratios.size(); ++i) ratios[i] = times[c].ms[i] / times[c0].ms[i];
+          lora_cost = median_of(ratios) - 1.0;
+          has_lora_cost = true;
+          break;
+        }
         if (a->json)
           std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                       "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                       "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                      "\"node_gbps\":%.2f,\"group_size\":%d,\"lora_dtype\":\"%s\"}\n",
+                      "\"node_gbps\":%.2f,\"group_size\":%d,\"lora_dtype\":\"%s\"%s}\n",
                       a->shape.c_str(), a->weights.c_str(), tokens, rank, kernels::isa_name(isa), pool.size(), a->backward ? "true" : "false",
                       median, min_ms, a->backward ? fwd_median : median, a->backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
                       bytes / median / 1e6, flops / median / 1e9, bw / 1e9, peak / 1e12, layers, iters, split, bytes / split / median / 1e6,
-                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0, cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32");
+                      weight_type == WeightType::int4 ? group_list[cs.group_index] : 0, cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32",
+                      has_lora_cost ? (",\"lora_cost\":" + std::to_string(lora_cost)).c_str() : "");
         else if (a->backward)
           std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,
                       bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,
@@ -448,6 +464,8 @@ void add_bench_command(CLI::App& app, int& status) {
         if (!a->json)
           std::printf(" %4s%s\n", rank == 0 ? "-" : cs.lora_bf16 ? "bf16" : "f32",
                       group_list.size() > 1 ? (" " + std::to_string(group_list[cs.group_index])).c_str() : "");
+        if (!a->json && has_lora_cost)
+          std::printf("        LoRA over r=0, median of the call-by-call ratios: %+.1f %%\n", 100.0 * lora_cost);
         if (a->phases) {
           auto print_phases = [&](const char* what, int count, auto name, auto seconds) {
             std::printf("        %s phases, mean ms per call:", what);
