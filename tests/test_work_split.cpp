@@ -82,3 +82,32 @@ TEST_CASE("work split: chunk widths by rows, reduction, density and the few-row 
   w = widths(split_expert_columns(active, g, panels, 1, 0, 1, 0), active, panels, 1);
   CHECK(w.at(2) == 1);
 }
+
+TEST_CASE("work split: decode's items widen to decode_panels while the phase keeps 64 items", "[work_split]") {
+  const std::vector<int> rows = {1, 3, 4, 16};
+  const TokenGroups g = groups_with_rows(rows);
+  const std::vector<int> active = {0, 1, 2, 3};
+  // 256 panels: 4-panel decode items leave 64 + 64 + 64 + 32 items. Only the 1-3 row experts widen;
+  // a width already past decode_panels (int4 density: 4, k = 1408: 8) stays.
+  std::map<int, int> w = widths(split_expert_columns(active, g, 256, 1, 2048, 1, 4, 4), active, 256, 1);
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 4}, {3, 8}});
+  w = widths(split_expert_columns(active, g, 256, 1, 2048, 2, 4, 4), active, 256, 1);
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 8}, {3, 16}});
+  w = widths(split_expert_columns(active, g, 256, 1, 1408, 4, 4, 4), active, 256, 1);
+  CHECK(w == std::map<int, int>{{0, 8}, {1, 8}, {2, 32}, {3, 32}});
+  // 40 panels: 4 panels would give 10 + 10 + 10 + 5 items, 2 gives 20 + 20 + 10 + 5 = 55, 1 gives
+  // 40 + 40 + 10 + 5 = 95: decode keeps 1 panel.
+  w = widths(split_expert_columns(active, g, 40, 1, 2048, 1, 4, 4), active, 40, 1);
+  CHECK(w == std::map<int, int>{{0, 1}, {1, 1}, {2, 4}, {3, 8}});
+  // 100 panels: 4 gives 25 + 25 + 25 + 13 = 88 items.
+  w = widths(split_expert_columns(active, g, 100, 1, 2048, 1, 4, 4), active, 100, 1);
+  CHECK(w == std::map<int, int>{{0, 4}, {1, 4}, {2, 4}, {3, 8}});
+  // 60 panels: 4 gives 15 + 15 + 15 + 8 = 53, 2 gives 30 + 30 + 15 + 8 = 83.
+  w = widths(split_expert_columns(active, g, 60, 1, 2048, 1, 4, 4), active, 60, 1);
+  CHECK(w == std::map<int, int>{{0, 2}, {1, 2}, {2, 4}, {3, 8}});
+  // Whole units: 4 panels in units of 2 stay 4; the default (decode_panels 1) keeps the old widths.
+  w = widths(split_expert_columns(active, g, 256, 2, 2048, 1, 4, 4), active, 256, 2);
+  CHECK(w.at(0) == 4);
+  w = widths(split_expert_columns(active, g, 256, 1, 2048, 1, 4), active, 256, 1);
+  CHECK(w.at(0) == 1);
+}

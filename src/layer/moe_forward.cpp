@@ -48,6 +48,14 @@ int lora_pack_rows(const kernels::KernelTable& kt) { return kt.amx_min_rows > 0 
 // the AMX kernel's row block.
 constexpr int kXaBlockRows = 2 * kernels::kATileRows;
 
+// Decode's items (experts of 1-3 rows) cover at least 4 panels, the AVX-512 kernel's block, so that
+// a core streams four panels of weights at once: one stream a core drew 6-8 GB/s on the AMX device,
+// where the memory gives about 145 GB/s to 16 cores with more lines in flight (docs/perf.md, session
+// 35). On the device (cases taking turns in one process, two processes) bf16 at 1 token went from
+// 1.24 to 1.02-1.13 ms and at 16 tokens from 10.6 to 8.7-9.2 ms (held LoRA r=16); int8 2 % faster,
+// int4 (already 4 panels) unchanged; on this repository's Zen 4 machine bf16 at 1 token 3.3 -> 2.3 ms.
+constexpr int kDecodeItemPanels = 4;
+
 }  // namespace
 
 void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
@@ -372,7 +380,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const int up_panels = w_.up_shape().panels;
   // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
   const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
-  const std::vector<ExpertItem> items = split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels);
+  const std::vector<ExpertItem> items =
+      split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels, kDecodeItemPanels);
   // Each expert's prep items (above) run in this phase, some items ahead of its first GEMM item.
   // The GEMM items wait for them (item_countdowns.hpp) while other cores stream weights: ready_[e]
   // counts everything an item of e waits for, ready_[E + e] the gather units alone (what the
@@ -581,7 +590,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // s h A_down^T are prep items ahead of their experts' GEMM items, which add the term once it is
   // ready.
   const std::vector<ExpertItem> down_items =
-      split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser, kt_.few_row_item_panels);
+      split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser, kt_.few_row_item_panels, kDecodeItemPanels);
   if (down_sums)
     for (int e : active_)
       if (summed_down(e) && down_sums->owner(e) == nodes.node) down_prep_.push_back({e, -1});

@@ -11,8 +11,13 @@ namespace {
 // per 32 columns) from 30.2 to 26.1 ms on the device; 8 instead of 4 then took the fine-tuning step
 // 1.7 % faster and int8's forward 6-7 % (cases taking turns in one process).
 // 4-15 rows: the kernel table's width (KernelTable::few_row_item_panels). 1-3 rows (decode): 1 panel,
-// the most items, so that every core of a many-core machine has weights to stream.
+// then at least the caller's decode_panels, as long as every core of a many-core machine still has
+// items to stream (kMinDecodeItems).
 int panels_per_item(int rows, int few_row_panels) { return rows >= 16 ? 8 : rows >= 4 ? few_row_panels : 1; }
+constexpr int kDecodeRows = 4;  // experts of fewer rows are decode's
+// A phase keeps at least this many items when its decode items widen (decode_panels), so that a
+// machine of many cores still has an item for each.
+constexpr std::size_t kMinDecodeItems = 64;
 // The reduction length the chunk sizes above are for: a shorter one widens the items so that each
 // streams about as many bytes. DeepSeek-V2-Lite's down projection (k = 1408) gets twice the
 // columns of gate and up (k = 2048): on the device (cases taking turns) its phase went from
@@ -30,13 +35,26 @@ constexpr int kDensityCap = 2;
 }  // namespace
 
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit, int k,
-                                             int denser, int few_row_panels) {
+                                             int denser, int few_row_panels, int decode_panels) {
   std::vector<ExpertItem> items;
   const int reduction_widen = k > 0 ? std::clamp((kItemReduction + k - 1) / k, 1, 4) : 1;
-  for (int e : active) {
-    const int rows = groups.count(e);
+  auto step_for = [&](int rows, int decode) {
     const int density = std::clamp(rows >= kDensityCapRows ? std::min(denser, kDensityCap) : denser, 1, 4);
     const int step = std::max(unit, panels_per_item(rows, std::max(1, few_row_panels)) * reduction_widen * density / unit * unit);
+    return rows < kDecodeRows ? std::max(step, (decode + unit - 1) / unit * unit) : step;
+  };
+  // Decode's width: decode_panels, halved while the phase would have fewer than kMinDecodeItems
+  // items. It depends on the routing and the shape only, as every item boundary here.
+  int decode = std::max(1, decode_panels);
+  const bool any_decode = std::any_of(active.begin(), active.end(), [&](int e) { return groups.count(e) < kDecodeRows; });
+  while (any_decode && decode > 1) {
+    std::size_t count = 0;
+    for (int e : active) count += static_cast<std::size_t>((panels + step_for(groups.count(e), decode) - 1) / step_for(groups.count(e), decode));
+    if (count >= kMinDecodeItems) break;
+    decode /= 2;
+  }
+  for (int e : active) {
+    const int step = step_for(groups.count(e), decode);
     for (int p0 = 0; p0 < panels; p0 += step) items.push_back({e, p0, std::min(panels, p0 + step)});
   }
   return items;

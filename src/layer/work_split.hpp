@@ -32,9 +32,11 @@ struct ExpertItem {
 // where items are 8 panels, it widens by 2 at most: an integer k-block is twice a bf16 one. (Any
 // other reason to widen, 1 to 4, may be passed the same way.) `few_row_panels` is the chunk,
 // before widening, for experts of 4-15 rows (KernelTable::few_row_item_panels: 1 where small chunks
-// are best, more where the kernel blocks several panels per pass); 1-3 rows always get 1 panel.
+// are best, more where the kernel blocks several panels per pass); 1-3 rows (decode) get 1 panel,
+// widened as above, and then at least `decode_panels` (fewer, halving, where the phase would have
+// fewer than 64 items).
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
-                                             int k = 0, int denser = 1, int few_row_panels = 1);
+                                             int k = 0, int denser = 1, int few_row_panels = 1, int decode_panels = 1);
 
 // The order of a phase whose `items` wait for prep items (prep[j][0] is the expert prep item j is
 // for): indices into a joint list, j for prep item j and prep.size() + i for items[i]. A prep item
