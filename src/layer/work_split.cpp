@@ -49,7 +49,10 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
   const bool any_decode = std::any_of(active.begin(), active.end(), [&](int e) { return groups.count(e) < kDecodeRows; });
   while (any_decode && decode > 1) {
     std::size_t count = 0;
-    for (int e : active) count += static_cast<std::size_t>((panels + step_for(groups.count(e), decode) - 1) / step_for(groups.count(e), decode));
+    for (int e : active) {
+      const int step = step_for(groups.count(e), decode);
+      count += static_cast<std::size_t>((panels + step - 1) / step);
+    }
     if (count >= kMinDecodeItems) break;
     decode /= 2;
   }
