@@ -88,6 +88,9 @@ inline GemmBf16Args gemm_args(const bf16* a, std::size_t lda, int m, int k_padde
 
 void gemm_bf16_portable(const GemmBf16Args& args);
 void gemm_bf16_avx512(const GemmBf16Args& args);  // only where isa_available(Isa::avx512_bf16)
+// The same, asking for the weights some lines ahead of the loads (software prefetch): faster where
+// the hardware prefetchers keep too few lines in flight (the AMX Xeons), slower on Zen 4.
+void gemm_bf16_avx512_prefetching(const GemmBf16Args& args);
 // Only where isa_available(Isa::amx_bf16). A is re-read for every pair of panels, so a call's
 // A (m × k_padded bf16) should fit in L2 next to 512 KiB of weights: split larger m over calls
 // (e.g. m <= 256 at K = 2048).

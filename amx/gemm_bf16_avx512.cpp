@@ -3,7 +3,8 @@
 // columns × one k-pair; the matching k-pair of an A row is broadcast as one 32-bit value, so a
 // single _mm512_dpbf16_ps does 16 columns × 2 k. Up to 4 rows × 4 panels are register-blocked:
 // every weight byte loaded feeds up to 4 rows, and 4 panels give 4 independent memory streams
-// (and 4 independent accumulator chains at m = 1).
+// (and 4 independent accumulator chains at m = 1). gemm_bf16_avx512_prefetching also asks for each
+// weight line some lines ahead on the pass that reads the weights from memory.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -18,11 +19,13 @@ namespace {
 constexpr int kMaxRows = 4;
 static_assert(kATileRows % kMaxRows == 0, "a row group must not cross a row tile of A in tile order");
 constexpr int kMaxPanels = 4;
-// Software prefetch distance along each panel stream, 0 for none. The hardware prefetchers
-// already follow the (at most 4) sequential panel streams: on a 16-core AMX Xeon, prefetching
-// 1, 2 or 4 k-blocks ahead changed decode bandwidth by less than the run-to-run noise (~15%),
-// and on Zen 4 it cost ~25% (16.9 -> 12.9 GB/s, one thread, m = 1).
-constexpr int kPrefetchElements = 0;
+// How far ahead along each panel stream the prefetching entry asks for weights: one k-block, 16
+// lines. The hardware prefetchers alone keep too few of a core's 4 streams' lines in flight on an
+// Emerald Rapids Xeon (16 cores): there, with the decode items' 4 streams (cases taking turns in one
+// process), asking 1 k-block ahead took bf16 at 1 token from 0.862 to 0.801 ms and 16 tokens 6 %
+// faster; 0.5 or 2 k-blocks did as well, into L2 instead of L1 a little less. On Zen 4 the same
+// prefetch cost 2-13 % (one and two threads, m = 1): the plain entry asks for nothing.
+constexpr int kPrefetchBlocks = 1;
 // Panels are grouped so that one group's weights (both products) stay in L2 while every row group
 // of a large m passes over them.
 constexpr std::size_t kGroupBytes = 256 * 1024;
@@ -33,7 +36,7 @@ inline __m512i broadcast_pair(const bf16* p) {
   return _mm512_set1_epi32(v);
 }
 
-template <int R, int P>
+template <int R, int P, bool Prefetch = false>
 inline void accumulate(__m512 (&acc)[R][P], ARows a, const bf16* panel0, std::size_t panel_stride, int kblocks) {
   for (int kb = 0; kb < kblocks; ++kb) {
     const bf16* block = panel0 + static_cast<std::size_t>(kb) * kBlockElements;
@@ -46,9 +49,7 @@ inline void accumulate(__m512 (&acc)[R][P], ARows a, const bf16* panel0, std::si
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
         const bf16* row = block + p * panel_stride + r * 32;
-        if constexpr (kPrefetchElements > 0) {
-          _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchElements), _MM_HINT_T0);
-        }
+        if constexpr (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBlocks * kBlockElements), _MM_HINT_T0);
         const __m512i w = _mm512_loadu_si512(row);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) acc[i][p] = _mm512_dpbf16_ps(acc[i][p], (__m512bh)x[i], (__m512bh)w);
@@ -57,8 +58,9 @@ inline void accumulate(__m512 (&acc)[R][P], ARows a, const bf16* panel0, std::si
   }
 }
 
-// R rows starting at row0 times P panels starting at panel (absolute index).
-template <int R, int P>
+// R rows starting at row0 times P panels starting at panel (absolute index). Prefetch: the main
+// product's weights are asked for ahead (a LoRA's B, a few KiB, is not).
+template <int R, int P, bool Prefetch>
 void block(const GemmBf16Args& g, int row0, int panel) {
   const int kblocks = g.k_padded / kBlockK;
   __m512 acc[R][P];
@@ -68,7 +70,7 @@ void block(const GemmBf16Args& g, int row0, int panel) {
     for (int p = 0; p < P; ++p) acc[i][p] = _mm512_setzero_ps();
 
   const std::size_t stride = static_cast<std::size_t>(kblocks) * kBlockElements;
-  accumulate<R, P>(acc, a_rows(g, row0), g.packed_b + panel * stride, stride, kblocks);
+  accumulate<R, P, Prefetch>(acc, a_rows(g, row0), g.packed_b + panel * stride, stride, kblocks);
   if (g.packed_b2 != nullptr && g.k2_padded > 0) {
     const int kblocks2 = g.k2_padded / kBlockK;
     const std::size_t stride2 = second_panel_stride(g.k2_padded, g.b2_panel_stride);
@@ -89,15 +91,16 @@ void block(const GemmBf16Args& g, int row0, int panel) {
 
 using BlockFn = void (*)(const GemmBf16Args&, int, int);
 
-template <int R>
-constexpr BlockFn kBlocksForRows[kMaxPanels] = {block<R, 1>, block<R, 2>, block<R, 3>, block<R, 4>};
+template <int R, bool Prefetch>
+constexpr BlockFn kBlocksForRows[kMaxPanels] = {block<R, 1, Prefetch>, block<R, 2, Prefetch>, block<R, 3, Prefetch>,
+                                                block<R, 4, Prefetch>};
 
-constexpr const BlockFn* kBlocks[kMaxRows] = {kBlocksForRows<1>, kBlocksForRows<2>, kBlocksForRows<3>,
-                                              kBlocksForRows<4>};
+template <bool Prefetch>
+constexpr const BlockFn* kBlocks[kMaxRows] = {kBlocksForRows<1, Prefetch>, kBlocksForRows<2, Prefetch>,
+                                              kBlocksForRows<3, Prefetch>, kBlocksForRows<4, Prefetch>};
 
-}  // namespace
-
-void gemm_bf16_avx512(const GemmBf16Args& args) {
+template <bool Prefetch>
+void gemm_by_panel_groups(const GemmBf16Args& args) {
   // Sized by the main product's weights, as in the AMX kernel: a LoRA's few k-blocks of B
   // would otherwise make the groups one panel narrower.
   const std::size_t panel_bytes =
@@ -108,10 +111,18 @@ void gemm_bf16_avx512(const GemmBf16Args& args) {
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);
     for (int row = 0; row < args.m; row += kMaxRows) {
-      const BlockFn* fns = kBlocks[std::min(kMaxRows, args.m - row) - 1];
+      // Only the first row group reads the group's weights from memory; the others find them in L2.
+      const int rows = std::min(kMaxRows, args.m - row);
+      const BlockFn* fns = row == 0 ? kBlocks<Prefetch>[rows - 1] : kBlocks<false>[rows - 1];
       for (int p = g0; p < g1; p += kMaxPanels) fns[std::min(kMaxPanels, g1 - p) - 1](args, row, p);
     }
   }
 }
+
+}  // namespace
+
+void gemm_bf16_avx512(const GemmBf16Args& args) { gemm_by_panel_groups<false>(args); }
+
+void gemm_bf16_avx512_prefetching(const GemmBf16Args& args) { gemm_by_panel_groups<true>(args); }
 
 }  // namespace tilemoe::kernels

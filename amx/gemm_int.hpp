@@ -59,6 +59,8 @@ using GemmIntFn = void (*)(const GemmIntArgs&);
 
 void gemm_int_portable(const GemmIntArgs& args);
 void gemm_int_avx512(const GemmIntArgs& args);  // AVX512-VNNI; only where isa_available(Isa::avx512_bf16)
+// The same, asking for the codes some lines ahead of the loads (gemm_bf16_avx512_prefetching).
+void gemm_int_avx512_prefetching(const GemmIntArgs& args);
 // Only where isa_available(Isa::amx_bf16). Groups must be multiples of 64 (int8 always is; int4
 // at group 32 goes to gemm_int_avx512 in the kernel table).
 void gemm_int_amx(const GemmIntArgs& args);

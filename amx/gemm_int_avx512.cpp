@@ -8,6 +8,8 @@
 //
 // Register blocking: int8 up to 4 rows × 4 panels of int32 accumulators, scaled once at the end.
 // int4 keeps f32 sums across groups as well, so it blocks at most 2 rows × 4 panels.
+// gemm_int_avx512_prefetching also asks for each code line some lines ahead on the pass that reads
+// the codes from memory (gemm_bf16_avx512_prefetching says why, and where it pays).
 #include <algorithm>
 #include <cstring>
 
@@ -22,6 +24,14 @@ namespace {
 constexpr int kMaxPanels = 4;
 // Panels are grouped so that one group's codes stay in L2 while every row group passes over them.
 constexpr std::size_t kGroupBytes = 256 * 1024;
+// The prefetching entry's distance along each panel stream: 1 KiB, 16 lines, as in the bf16 kernel.
+// On an Emerald Rapids Xeon (cases taking turns in one process, held LoRA r = 16) int4 at 1 token
+// went from 0.254-0.267 to 0.232-0.245 ms, int8 at 16 tokens 1.5 % faster, int8 at 1 token as before.
+constexpr std::size_t kPrefetchBytes = 1024;
+
+inline void prefetch_ahead(const std::uint8_t* line) {
+  _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetchBytes), _MM_HINT_T0);
+}
 
 inline __m512i broadcast_quad_biased(const std::int8_t* p) {
   std::int32_t v;
@@ -59,7 +69,7 @@ inline void flush_group(const GemmIntArgs& g, int panel, int grp, __m512i (&acc)
   }
 }
 
-template <int R, int P>
+template <int R, int P, bool Prefetch>
 void block8(const GemmIntArgs& g, int row0, int panel) {
   const PackedIntShape& s = g.shape;
   const std::size_t stride = s.panel_bytes();
@@ -84,6 +94,7 @@ void block8(const GemmIntArgs& g, int row0, int panel) {
       for (int i = 0; i < R; ++i) x[i] = broadcast_quad_biased(a0 + i * g.lda + 4 * (q0 + r));
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
+        if constexpr (Prefetch) prefetch_ahead(blk + p * stride + r * 64);
         const __m512i w = _mm512_loadu_si512(blk + p * stride + r * 64);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], x[i], w);
@@ -105,7 +116,7 @@ inline __m512i broadcast_quad(const std::int8_t* p) {
 // 8 * sum(a) over the group, the same correction for every column. VPDPBUSD of the broadcast
 // quad with 8s gathers that correction in one more accumulator per row (every lane equal), so
 // the loop has no subtraction and the flush reads no column sums.
-template <int R, int P>
+template <int R, int P, bool Prefetch>
 void block4(const GemmIntArgs& g, int row0, int panel) {
   const PackedIntShape& s = g.shape;
   const std::size_t stride = s.panel_bytes();
@@ -138,6 +149,7 @@ void block4(const GemmIntArgs& g, int row0, int panel) {
       }
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
+        if constexpr (Prefetch) prefetch_ahead(b0 + p * stride + off);
         const __m512i raw = _mm512_loadu_si512(b0 + p * stride + off);
         const __m512i w0 = _mm512_and_si512(raw, low);
         const __m512i w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
@@ -161,16 +173,20 @@ void block4(const GemmIntArgs& g, int row0, int panel) {
 
 using BlockFn = void (*)(const GemmIntArgs&, int, int);
 
-template <int R>
-constexpr BlockFn kBlocks8ForRows[kMaxPanels] = {block8<R, 1>, block8<R, 2>, block8<R, 3>, block8<R, 4>};
-constexpr const BlockFn* kBlocks8[4] = {kBlocks8ForRows<1>, kBlocks8ForRows<2>, kBlocks8ForRows<3>, kBlocks8ForRows<4>};
-template <int R>
-constexpr BlockFn kBlocks4ForRows[kMaxPanels] = {block4<R, 1>, block4<R, 2>, block4<R, 3>, block4<R, 4>};
-constexpr const BlockFn* kBlocks4[2] = {kBlocks4ForRows<1>, kBlocks4ForRows<2>};
+template <int R, bool Prefetch>
+constexpr BlockFn kBlocks8ForRows[kMaxPanels] = {block8<R, 1, Prefetch>, block8<R, 2, Prefetch>, block8<R, 3, Prefetch>,
+                                                 block8<R, 4, Prefetch>};
+template <bool Prefetch>
+constexpr const BlockFn* kBlocks8[4] = {kBlocks8ForRows<1, Prefetch>, kBlocks8ForRows<2, Prefetch>, kBlocks8ForRows<3, Prefetch>,
+                                        kBlocks8ForRows<4, Prefetch>};
+template <int R, bool Prefetch>
+constexpr BlockFn kBlocks4ForRows[kMaxPanels] = {block4<R, 1, Prefetch>, block4<R, 2, Prefetch>, block4<R, 3, Prefetch>,
+                                                 block4<R, 4, Prefetch>};
+template <bool Prefetch>
+constexpr const BlockFn* kBlocks4[2] = {kBlocks4ForRows<1, Prefetch>, kBlocks4ForRows<2, Prefetch>};
 
-}  // namespace
-
-void gemm_int_avx512(const GemmIntArgs& tiled_or_rows) {
+template <bool Prefetch>
+void gemm_by_panel_groups(const GemmIntArgs& tiled_or_rows) {
   // Tile order pays off only for AMX tile loads; this kernel reads rows.
   const GemmIntArgs args = with_int_a_rows(tiled_or_rows);
   const bool int8 = args.shape.bits == 8;
@@ -181,12 +197,21 @@ void gemm_int_avx512(const GemmIntArgs& tiled_or_rows) {
     const int g1 = std::min(args.panel_end, g0 + group);
     for (int row = 0; row < args.m; row += max_rows) {
       const int rows = std::min(max_rows, args.m - row);
-      const BlockFn* fns = int8 ? kBlocks8[rows - 1] : kBlocks4[rows - 1];
+      // Only the first row group reads the group's codes from memory; the others find them in L2.
+      const bool ahead = Prefetch && row == 0;
+      const BlockFn* fns = int8 ? (ahead ? kBlocks8<true>[rows - 1] : kBlocks8<false>[rows - 1])
+                                : (ahead ? kBlocks4<true>[rows - 1] : kBlocks4<false>[rows - 1]);
       for (int p = g0; p < g1; p += kMaxPanels) fns[std::min(kMaxPanels, g1 - p) - 1](args, row, p);
     }
   }
   add_second_product(args, gemm_bf16_avx512);
 }
+
+}  // namespace
+
+void gemm_int_avx512(const GemmIntArgs& args) { gemm_by_panel_groups<false>(args); }
+
+void gemm_int_avx512_prefetching(const GemmIntArgs& args) { gemm_by_panel_groups<true>(args); }
 
 void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
                           std::size_t ldq, float* scales) {

@@ -7,9 +7,11 @@
 namespace tilemoe::kernels {
 namespace {
 
+// The AMX Xeons' few rows go to the AVX-512 kernels that prefetch: their hardware prefetchers
+// alone keep too few lines of the weight streams in flight (gemm_bf16_avx512.cpp).
 void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
   if (args.m < kAmxMinRows) {
-    gemm_bf16_avx512(args);
+    gemm_bf16_avx512_prefetching(args);
   } else {
     gemm_bf16_amx(args);
   }
@@ -20,7 +22,7 @@ void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
 void gemm_int_amx_or_avx512(const GemmIntArgs& args) {
   const bool multiples = args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
   if (args.m < kAmxMinRows || (args.shape.group % kIntBlockK != 0 && !multiples)) {
-    gemm_int_avx512(args);
+    gemm_int_avx512_prefetching(args);
   } else {
     gemm_int_amx(args);
   }

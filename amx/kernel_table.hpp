@@ -47,8 +47,8 @@ struct KernelTable {
   // block 4 rows x 4 panels per pass; an item of one panel leaves 3/4 of that block empty (one
   // thread, K = 2048, 12 rows, weights in L2: 130 against 300 GFLOP/s on Zen 5). On AMX, where
   // those rows run on tiles, 4 panels took the forward 4-6 % faster than 1 at 64 and 128 tokens
-  // of DeepSeek-V2-Lite (cases taking turns in one process). (Decode's 1-3 rows keep 1-panel
-  // items everywhere: work_split.cpp.)
+  // of DeepSeek-V2-Lite (cases taking turns in one process). (Decode's 1-3 rows have items of
+  // their own width: the forward's kDecodeItemPanels, work_split.hpp.)
   int few_row_item_panels;
 };
 
