@@ -442,31 +442,23 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       return;
     }
     // Integer weights: kXaBlockRows of the caller's rows at a time (128 KiB at hidden 2048), which
-    // stay in this core's cache for both projections. Where the tile kernels run, in tile order,
-    // as bf16 weights gather x: rows 4 KiB apart put a tile load's 16 lines in one L1 set. On the
-    // device (512 tokens, r = 16, temporary clocks) this x Aᵀ took 4.0 worker-ms a call from rows,
-    // against 2.3 for the bf16 weights' tiles.
+    // stay in this core's cache for both projections. The rows lie one cache line more than whole
+    // k-blocks apart (padded_row_stride): 4 KiB apart, a tile load's 16 lines fell in one L1 set
+    // (4.0 worker-ms a call at 512 tokens, r = 16, against 2.3 for the bf16 weights' tiles). Copied
+    // whole, each a sequential 4 KiB, they also beat rows copied into tile order: on the device
+    // (cases taking turns, three processes) int8's held LoRA at 512 tokens cost 8.0 % over r = 0
+    // instead of 9.5 %; at 4096, +10.7 / +12.3 % against +11.5 / +10.3 %, within that noise.
     const int m = groups.count(e);
-    const bool tiles = kt_.amx_min_rows > 0 && m >= tile_order_min_rows(kt_);
+    const std::size_t ld_block = padded_row_stride<bf16>(hk, kernels::kBlockK);
     thread_local AlignedVector<bf16> block;
-    block.resize(static_cast<std::size_t>(kXaBlockRows) * hk);
+    block.resize(static_cast<std::size_t>(kXaBlockRows) * ld_block);
     for (Projection p : {Projection::gate, Projection::up}) lora_[e][static_cast<int>(p)].start_rows(m);
     for (int r0 = 0; r0 < m; r0 += kXaBlockRows) {
       const int count = std::min(kXaBlockRows, m - r0);
-      if (tiles) {
-        for (int t = 0; t < count; t += kernels::kATileRows) {
-          const int rows_here = std::min(kernels::kATileRows, count - t);
-          const bf16* src[kernels::kATileRows];
-          for (int r = 0; r < rows_here; ++r)
-            src[r] = x + static_cast<std::size_t>(groups.token[static_cast<std::size_t>(groups.offsets[e] + r0 + t + r)]) * hidden;
-          kernels::store_row_tile(src, rows_here, s.hidden, static_cast<int>(hk), block.data() + static_cast<std::size_t>(t) * hk);
-        }
-      } else {
-        copy_x_rows(e, r0, count, block.data(), hk);
-      }
+      copy_x_rows(e, r0, count, block.data(), ld_block);
       for (Projection p : {Projection::gate, Projection::up})
-        lora_[e][static_cast<int>(p)].project_rows(kt_, block.data(), hk, r0, count, static_cast<int>(hk), scratch_[worker], saved_xa(p, e),
-                                                   static_cast<std::size_t>(lora[p].rank), tiles);
+        lora_[e][static_cast<int>(p)].project_rows(kt_, block.data(), ld_block, r0, count, static_cast<int>(hk), scratch_[worker],
+                                                   saved_xa(p, e), static_cast<std::size_t>(lora[p].rank), /*v_tiles=*/false);
     }
   };
   // With share_lora, one node computes each expert's x Aᵀ of gate and up (from A packed here or by
