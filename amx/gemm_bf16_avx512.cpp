@@ -23,7 +23,7 @@ constexpr int kMaxPanels = 4;
 // lines. The hardware prefetchers alone keep too few of a core's 4 streams' lines in flight on an
 // Emerald Rapids Xeon (16 cores): there, with the decode items' 4 streams (cases taking turns in one
 // process), asking 1 k-block ahead took bf16 at 1 token from 0.862 to 0.801 ms and 16 tokens 6 %
-// faster; 0.5 or 2 k-blocks did as well, into L2 instead of L1 a little less. On Zen 4 the same
+// faster. 0.5 or 2 k-blocks did as well; into L2 instead of L1, a little less. On Zen 4 the same
 // prefetch cost 2-13 % (one and two threads, m = 1): the plain entry asks for nothing.
 constexpr int kPrefetchBlocks = 1;
 // Panels are grouped so that one group's weights (both products) stay in L2 while every row group
