@@ -328,8 +328,9 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
             tiled.accumulate = rng() % 2 == 0;
             check_int_gemm_case(gemm, tiled, rng);
             IntGemmCase lora{bits, group, m, n, k};  // with a LoRA term as the second product
-            static const int k2s[] = {1, 16, 33, 64};
-            lora.k2 = k2s[rng() % 4];
+            // Ranks on both sides of a half and a whole k-block (the short panel form's two lengths).
+            static const int k2s[] = {1, 16, 17, 32, 33, 64};
+            lora.k2 = k2s[rng() % 6];
             lora.a_tiles = rng() % 2 == 0;
             lora.accumulate = rng() % 2 == 0;
             lora.nan_row = rng() % 5 == 0;
