@@ -1,6 +1,7 @@
 // How a layer's GEMM work is cut into items: every panel of every active expert exactly once, in
 // order, in whole units; chunk widths from the expert's row count, the reduction length, the weight
 // density and the kernel table's width for experts of few rows.
+#include <array>
 #include <map>
 #include <vector>
 
@@ -110,4 +111,63 @@ TEST_CASE("work split: decode's items widen to decode_panels while the phase kee
   CHECK(w.at(0) == 4);
   w = widths(split_expert_columns(active, g, 256, 1, 2048, 1, 4), active, 256, 1);
   CHECK(w.at(0) == 1);
+}
+
+TEST_CASE("work split: the last items halved, in order, in whole units", "[work_split]") {
+  const std::vector<ExpertItem> items = {{0, 0, 8}, {0, 8, 16}, {1, 0, 8}, {1, 8, 9}, {2, 0, 4}, {2, 4, 8}};
+  SECTION("the last count items split, the others as they were") {
+    std::vector<ExpertItem> got = items;
+    split_last_items(got, 3);
+    const std::vector<std::array<int, 3>> want = {{0, 0, 8}, {0, 8, 16}, {1, 0, 8}, {1, 8, 9}, {2, 0, 2}, {2, 2, 4}, {2, 4, 6}, {2, 6, 8}};
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("item " << i);
+      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
+    }
+  }
+  SECTION("a count over the size splits all; one unit is not split; twice quarters the last") {
+    std::vector<ExpertItem> got = items;
+    split_last_items(got, 100);
+    split_last_items(got, 2);
+    const std::vector<std::array<int, 3>> want = {{0, 0, 4}, {0, 4, 8}, {0, 8, 12}, {0, 12, 16}, {1, 0, 4}, {1, 4, 8}, {1, 8, 9},
+                                                  {2, 0, 2}, {2, 2, 4}, {2, 4, 5},  {2, 5, 6},   {2, 6, 7}, {2, 7, 8}};
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("item " << i);
+      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
+    }
+  }
+  SECTION("units of 2 panels stay whole; count 0 changes nothing") {
+    std::vector<ExpertItem> got = {{3, 0, 6}, {3, 6, 8}, {3, 8, 9}};
+    split_last_items(got, 0);
+    CHECK(got.size() == 3);
+    split_last_items(got, 3, 2);
+    const std::vector<std::array<int, 3>> want = {{3, 0, 2}, {3, 2, 6}, {3, 6, 8}, {3, 8, 9}};
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("item " << i);
+      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
+    }
+  }
+  SECTION("split items of a real split still tile every expert's panels") {
+    const std::vector<int> rows = {1, 0, 3, 15, 16, 40, 63, 64, 200};
+    const TokenGroups g = groups_with_rows(rows);
+    const std::vector<int> active = {0, 2, 3, 4, 5, 6, 7, 8};
+    for (int panels : {1, 5, 88, 128}) {
+      INFO("panels " << panels);
+      std::vector<ExpertItem> got = split_expert_columns(active, g, panels, 1, 1408, 2, 4, 4);
+      const std::size_t before = got.size();
+      split_last_items(got, 32);
+      split_last_items(got, 16);
+      CHECK(got.size() >= before);
+      std::map<int, int> next;
+      for (int e : active) next[e] = 0;
+      for (const ExpertItem& it : got) {
+        CHECK(it.p0 == next[it.expert]);
+        CHECK(it.p1 > it.p0);
+        next[it.expert] = it.p1;
+      }
+      for (int e : active) CHECK(next[e] == panels);
+    }
+  }
 }

@@ -63,6 +63,25 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
   return items;
 }
 
+void split_last_items(std::vector<ExpertItem>& items, std::size_t count, int unit) {
+  const std::size_t first = items.size() > count ? items.size() - count : 0;
+  std::vector<ExpertItem> tail;
+  tail.reserve(2 * (items.size() - first));
+  for (std::size_t i = first; i < items.size(); ++i) {
+    const ExpertItem it = items[i];
+    const int units = (it.p1 - it.p0) / unit;
+    if (units < 2) {
+      tail.push_back(it);
+      continue;
+    }
+    const int mid = it.p0 + units / 2 * unit;
+    tail.push_back({it.expert, it.p0, mid});
+    tail.push_back({it.expert, mid, it.p1});
+  }
+  items.resize(first);
+  items.insert(items.end(), tail.begin(), tail.end());
+}
+
 std::vector<std::uint32_t> lead_items(const std::vector<std::array<int, 2>>& prep, const std::vector<ExpertItem>& items,
                                       std::size_t lead) {
   return lead_items(prep, items, [lead](std::size_t) { return lead; });

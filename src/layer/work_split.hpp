@@ -38,6 +38,12 @@ struct ExpertItem {
 std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, const TokenGroups& groups, int panels, int unit = 1,
                                              int k = 0, int denser = 1, int few_row_panels = 1, int decode_panels = 1);
 
+// The last `count` items (or all, if fewer) split in two where they are at least 2 `unit`s wide,
+// in place and in order. A phase ends when its last item does, and the workers that finish
+// earlier wait meanwhile: halving the items they last take halves that wait. `count` is a
+// constant, not the thread count, so that item boundaries still depend on the routing only.
+void split_last_items(std::vector<ExpertItem>& items, std::size_t count, int unit = 1);
+
 // The order of a phase whose `items` wait for prep items (prep[j][0] is the expert prep item j is
 // for): indices into a joint list, j for prep item j and prep.size() + i for items[i]. A prep item
 // comes `lead` items before the first item of its expert (at the start if there are fewer), so
