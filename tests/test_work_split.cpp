@@ -149,6 +149,17 @@ TEST_CASE("work split: the last items halved, in order, in whole units", "[work_
       CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
     }
   }
+  SECTION("with the row counts, experts under min_rows keep their items") {
+    const TokenGroups g = groups_with_rows({16, 3, 40});
+    std::vector<ExpertItem> got = {{0, 0, 8}, {1, 0, 4}, {2, 0, 8}};
+    split_last_items(got, 3, 1, &g, 16);
+    const std::vector<std::array<int, 3>> want = {{0, 0, 4}, {0, 4, 8}, {1, 0, 4}, {2, 0, 4}, {2, 4, 8}};
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("item " << i);
+      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
+    }
+  }
   SECTION("split items of a real split still tile every expert's panels") {
     const std::vector<int> rows = {1, 0, 3, 15, 16, 40, 63, 64, 200};
     const TokenGroups g = groups_with_rows(rows);
@@ -157,7 +168,7 @@ TEST_CASE("work split: the last items halved, in order, in whole units", "[work_
       INFO("panels " << panels);
       std::vector<ExpertItem> got = split_expert_columns(active, g, panels, 1, 1408, 2, 4, 4);
       const std::size_t before = got.size();
-      split_last_items(got, 32);
+      split_last_items(got, 32, 1, &g, 16);
       split_last_items(got, 16);
       CHECK(got.size() >= before);
       std::map<int, int> next;

@@ -63,10 +63,13 @@ constexpr int kDecodeItemPanels = 4;
 // clocks had workers idle 1.7-2.4 % of the time after their last item at int8 (512 and 4096 tokens,
 // a last item of 0.44 and 1.1 ms). On the device (cases taking turns in one process, three
 // processes, held LoRA r = 16) int8 ran 0.3-1.2 % faster at 512 tokens and 1.2-2.6 % at 4096; bf16
-// at 1, 512 and 4096 tokens within the noise either way.
-void split_phase_tail(std::vector<ExpertItem>& items) {
-  split_last_items(items, 32);
-  split_last_items(items, 16);
+// at 512 and 4096 tokens within the noise either way. Experts of fewer than 16 rows keep their
+// items: theirs are short already, and decode's stream kDecodeItemPanels panels each for a reason
+// (split too, bf16 at 1 token ran as before; int8 and int4 were not measured that way).
+constexpr int kTailSplitMinRows = 16;
+void split_phase_tail(std::vector<ExpertItem>& items, const TokenGroups& groups) {
+  split_last_items(items, 32, 1, &groups, kTailSplitMinRows);
+  split_last_items(items, 16, 1, &groups, kTailSplitMinRows);
 }
 
 }  // namespace
@@ -596,7 +599,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // ready.
   std::vector<ExpertItem> down_items =
       split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser, kt_.few_row_item_panels, kDecodeItemPanels);
-  split_phase_tail(down_items);
+  split_phase_tail(down_items, groups);
   if (down_sums)
     for (int e : active_)
       if (summed_down(e) && down_sums->owner(e) == nodes.node) down_prep_.push_back({e, -1});

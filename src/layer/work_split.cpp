@@ -63,14 +63,14 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
   return items;
 }
 
-void split_last_items(std::vector<ExpertItem>& items, std::size_t count, int unit) {
+void split_last_items(std::vector<ExpertItem>& items, std::size_t count, int unit, const TokenGroups* groups, int min_rows) {
   const std::size_t first = items.size() > count ? items.size() - count : 0;
   std::vector<ExpertItem> tail;
   tail.reserve(2 * (items.size() - first));
   for (std::size_t i = first; i < items.size(); ++i) {
     const ExpertItem it = items[i];
     const int units = (it.p1 - it.p0) / unit;
-    if (units < 2) {
+    if (units < 2 || (groups && groups->count(it.expert) < min_rows)) {
       tail.push_back(it);
       continue;
     }

@@ -39,10 +39,12 @@ std::vector<ExpertItem> split_expert_columns(const std::vector<int>& active, con
                                              int k = 0, int denser = 1, int few_row_panels = 1, int decode_panels = 1);
 
 // The last `count` items (or all, if fewer) split in two where they are at least 2 `unit`s wide,
-// in place and in order. A phase ends when its last item does, and the workers that finish
-// earlier wait meanwhile: halving the items they last take halves that wait. `count` is a
-// constant, not the thread count, so that item boundaries still depend on the routing only.
-void split_last_items(std::vector<ExpertItem>& items, std::size_t count, int unit = 1);
+// in place and in order; with `groups`, only items of experts of at least `min_rows` rows. A phase
+// ends when its last item does, and the workers that finish earlier wait meanwhile: halving the
+// items they last take halves that wait. `count` is a constant, not the thread count, so that
+// item boundaries still depend on the routing only.
+void split_last_items(std::vector<ExpertItem>& items, std::size_t count, int unit = 1, const TokenGroups* groups = nullptr,
+                      int min_rows = 0);
 
 // The order of a phase whose `items` wait for prep items (prep[j][0] is the expert prep item j is
 // for): indices into a joint list, j for prep item j and prep.size() + i for items[i]. A prep item
