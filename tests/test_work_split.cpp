@@ -20,9 +20,8 @@ TokenGroups groups_with_rows(const std::vector<int>& rows) {
   return group_tokens_by_expert(ids.data(), static_cast<int>(ids.size()), 1, static_cast<int>(rows.size()));
 }
 
-// The chunk width of each expert's items (all but its last), and a check that they tile [0, panels).
-std::map<int, int> widths(const std::vector<ExpertItem>& items, const std::vector<int>& active, int panels, int unit) {
-  std::map<int, int> width;
+// Checks that the items tile [0, panels) of every active expert, in order, in whole units.
+void check_tiling(const std::vector<ExpertItem>& items, const std::vector<int>& active, int panels, int unit) {
   std::map<int, int> next;  // the panel each expert's next item must start at
   for (int e : active) next[e] = 0;
   for (const ExpertItem& it : items) {
@@ -31,15 +30,31 @@ std::map<int, int> widths(const std::vector<ExpertItem>& items, const std::vecto
     CHECK(it.p1 > it.p0);
     CHECK(it.p1 <= panels);
     CHECK(it.p0 % unit == 0);
-    if (it.p1 < panels) {
-      CHECK((it.p1 - it.p0) % unit == 0);
-      if (width.count(it.expert) == 0) width[it.expert] = it.p1 - it.p0;
-      CHECK(width[it.expert] == it.p1 - it.p0);
-    }
+    if (it.p1 < panels) CHECK((it.p1 - it.p0) % unit == 0);
     next[it.expert] = it.p1;
   }
   for (int e : active) CHECK(next[e] == panels);
+}
+
+// The chunk width of each expert's items (all but its last), and a check that they tile [0, panels).
+std::map<int, int> widths(const std::vector<ExpertItem>& items, const std::vector<int>& active, int panels, int unit) {
+  check_tiling(items, active, panels, unit);
+  std::map<int, int> width;
+  for (const ExpertItem& it : items) {
+    if (it.p1 == panels) continue;
+    if (width.count(it.expert) == 0) width[it.expert] = it.p1 - it.p0;
+    CHECK(width[it.expert] == it.p1 - it.p0);
+  }
   return width;
+}
+
+// items == want, as (expert, p0, p1).
+void check_items(const std::vector<ExpertItem>& items, const std::vector<std::array<int, 3>>& want) {
+  REQUIRE(items.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("item " << i);
+    CHECK(std::array<int, 3>{items[i].expert, items[i].p0, items[i].p1} == want[i]);
+  }
 }
 
 }  // namespace
@@ -119,11 +134,7 @@ TEST_CASE("work split: the last items halved, in order, in whole units", "[work_
     std::vector<ExpertItem> got = items;
     split_last_items(got, 3);
     const std::vector<std::array<int, 3>> want = {{0, 0, 8}, {0, 8, 16}, {1, 0, 8}, {1, 8, 9}, {2, 0, 2}, {2, 2, 4}, {2, 4, 6}, {2, 6, 8}};
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("item " << i);
-      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
-    }
+    check_items(got, want);
   }
   SECTION("a count over the size splits all; one unit is not split; twice quarters the last") {
     std::vector<ExpertItem> got = items;
@@ -131,11 +142,7 @@ TEST_CASE("work split: the last items halved, in order, in whole units", "[work_
     split_last_items(got, 2);
     const std::vector<std::array<int, 3>> want = {{0, 0, 4}, {0, 4, 8}, {0, 8, 12}, {0, 12, 16}, {1, 0, 4}, {1, 4, 8}, {1, 8, 9},
                                                   {2, 0, 2}, {2, 2, 4}, {2, 4, 5},  {2, 5, 6},   {2, 6, 7}, {2, 7, 8}};
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("item " << i);
-      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
-    }
+    check_items(got, want);
   }
   SECTION("units of 2 panels stay whole; count 0 changes nothing") {
     std::vector<ExpertItem> got = {{3, 0, 6}, {3, 6, 8}, {3, 8, 9}};
@@ -143,22 +150,14 @@ TEST_CASE("work split: the last items halved, in order, in whole units", "[work_
     CHECK(got.size() == 3);
     split_last_items(got, 3, 2);
     const std::vector<std::array<int, 3>> want = {{3, 0, 2}, {3, 2, 6}, {3, 6, 8}, {3, 8, 9}};
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("item " << i);
-      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
-    }
+    check_items(got, want);
   }
   SECTION("with the row counts, experts under min_rows keep their items") {
     const TokenGroups g = groups_with_rows({16, 3, 40});
     std::vector<ExpertItem> got = {{0, 0, 8}, {1, 0, 4}, {2, 0, 8}};
     split_last_items(got, 3, 1, &g, 16);
     const std::vector<std::array<int, 3>> want = {{0, 0, 4}, {0, 4, 8}, {1, 0, 4}, {2, 0, 4}, {2, 4, 8}};
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("item " << i);
-      CHECK(std::array<int, 3>{got[i].expert, got[i].p0, got[i].p1} == want[i]);
-    }
+    check_items(got, want);
   }
   SECTION("split items of a real split still tile every expert's panels") {
     const std::vector<int> rows = {1, 0, 3, 15, 16, 40, 63, 64, 200};
@@ -171,14 +170,7 @@ TEST_CASE("work split: the last items halved, in order, in whole units", "[work_
       split_last_items(got, 32, 1, &g, 16);
       split_last_items(got, 16);
       CHECK(got.size() >= before);
-      std::map<int, int> next;
-      for (int e : active) next[e] = 0;
-      for (const ExpertItem& it : got) {
-        CHECK(it.p0 == next[it.expert]);
-        CHECK(it.p1 > it.p0);
-        next[it.expert] = it.p1;
-      }
-      for (int e : active) CHECK(next[e] == panels);
+      check_tiling(got, active, panels, 1);
     }
   }
 }
