@@ -19,9 +19,16 @@ void gemm_bf16_amx_or_avx512(const GemmBf16Args& args) {
 
 // The same split for integer weights; int4 at group 32 has no tile kernel unless its scales
 // decompose into column scales (a 64-k tile spans two scale groups), so it stays on AVX512-VNNI.
+// int4 goes to the tiles from kAmxMinRowsInt4: below that, unpacking its codes for the tiles and
+// rescaling C at every scale group cost more than VNNI's products. On the device (DeepSeek-V3's
+// shape, group 128, held LoRA r=16, thresholds as cases taking turns in one process, both orders)
+// 64 and 128 tokens (about 2 and 4 rows an expert) ran 3.5-7 % faster with 6 than with 4, 256
+// tokens alike; 8 did as well as 6, and 12 was 14 % slower at 256 tokens. DeepSeek-V2-Lite at 128
+// tokens (about 12 rows) ran alike with 4 and 6.
 void gemm_int_amx_or_avx512(const GemmIntArgs& args) {
   const bool multiples = args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
-  if (args.m < kAmxMinRows || (args.shape.group % kIntBlockK != 0 && !multiples)) {
+  const int min_rows = args.shape.bits == 4 ? kAmxMinRowsInt4 : kAmxMinRows;
+  if (args.m < min_rows || (args.shape.group % kIntBlockK != 0 && !multiples)) {
     gemm_int_avx512_prefetching(args);
   } else {
     gemm_int_amx(args);

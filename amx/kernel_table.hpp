@@ -23,6 +23,8 @@ namespace tilemoe::kernels {
 // 8 KiB of extra context per thread); from 4 rows on the AVX-512 kernel falls behind (4 dot
 // products per 64 weight bytes), while one TDPBF16PS takes 1 KiB of weights for up to 16 rows.
 inline constexpr int kAmxMinRows = 4;
+// int4 weights' integer GEMM takes the tiles from this many rows (kernel_table.cpp says why).
+inline constexpr int kAmxMinRowsInt4 = 6;
 
 struct KernelTable {
   Isa isa;

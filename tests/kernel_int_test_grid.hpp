@@ -295,7 +295,7 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
 
 inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
   std::mt19937 rng(77);
-  static const int ms[] = {1, 2, 3, 4, 5, 16, 17, 31, 33, 50, 130};
+  static const int ms[] = {1, 2, 3, 4, 5, 6, 16, 17, 31, 33, 50, 130};
   static const int ns[] = {1, 17, 33, 100};
   static const int ks[] = {1, 31, 64, 100, 200, 257};
   for (int bits : {8, 4}) {
