@@ -50,15 +50,14 @@ std::vector<bool> parse_lora_dtypes(const std::string& s) {
 }  // namespace
 
 void add_bench_command(CLI::App& app, int& status) {
+  // The options given as text, parsed when the command runs; the others go straight into `o`.
   struct Args {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16", lora_dtype = "f32";
-    int threads = 0, layers = 0;
     std::string group_sizes = std::to_string(quant::kDefaultInt4Group);
     std::string numa_nodes = "1";
-    double iter_scale = 1.0;
-    bool json = false, phases = false, convert = false, backward = false, grad_overwrite = false, weight_copy = false, lora_held = false;
+    bool convert = false;
     std::string workdir = "/tmp";
-    bool onednn = false;
+    LayerBenchOptions o;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward (or fine-tuning step) against the machine's measured limits");
@@ -71,29 +70,29 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--group-size", a->group_sizes,
                   "int4: inputs per scale (32, 64 or 128). Several (128,64): each gets its own layers and they take turns call by call")
       ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
+  cmd->add_option("--threads", a->o.threads, "Worker threads (0: every core)")->capture_default_str();
   cmd->add_option("--numa-nodes", a->numa_nodes,
                   "Split each layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's "
                   "nodes. Several (1,2): each gets its own layers and they take turns call by call")
       ->capture_default_str();
-  cmd->add_option("--layers", a->layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
-  cmd->add_option("--iter-scale", a->iter_scale, "Multiply the iteration counts")->capture_default_str();
-  cmd->add_flag("--json", a->json, "One JSON object per case");
-  cmd->add_flag("--phases", a->phases, "Also print the mean time of each phase of the forward (and backward), page faults per call, and with several NUMA nodes the merge and when each node started and ended");
-  cmd->add_flag("--backward", a->backward,
+  cmd->add_option("--layers", a->o.layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
+  cmd->add_option("--iter-scale", a->o.iter_scale, "Multiply the iteration counts")->capture_default_str();
+  cmd->add_flag("--json", a->o.json, "One JSON object per case");
+  cmd->add_flag("--phases", a->o.phases, "Also print the mean time of each phase of the forward (and backward), page faults per call, and with several NUMA nodes the merge and when each node started and ended");
+  cmd->add_flag("--backward", a->o.backward,
                 "Time the fine-tuning step instead: forward_sft (saving for backward) then backward, LoRA gradients included");
   cmd->add_option("--lora-dtype", a->lora_dtype,
                   "How the LoRA factors (and with --backward their gradients) are stored: f32 or bf16 (read in place either "
                   "way; bf16 is half the bytes); f32,bf16 gives each its own layers, taking turns call by call")
       ->capture_default_str();
-  cmd->add_flag("--lora-held", a->lora_held,
+  cmd->add_flag("--lora-held", a->o.lora_held,
                 "The LoRA sets are held by the layers, as a loaded adapter is (nothing writes them): packed once, not at every "
                 "call as the caller's arrays are");
-  cmd->add_flag("--backward-weight-copy", a->weight_copy,
+  cmd->add_flag("--backward-weight-copy", a->o.weight_copy,
                 "With --backward: backward reads a Wᵀ copy of the bf16 weights (twice their memory) instead of repacking");
-  cmd->add_flag("--grad-overwrite", a->grad_overwrite,
+  cmd->add_flag("--grad-overwrite", a->o.grad_overwrite,
                 "With --backward: overwrite the LoRA gradients (zeroing every expert's) instead of accumulating into them");
-  cmd->add_flag("--onednn", a->onednn,
+  cmd->add_flag("--onednn", a->o.onednn,
                 "Also time the oneDNN baseline (a matmul primitive per expert and projection, weights prepacked by oneDNN, no "
                 "LoRA) on the same shape and routings, and print each r=0 time's ratio to it");
   cmd->add_flag("--convert-lora", a->convert,
@@ -106,7 +105,7 @@ void add_bench_command(CLI::App& app, int& status) {
       status = 0;
       return;
     }
-    LayerBenchOptions o;
+    LayerBenchOptions o = a->o;
     o.shape_name = a->shape;
     o.weights_name = a->weights;
     o.shape = shape_by_name(a->shape);
@@ -120,16 +119,6 @@ void add_bench_command(CLI::App& app, int& status) {
     o.group_sizes = parse_int_list(a->group_sizes, "--group-size");
     if (o.group_sizes.size() > 1 && o.weight_type != WeightType::int4)
       fail(ErrorKind::invalid_argument, "--group-size " + a->group_sizes + ": several group sizes apply to int4 only");
-    o.threads = a->threads;
-    o.layers = a->layers;
-    o.iter_scale = a->iter_scale;
-    o.json = a->json;
-    o.phases = a->phases;
-    o.backward = a->backward;
-    o.grad_overwrite = a->grad_overwrite;
-    o.weight_copy = a->weight_copy;
-    o.lora_held = a->lora_held;
-    o.onednn = a->onednn;
     run_layer_bench(o);
     status = 0;
   });
