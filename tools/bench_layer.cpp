@@ -34,6 +34,22 @@ int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 :
 // Routings and inputs rotate over this many sets: fresh experts at every call, as in serving.
 constexpr int kInputSets = 8;
 
+// The routings and inputs of one token count (seeds 100+ and 200+): the bench's cases and the
+// oneDNN baseline see the same ones.
+struct BenchInputs {
+  std::vector<RandomRouting> routings;
+  std::vector<std::vector<bf16>> x;
+};
+BenchInputs make_inputs(const MoeShape& s, int tokens) {
+  BenchInputs in;
+  for (int i = 0; i < kInputSets; ++i) {
+    in.routings.push_back(random_routing(tokens, s, 100 + i));
+    const auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
+    in.x.push_back(to_bf16(x.data(), x.size()));
+  }
+  return in;
+}
+
 // The process's page faults so far (getrusage: every thread's).
 struct PageFaults {
   double minor = 0, major = 0;
@@ -198,15 +214,12 @@ struct TokenRun {
 TokenRun time_cases(const LayerBenchOptions& o, BenchSetup& b, int tokens) {
   const MoeShape& s = o.shape;
   std::vector<BenchCase>& cases = b.cases;
-  std::vector<RandomRouting> routings;
-  std::vector<std::vector<bf16>> inputs;
+  const BenchInputs in = make_inputs(s, tokens);
+  const std::vector<RandomRouting>& routings = in.routings;
+  const std::vector<std::vector<bf16>>& inputs = in.x;
   std::vector<std::vector<float>> grad_outs;
-  for (int i = 0; i < kInputSets; ++i) {
-    routings.push_back(random_routing(tokens, s, 100 + i));
-    auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
-    inputs.push_back(to_bf16(x.data(), x.size()));
-    if (o.backward) grad_outs.push_back(random_activations(x.size(), 300 + i));
-  }
+  for (int i = 0; i < kInputSets && o.backward; ++i)
+    grad_outs.push_back(random_activations(static_cast<std::size_t>(tokens) * s.hidden, 300 + i));
   std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden), grad_in(out.size());
   TokenRun run;
   run.iters = std::max(3, static_cast<int>(iterations_for(tokens) * o.iter_scale));
@@ -377,8 +390,8 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
   return median;
 }
 
-// Times the oneDNN baseline on the same routings and inputs as the bench (seeds 100+ and 200+),
-// rotating through its layers, and prints the ratio of tilemoe's r=0 median to its median.
+// Times the oneDNN baseline on the same routings and inputs as the bench (make_inputs), rotating
+// through its layers, and prints the ratio of tilemoe's r=0 median to its median.
 void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeShape& s, const std::vector<int>& token_list,
                          const std::vector<std::pair<int, double>>& r0_medians, double iter_scale, bool json, numa::ThreadPool& pool,
                          TensorParallelLayer& ours_layer) {
@@ -392,13 +405,9 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
   const int layers = static_cast<int>(baselines.size());
   for (int tokens : token_list) {
     if (tokens == 0) continue;
-    std::vector<RandomRouting> routings;
-    std::vector<std::vector<bf16>> inputs;
-    for (int i = 0; i < kInputSets; ++i) {
-      routings.push_back(random_routing(tokens, s, 100 + i));
-      auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 200 + i);
-      inputs.push_back(to_bf16(x.data(), x.size()));
-    }
+    const BenchInputs in = make_inputs(s, tokens);
+    const std::vector<RandomRouting>& routings = in.routings;
+    const std::vector<std::vector<bf16>>& inputs = in.x;
     std::vector<float> out(static_cast<std::size_t>(tokens) * s.hidden);
     const int iters = std::max(3, static_cast<int>(iterations_for(tokens) * iter_scale));
     // Every routing once on every layer first: the primitives for its row counts are made then.
