@@ -16,7 +16,8 @@
 // panel's 16 floats), so no stack buffer is needed for any ldc or alignment.
 //
 // The configuration changes only between those two passes; panels are processed in groups
-// whose weights stay in L2 so that the tail pass re-reads them from L2, not memory.
+// whose weights stay in L2 so that the tail pass re-reads them from L2, not memory. Experts of
+// 33-128 rows run panel pairs outside instead (pairs_outside), as the int8 kernel does.
 //
 // A may come in tile order (pack_rows_as_tiles): each A tile load is then one contiguous 1 KiB.
 // On the device, the gate_up phase (48 and 384 rows per expert, K = 2048, 16 threads) ran 20-27 %
@@ -61,6 +62,26 @@ constexpr int kPrefetchBlocks = 4;
 constexpr int kL2AheadBlocks = 16;
 // Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
 constexpr std::size_t kGroupBytes = 512 * 1024;
+// Experts of 33 to this many rows run panel pairs outside and row blocks inside (pairs_outside):
+// a pair's first row block streams its weights from memory, the others re-read them from L1/L2,
+// and the last one sends the next pair's first kNextPairBlocks blocks a panel to L2, so that the
+// core's memory stream goes on while it computes from cache. With row blocks outside, the rows
+// after the first 32 ran over a whole group from L2 while nothing streamed. On the device
+// (DeepSeek-V2-Lite, held LoRA r=16, both orders as cases taking turns in one process, session
+// 40) 512 tokens (48 rows an expert) ran 1.4-3.5 % faster in six pairs of seven (the seventh
+// even), 1024 tokens (96 rows) 2.6-3.5 % in three of four (+1.2 % in the other); 256 tokens (24
+// rows, one row block either way) the same. Session 26 found no gain at 512 tokens, on a tree
+// that did not yet ask for B ahead into L2 (kL2AheadBlocks).
+constexpr int kPairsOutsideMaxRows = 128;
+constexpr int kNextPairBlocks = 16;
+
+// The next panel pair's weights, sent to L2 a block a panel at each of the first `blocks` k-steps:
+// the first panel from `first`, the second `stride` elements on (null: no next pair).
+struct NextPair {
+  const bf16* first = nullptr;
+  std::size_t stride = 0;
+  int blocks = 0;
+};
 
 struct Operand {
   const bf16* a;
@@ -74,7 +95,7 @@ struct Operand {
 
 // All k-blocks of one operand into the C tiles.
 template <bool TwoRowTiles, bool TwoPanels>
-inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b) {
+inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b, const NextPair& next = {}) {
   const bf16* a0 = op.a + static_cast<std::size_t>(row0 / kTileRows) * op.row_tile_stride;
   const bf16* b0 = op.packed + panel * op.panel_stride;
   for (int kb = 0; kb < op.kblocks; ++kb) {
@@ -84,6 +105,10 @@ inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b) {
       if constexpr (TwoPanels) prefetch_tile_block_l1(bk + op.panel_stride + kPrefetchBlocks * kBlockElements);
       prefetch_tile_block_l2(bk + kL2AheadBlocks * kBlockElements);
       if constexpr (TwoPanels) prefetch_tile_block_l2(bk + op.panel_stride + kL2AheadBlocks * kBlockElements);
+    }
+    if (kb < next.blocks) {
+      prefetch_tile_block_l2(next.first + static_cast<std::size_t>(kb) * kBlockElements);
+      prefetch_tile_block_l2(next.first + next.stride + static_cast<std::size_t>(kb) * kBlockElements);
     }
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * op.kblock_stride;
     tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, op.row_tile_stride * sizeof(bf16), op.lda_bytes, bk,
@@ -103,8 +128,9 @@ struct Job {
 
 // Rows [row0, row0 + configured rows) × panels p (and p+1): C tiles in, K sweeps of both
 // products, C tiles out.
+// (next: the next pair's first weights, asked for during the main product's sweep.)
 template <bool TwoRowTiles, bool TwoPanels>
-void tile_block(const Job& job, int row0, int panel, bool prefetch_b) {
+void tile_block(const Job& job, int row0, int panel, bool prefetch_b, const NextPair& next = {}) {
   float* const c0 = job.c + row0 * job.ldc + (panel - job.panel_begin) * kPanelColumns;
   // C tile t: rows [16 (t / 2), +16) x the pair's panel t % 2 (formed only for tiles that exist).
   auto c_tile = [&](int t) { return c0 + static_cast<std::size_t>(t / 2) * kTileRows * job.ldc + (t % 2) * kPanelColumns; };
@@ -113,7 +139,7 @@ void tile_block(const Job& job, int row0, int panel, bool prefetch_b) {
   } else {
     zero_c_tiles<TwoRowTiles, TwoPanels>();
   }
-  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, prefetch_b);
+  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, prefetch_b, next);
   if (job.has_second) k_sweep<TwoRowTiles, TwoPanels>(job.second, row0, panel, prefetch_b);
   store_c_tiles<TwoRowTiles, TwoPanels>(c_tile, job.ldc_bytes);
 }
@@ -133,6 +159,39 @@ void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_
       } else {
         tile_block<TwoRowTiles, false>(job, row, p, prefetch_b);
       }
+    }
+  }
+}
+
+// One row block of pairs_outside, rows [row, row + rows) (1-32), over pair p (one panel if !two).
+void pair_block(const Job& job, int row, int rows, int p, bool two, bool prefetch_b, const NextPair& next) {
+  if (rows > kTileRows) {
+    ensure_tile_config(make_tile_config(kTileRows, rows - kTileRows));
+    if (two) return tile_block<true, true>(job, row, p, prefetch_b, next);
+    return tile_block<true, false>(job, row, p, prefetch_b, next);
+  }
+  ensure_tile_config(make_tile_config(rows, rows));
+  if (two) return tile_block<false, true>(job, row, p, prefetch_b, next);
+  tile_block<false, false>(job, row, p, prefetch_b, next);
+}
+
+// 33-128 rows (kPairsOutsideMaxRows): for each panel pair every row block, the odd pairs' blocks
+// backwards (snake order), so that a tail block of its own tile configuration costs one change a
+// pair, not two. A pair's first block streams its weights; its last asks for the next pair's.
+void pairs_outside(const Job& job, int m, int p_begin, int p_end) {
+  constexpr int kMaxBlocks = (kPairsOutsideMaxRows + kBlockRows - 1) / kBlockRows;
+  int rows_of[kMaxBlocks];
+  const int count = (m + kBlockRows - 1) / kBlockRows;
+  for (int b = 0; b < count; ++b) rows_of[b] = std::min(kBlockRows, m - b * kBlockRows);
+  for (int p = p_begin, pair = 0; p < p_end; p += 2, ++pair) {
+    // A prefetch past the matrix (a last pair of one panel) never faults.
+    NextPair next;
+    if (p + 2 < p_end && job.first.kblocks > 0)
+      next = {job.first.packed + static_cast<std::size_t>(p + 2) * job.first.panel_stride, job.first.panel_stride,
+              std::min(job.first.kblocks, kNextPairBlocks)};
+    for (int j = 0; j < count; ++j) {
+      const int b = pair % 2 == 0 ? j : count - 1 - j;
+      pair_block(job, b * kBlockRows, rows_of[b], p, p + 1 < p_end, j == 0, j == count - 1 ? next : NextPair{});
     }
   }
 }
@@ -175,6 +234,11 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   const std::size_t group_fit = std::min<std::size_t>(panel_bytes == 0 ? 2 : kGroupBytes / panel_bytes, 1u << 20);
   const int group = static_cast<int>(std::max<std::size_t>(2, group_fit & ~std::size_t{1}));  // whole pairs
 
+  if (args.m > kBlockRows && args.m <= kPairsOutsideMaxRows) {
+    pairs_outside(job, args.m, args.panel_begin, args.panel_end);
+    __asm__ volatile("" ::: "memory");
+    return;
+  }
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
     const int g1 = std::min(args.panel_end, g0 + group);
     if (m_full > 0) {

@@ -143,9 +143,8 @@ constexpr std::size_t kL1AheadBlocks = 2;
 // 128 tokens (about 12 rows) 4.99 -> 4.49, at 1024 tokens 14.00 -> 13.06. One int8 row block (32
 // rows or fewer) already streams B as it computes. Up to 1 MiB of A instead (384 rows at 4096
 // tokens) made int8 at 4096 tokens slower in the same kind of comparison (37.8 -> 40.1 and 42.6 ->
-// 43.7 ms), and int4 no better. The same order in the bf16 kernel gained nothing at 512 tokens
-// (14.39 / 14.51 ms), nor did it in the fine-tuning step: there a bf16 item is as much compute as
-// memory.
+// 43.7 ms), and int4 no better. The bf16 kernel runs the same order from session 40
+// (gemm_bf16_amx.cpp), where it first gained nothing at 512 tokens (14.39 / 14.51 ms).
 constexpr int kPairsOutsideMaxRows = 128;
 constexpr int kNextPairBlocks = 16;
 

@@ -109,8 +109,13 @@ TEST_CASE("bf16 tiles: the configuration is loaded only when it changes") {
   CHECK(last.configs == 0);
   test::check_gemm_case(counted_bf16, test::GemmCase{7, 40, 100}, rng);  // a 7-row configuration
   CHECK(last.configs == 1);
-  test::check_gemm_case(counted_bf16, test::GemmCase{39, 40, 100}, rng);  // 16/16, then 7/7 again
-  CHECK(last.configs == 2);
+  // 33-128 rows go pair by pair, row blocks in snake order: 16/16, 7/7 | 7/7, 16/16 over pairs
+  // (0,1) and (2), where the tail after every pair would take four.
+  test::check_gemm_case(counted_bf16, test::GemmCase{39, 40, 100}, rng);
+  CHECK(last.configs == 3);
+  // From 129 rows, row blocks outside: the 16/16 blocks of the group, then its 7-row tail once.
+  test::check_gemm_case(counted_bf16, test::GemmCase{135, 40, 100}, rng);
+  CHECK(last.configs == 1);
   release_amx_tiles();
 }
 
