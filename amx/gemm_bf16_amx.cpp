@@ -36,6 +36,7 @@
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/pair_order.hpp"
 #include "amx/prefetch.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
@@ -62,26 +63,13 @@ constexpr int kPrefetchBlocks = 4;
 constexpr int kL2AheadBlocks = 16;
 // Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
 constexpr std::size_t kGroupBytes = 512 * 1024;
-// Experts of 33 to this many rows run panel pairs outside and row blocks inside (pairs_outside):
-// a pair's first row block streams its weights from memory, the others re-read them from L1/L2,
-// and the last one sends the next pair's first kNextPairBlocks blocks a panel to L2, so that the
-// core's memory stream goes on while it computes from cache. With row blocks outside, the rows
-// after the first 32 ran over a whole group from L2 while nothing streamed. On the device
-// (DeepSeek-V2-Lite, held LoRA r=16, both orders as cases taking turns in one process, session
-// 40) 512 tokens (48 rows an expert) ran 1.4-3.5 % faster in six pairs of seven (the seventh
-// even), 1024 tokens (96 rows) 2.6-3.5 % in three of four (+1.2 % in the other); 256 tokens (24
-// rows, one row block either way) the same. Session 26 found no gain at 512 tokens, on a tree
-// that did not yet ask for B ahead into L2 (kL2AheadBlocks).
-constexpr int kPairsOutsideMaxRows = 128;
-constexpr int kNextPairBlocks = 16;
-
-// The next panel pair's weights, sent to L2 a block a panel at each of the first `blocks` k-steps:
-// the first panel from `first`, the second `stride` elements on (null: no next pair).
-struct NextPair {
-  const bf16* first = nullptr;
-  std::size_t stride = 0;
-  int blocks = 0;
-};
+// Experts of 33-128 rows run panel pairs outside and row blocks inside (pair_order.hpp): with
+// row blocks outside, the rows after the first 32 ran over a whole group from L2 while nothing
+// streamed. On the device (DeepSeek-V2-Lite, held LoRA r=16, both orders as cases taking turns in
+// one process, session 40) 512 tokens (48 rows an expert) ran 1.4-3.5 % faster in six pairs of
+// seven (the seventh even), 1024 tokens (96 rows) 2.6-3.5 % in three of four (+1.2 % in the
+// other); 256 tokens (24 rows, one row block either way) the same. Session 26 found no gain at 512
+// tokens, on a tree that did not yet ask for B ahead into L2 (kL2AheadBlocks).
 
 struct Operand {
   const bf16* a;
@@ -106,10 +94,7 @@ inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b, con
       prefetch_tile_block_l2(bk + kL2AheadBlocks * kBlockElements);
       if constexpr (TwoPanels) prefetch_tile_block_l2(bk + op.panel_stride + kL2AheadBlocks * kBlockElements);
     }
-    if (kb < next.blocks) {
-      prefetch_tile_block_l2(next.first + static_cast<std::size_t>(kb) * kBlockElements);
-      prefetch_tile_block_l2(next.first + next.stride + static_cast<std::size_t>(kb) * kBlockElements);
-    }
+    next.ask(kb);
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * op.kblock_stride;
     tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, op.row_tile_stride * sizeof(bf16), op.lda_bytes, bk,
                                                          op.panel_stride * sizeof(bf16));
@@ -175,25 +160,18 @@ void pair_block(const Job& job, int row, int rows, int p, bool two, bool prefetc
   tile_block<false, false>(job, row, p, prefetch_b, next);
 }
 
-// 33-128 rows (kPairsOutsideMaxRows): for each panel pair every row block, the odd pairs' blocks
-// backwards (snake order), so that a tail block of its own tile configuration costs one change a
-// pair, not two. A pair's first block streams its weights; its last asks for the next pair's.
+// 33-128 rows (kPairsOutsideMaxRows), in pair_order.hpp's order.
 void pairs_outside(const Job& job, int m, int p_begin, int p_end) {
-  constexpr int kMaxBlocks = (kPairsOutsideMaxRows + kBlockRows - 1) / kBlockRows;
-  int rows_of[kMaxBlocks];
   const int count = (m + kBlockRows - 1) / kBlockRows;
-  for (int b = 0; b < count; ++b) rows_of[b] = std::min(kBlockRows, m - b * kBlockRows);
-  for (int p = p_begin, pair = 0; p < p_end; p += 2, ++pair) {
-    // A prefetch past the matrix (a last pair of one panel) never faults.
-    NextPair next;
-    if (p + 2 < p_end && job.first.kblocks > 0)
-      next = {job.first.packed + static_cast<std::size_t>(p + 2) * job.first.panel_stride, job.first.panel_stride,
-              std::min(job.first.kblocks, kNextPairBlocks)};
-    for (int j = 0; j < count; ++j) {
-      const int b = pair % 2 == 0 ? j : count - 1 - j;
-      pair_block(job, b * kBlockRows, rows_of[b], p, p + 1 < p_end, j == 0, j == count - 1 ? next : NextPair{});
-    }
-  }
+  const std::size_t panel_bytes = job.first.panel_stride * sizeof(bf16);
+  auto start_pair = [&](int p) {
+    if (p + 2 >= p_end || job.first.kblocks == 0) return NextPair{};
+    return NextPair{job.first.packed + static_cast<std::size_t>(p + 2) * job.first.panel_stride, panel_bytes,
+                    std::min(job.first.kblocks, kNextPairBlocks)};
+  };
+  for_each_pair_block(count, p_begin, p_end, start_pair, [&](int b, int p, bool two, bool first, const NextPair& next) {
+    pair_block(job, b * kBlockRows, std::min(kBlockRows, m - b * kBlockRows), p, two, first, next);
+  });
 }
 
 Operand make_operand(const bf16* a, std::size_t lda, bool tiles, const bf16* packed, int k_padded, std::size_t b_panel_stride = 0) {

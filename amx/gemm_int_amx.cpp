@@ -37,6 +37,7 @@
 #include "amx/gemm_int.hpp"
 #include "amx/isa.hpp"
 #include "amx/pack_bf16.hpp"
+#include "amx/pair_order.hpp"
 #include "amx/prefetch.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
@@ -130,11 +131,11 @@ constexpr std::size_t kPrefetchBlocks = 16;
 // faster at 128 or 512.
 constexpr std::size_t kL1AheadBlocks = 2;
 
-// int8 experts of 33 to this many rows and int4 experts of up to this many (A at most 256 KiB of
-// int8 at K = 2048) run panel pairs outside and row blocks inside (pairs_outside): int8's first row
-// block streams a pair's B from memory (int4 unpacks the pair first), the others re-read it hot,
-// and the last one sends the next pair's first kNextPairBlocks KiB a panel (int4: its codes) to
-// L2, so that the core's memory stream goes on while it computes from cache. Row blocks outside,
+// int8 experts of 33 to kPairsOutsideMaxRows rows and int4 experts of up to that many (A at most
+// 256 KiB of int8 at K = 2048) run panel pairs outside and row blocks inside (pair_order.hpp):
+// int8's first row block streams a pair's B from memory (int4 unpacks the pair first), the others
+// re-read it hot, and the last one sends the next pair's first kNextPairBlocks KiB a panel (int4:
+// its codes) to L2, so that the core's memory stream goes on while it computes from cache. Row blocks outside,
 // the tail rows of a panel group ran after all its pairs' 32-row blocks, computing from L2 while
 // nothing streamed, and int4 unpacked a whole group before any product. On the device (DeepSeek-
 // V2-Lite; old and new orders in one process taking turns call by call, three rounds, every round
@@ -145,17 +146,6 @@ constexpr std::size_t kL1AheadBlocks = 2;
 // tokens) made int8 at 4096 tokens slower in the same kind of comparison (37.8 -> 40.1 and 42.6 ->
 // 43.7 ms), and int4 no better. The bf16 kernel runs the same order from session 40
 // (gemm_bf16_amx.cpp), where it first gained nothing at 512 tokens (14.39 / 14.51 ms).
-constexpr int kPairsOutsideMaxRows = 128;
-constexpr int kNextPairBlocks = 16;
-
-// The next panel pair's B in memory, sent to L2 a KiB a panel at each of the first `blocks` k-steps:
-// the first panel from `first`, the second `stride` bytes on.
-struct NextPair {
-  const std::uint8_t* first = nullptr;
-  std::size_t stride = 0;
-  int blocks = 0;
-};
-
 template <bool TwoRowTiles, bool TwoPanels>
 void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool prefetch, const NextPair& next = {}) {
   const GemmIntArgs& g = *job.g;
@@ -208,10 +198,7 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
     for (int kb = grp * job.group_blocks; kb < kb_end; ++kb) {
       const std::uint8_t* bk = b0 + static_cast<std::size_t>(kb) * kBlockBytes;
       const std::int8_t* ak = a0 + static_cast<std::size_t>(kb) * a_kstep;
-      if (kb < next.blocks) {
-        prefetch_tile_block_l2(next.first + static_cast<std::size_t>(kb) * kBlockBytes);
-        prefetch_tile_block_l2(next.first + next.stride + static_cast<std::size_t>(kb) * kBlockBytes);
-      }
+      next.ask(kb);
       if (prefetch) {
         // Past the panel's end this reaches into the next panel or beyond the matrix: a prefetch
         // never faults, and the next pair's first blocks are wanted anyway.
@@ -384,38 +371,30 @@ struct Int4Pairs {
   std::uint8_t* out;              // two int8 panels
 };
 
-// Few rows: for each panel pair every row block. The blocks run in snake order, the odd pairs'
-// backwards, so that a tail of its own tile configuration costs one change a pair, not two. int4
-// unpacks each pair as it comes, and its last row block sends the next pair's codes to L2.
+// 33-128 rows (int4: up to 128), in pair_order.hpp's order; int4 unpacks each pair as it comes,
+// and its last row block sends the next pair's codes (512 bytes a k-block) to L2.
 void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int4) {
   RowBlock blocks[kPairsOutsideMaxRows / kBlockRows + 1];
   int count = 0;
   for (int row = 0; row < m; row += kBlockRows) blocks[count++] = {row, row + kBlockRows <= m};
   const PackedIntShape* s = int4 ? int4->shape : nullptr;
-  for (int p = p_begin, pair = 0; p < p_end; p += 2, ++pair) {
-    const int p1 = std::min(p_end, p + 2);
+  auto start_pair = [&](int p) {
     if (int4) {
-      unpack_int4(*s, int4->codes, int4->multiples, p, p1, int4->out);
+      unpack_int4(*s, int4->codes, int4->multiples, p, std::min(p_end, p + 2), int4->out);
       job.b = int4->out;
       job.b_panel0 = p;
     }
-    // The next pair's first blocks (int4: its codes, 512 bytes a k-block). A prefetch past the
-    // matrix (a last pair of one panel) never faults.
-    NextPair next;
-    if (p + 2 < p_end) {
-      if (int4) {
-        next = {int4->codes + static_cast<std::size_t>(p + 2) * s->panel_bytes(), s->panel_bytes(),
-                static_cast<int>(std::min<std::size_t>(kNextPairBlocks, (s->panel_bytes() + kBlockBytes - 1) / kBlockBytes))};
-      } else {
-        next = {job.b + static_cast<std::size_t>(p + 2 - job.b_panel0) * job.panel_stride, job.panel_stride, std::min(job.kblocks, kNextPairBlocks)};
-      }
-    }
-    for (int j = 0; j < count; ++j) {
-      const RowBlock& b = blocks[pair % 2 == 0 ? j : count - 1 - j];
-      // int8 streams B from memory on a pair's first block; int4's unpacked pair is in cache.
-      pair_block(job, b, m, p, p + 1 < p_end, !int4 && j == 0, j == count - 1 ? next : NextPair{});
-    }
-  }
+    if (p + 2 >= p_end) return NextPair{};
+    if (int4)
+      return NextPair{int4->codes + static_cast<std::size_t>(p + 2) * s->panel_bytes(), s->panel_bytes(),
+                      static_cast<int>(std::min<std::size_t>(kNextPairBlocks, (s->panel_bytes() + kBlockBytes - 1) / kBlockBytes))};
+    return NextPair{job.b + static_cast<std::size_t>(p + 2 - job.b_panel0) * job.panel_stride, job.panel_stride,
+                    std::min(job.kblocks, kNextPairBlocks)};
+  };
+  // int8 streams B from memory on a pair's first block; int4's unpacked pair is in cache.
+  for_each_pair_block(count, p_begin, p_end, start_pair, [&](int b, int p, bool two, bool first, const NextPair& next) {
+    pair_block(job, blocks[b], m, p, two, !int4 && first, next);
+  });
 }
 
 }  // namespace
