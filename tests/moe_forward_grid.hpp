@@ -20,10 +20,9 @@ namespace tilemoe::test {
 
 // tile_order_min_rows: -1 the ISA's choice; otherwise forced (MoeForward::set_tile_order_min_rows).
 // held_lora: the set as a loaded adapter is given (its packed form made once).
-inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
+inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, const LayerLora& lora, numa::ThreadPool& pool,
                             std::uint64_t seed, int tile_order_min_rows = -1, bool held_lora = false) {
   auto w = random_expert_weights(s, seed);
-  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
   auto routing = random_routing(tokens, s, seed + 2);
   for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;  // run elsewhere
   auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
@@ -37,6 +36,29 @@ inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, int
   auto xb = to_bf16(x.data(), x.size());
   fwd.forward(lora, tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), got.data());
   return rel_error(got, want);
+}
+
+inline double forward_error(kernels::Isa isa, const MoeShape& s, int tokens, int rank, int lora_every, numa::ThreadPool& pool,
+                            std::uint64_t seed, int tile_order_min_rows = -1, bool held_lora = false) {
+  const LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  return forward_error(isa, s, tokens, lora, pool, seed, tile_order_min_rows, held_lora);
+}
+
+// Gate, up and down with ranks of their own (PEFT's rank_pattern), or no LoRA on one of gate and
+// up (an adapter that targets some projections), in both LoRA forms and at ranks of one or several
+// panels. (Integer weights project gate and up as one product: moe_forward_quantized_grid.hpp.)
+inline void run_forward_projection_ranks(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  const MoeShape s{100, 72, 6, 2};
+  for (const auto& r : kProjectionRanks) {
+    const LayerLora lora = projection_ranks_lora(s, r);
+    for (int tokens : {7, 150}) {  // few rows an expert (the f32 form), and the packed form
+      INFO("ranks gate " << r[0] << " up " << r[1] << " down " << r[2] << ", " << tokens << " tokens");
+      CHECK(forward_error(isa, s, tokens, lora, pool, 23 + tokens) <= 1e-2);
+      CHECK(forward_error(isa, s, tokens, lora, pool, 23 + tokens, 1) <= 1e-2);         // x and h in tile order
+      CHECK(forward_error(isa, s, tokens, lora, pool, 23 + tokens, -1, true) <= 1e-2);  // held: packed at every row count
+    }
+  }
 }
 
 inline void run_forward_grid(kernels::Isa isa) {

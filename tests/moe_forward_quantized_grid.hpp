@@ -3,6 +3,7 @@
 // weights with the same per-row int8 activations, over the awkward-shape grid and the fixtures,
 // on one ISA; and the quantization error itself against bf16, on Gaussian weights, so that a
 // change that makes it worse is seen. Included by one test file per ISA.
+#include <cstring>
 #include <random>
 
 #include "catch.hpp"
@@ -29,20 +30,20 @@ inline const QuantCase kQuantCases[] = {{WeightType::int8, 0}, {WeightType::int4
 // tile_order_min_rows: -1 the ISA's choice; otherwise forced (MoeForward::set_tile_order_min_rows).
 inline std::vector<float> quantized_forward(kernels::Isa isa, const quant::QuantizedExperts& q, const LayerLora& lora, int tokens,
                                             const RandomRouting& routing, const std::vector<bf16>& xb, numa::ThreadPool& pool,
-                                            int tile_order_min_rows = -1) {
+                                            int tile_order_min_rows = -1, bool held_lora = false) {
   auto packed = PackedExpertWeights::pack_quantized(q, pool);
   MoeForward fwd(packed, isa, pool);
   fwd.set_tile_order_min_rows(tile_order_min_rows);
+  if (held_lora) fwd.set_lora_held(77);
   std::vector<float> got(xb.size());
   fwd.forward(lora, tokens, q.shape.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), got.data());
   return got;
 }
 
-inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, const MoeShape& s, int tokens, int rank, int lora_every,
-                                      numa::ThreadPool& pool, std::uint64_t seed, int tile_order_min_rows = -1) {
+inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, const MoeShape& s, int tokens, const LayerLora& lora,
+                                      numa::ThreadPool& pool, std::uint64_t seed, int tile_order_min_rows = -1, bool held_lora = false) {
   auto w = random_expert_weights(s, seed);
   auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
-  LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
   auto routing = random_routing(tokens, s, seed + 2);
   for (std::size_t i = 5; i < routing.expert_ids.size(); i += 7) routing.expert_ids[i] = -1;
   auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 3);
@@ -51,7 +52,69 @@ inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, con
   MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
   std::vector<float> want(x.size());
   reference_forward(w.view(), lora, batch, want.data(), ReferenceOptions{true, &q});
-  return rel_error(quantized_forward(isa, q, lora, tokens, routing, xb, pool, tile_order_min_rows), want);
+  return rel_error(quantized_forward(isa, q, lora, tokens, routing, xb, pool, tile_order_min_rows, held_lora), want);
+}
+
+inline double quantized_forward_error(kernels::Isa isa, const QuantCase& qc, const MoeShape& s, int tokens, int rank, int lora_every,
+                                      numa::ThreadPool& pool, std::uint64_t seed, int tile_order_min_rows = -1) {
+  const LayerLora lora = random_lora(s, rank, 2.0f * std::max(rank, 1), seed + 1, lora_every);
+  return quantized_forward_error(isa, qc, s, tokens, lora, pool, seed, tile_order_min_rows);
+}
+
+// Ranks of their own for gate, up and down, or none on one of gate and up (shape_grid.hpp's
+// kProjectionRanks): integer weights project gate's and up's x Aᵀ a row block at a time, as one
+// product where both are packed held sets (LoraTerm::project_rows_pair), else each on its own.
+inline void run_quantized_projection_ranks(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  const MoeShape s{100, 72, 6, 2};
+  for (const QuantCase& qc : {kQuantCases[0], kQuantCases[2]}) {
+    for (const auto& r : kProjectionRanks) {
+      const LayerLora lora = projection_ranks_lora(s, r);
+      for (int tokens : {7, 150}) {
+        INFO(weight_type_name(qc.type) << " group " << qc.group << ", ranks gate " << r[0] << " up " << r[1] << " down " << r[2] << ", "
+                                       << tokens << " tokens");
+        CHECK(quantized_forward_error(isa, qc, s, tokens, lora, pool, 29 + tokens) <= 1e-2);
+        CHECK(quantized_forward_error(isa, qc, s, tokens, lora, pool, 29 + tokens, 1) <= 1e-2);
+        // Held: one product for gate and up where both are packed.
+        CHECK(quantized_forward_error(isa, qc, s, tokens, lora, pool, 29 + tokens, -1, true) <= 1e-2);
+      }
+    }
+  }
+}
+
+// A held set is packed once, gate's and up's A' side by side too (LoraTerm::project_rows_pair):
+// held and per-call forwards (one product each) agree exactly, also when the layer is given
+// another set under a new number, of another rank, and then the first again.
+inline void run_quantized_held_lora(kernels::Isa isa) {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  const MoeShape s{96, 72, 8, 3};
+  auto w = random_expert_weights(s, 31);
+  for (const QuantCase& qc : {kQuantCases[0], kQuantCases[3]}) {
+    auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
+    auto packed = PackedExpertWeights::pack_quantized(q, pool);
+    const LayerLora first = random_lora(s, 8, 16.0f, 32), second = random_lora(s, 20, 8.0f, 33);
+    MoeForward held(packed, isa, pool), per_call(packed, isa, pool);
+    auto run = [&](MoeForward& fwd, const LayerLora& set, int tokens, std::uint64_t seed) {
+      auto routing = random_routing(tokens, s, seed);
+      const auto x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, seed + 1);
+      const auto xb = to_bf16(x.data(), x.size());
+      std::vector<float> y(xb.size());
+      fwd.forward(set, tokens, s.top_k, xb.data(), routing.expert_ids.data(), routing.weights.data(), y.data());
+      return y;
+    };
+    auto check = [&](const LayerLora& set, int tokens, std::uint64_t seed) {
+      INFO(weight_type_name(qc.type) << " group " << qc.group << ", " << tokens << " tokens, seed " << seed);
+      const auto a = run(held, set, tokens, seed), b = run(per_call, set, tokens, seed);
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    };
+    held.set_lora_held(1);
+    check(first, 200, 1);
+    check(first, 201, 2);
+    held.set_lora_held(2);
+    check(second, 200, 3);
+    held.set_lora_held(3);
+    check(first, 200, 4);
+  }
 }
 
 inline void run_quantized_forward_grid(kernels::Isa isa) {

@@ -3,8 +3,10 @@
 // intermediate sizes off every tile multiple, 1 to 1024 tokens, top-k 1 to 8, LoRA rank 0 to 64,
 // LoRA on only some experts, experts with no tokens, and decode-sized experts (1 to 3 rows)
 // next to larger ones.
+#include <algorithm>
 #include <vector>
 
+#include "src/layer/synthetic_layer.hpp"
 #include "tilemoe/config.hpp"
 
 namespace tilemoe::test {
@@ -23,6 +25,19 @@ inline const std::vector<GridCase>& awkward_shape_grid() {
       {{300, 200, 8, 2}, 30, 16, 2},
   };
   return cases;
+}
+
+// Ranks of their own for gate, up and down (PEFT's rank_pattern), some with no LoRA on one of gate
+// and up, and a LoRA on every expert at those ranks.
+inline const int kProjectionRanks[][3] = {{6, 11, 16}, {16, 16, 5}, {32, 17, 3}, {2, 64, 1}, {0, 16, 8}, {16, 0, 0}, {33, 48, 0}};
+
+inline LayerLora projection_ranks_lora(const MoeShape& s, const int (&ranks)[3]) {
+  LayerLora lora;
+  for (Projection p : kProjections) {
+    const int rank = ranks[static_cast<int>(p)];
+    lora[p] = random_lora(s, rank, 2.0f * std::max(rank, 1), 40 + rank, 1)[p];
+  }
+  return lora;
 }
 
 }  // namespace tilemoe::test

@@ -12,6 +12,9 @@ TEST_CASE("portable forward equals the reference on the shape grid", "[forward][
 }
 TEST_CASE("portable forward matches the fixtures", "[forward][portable][fixtures]") { test::run_fixture_forward(kernels::Isa::portable); }
 TEST_CASE("portable forward packs a held LoRA set once", "[forward][portable][lora]") { test::run_held_lora(kernels::Isa::portable); }
+TEST_CASE("portable forward with ranks of their own for gate, up and down", "[forward][portable][lora]") {
+  test::run_forward_projection_ranks(kernels::Isa::portable);
+}
 TEST_CASE("portable forward is bit-identical for 1, 2 and 3 threads", "[forward][portable]") {
   test::run_thread_count_identity(kernels::Isa::portable, {1, 2, 3});
 }

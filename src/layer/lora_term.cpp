@@ -124,12 +124,16 @@ void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std:
   const int cols = rank_panels_ * kernels::kPanelColumns;
   grow_to(scratch, static_cast<std::size_t>(count) * cols);
   if (!a_owner_ && !a_ready_) throw std::logic_error("LoraTerm: a projection before A' was packed or borrowed");
-  const bf16* a_packed = (a_owner_ ? a_owner_ : this)->a_packed_.data();
-  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, a_packed, 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
+  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, packed_a(), 0, rank_panels_, scratch.data(), static_cast<std::size_t>(cols));
   g.a_tiles = v_tiles;
   kt.gemm_bf16(g);
+  store_xa(scratch.data(), static_cast<std::size_t>(cols), row0, count, save, ld_save);
+}
+
+void LoraTerm::store_xa(const float* products, std::size_t ld, int row0, int count, float* save, std::size_t ld_save) {
+  const std::size_t first = static_cast<std::size_t>(row0);
   for (int i = 0; i < count; ++i) {
-    const float* si = scratch.data() + static_cast<std::size_t>(i) * cols;
+    const float* si = products + static_cast<std::size_t>(i) * ld;
     bf16* xi = xa_.data() + (first + i) * rank_k_padded_;
     float* keep = save ? save + (first + i) * ld_save : nullptr;
     for (int j = 0; j < rank_; ++j) {
@@ -138,6 +142,49 @@ void LoraTerm::project_range(const kernels::KernelTable& kt, const bf16* v, std:
       if (keep) keep[j] = x;
     }
   }
+}
+
+bool LoraTerm::pairs_with(const LoraTerm& first, const LoraTerm& second) {
+  if (!first.active_ || !second.active_ || !first.packed_ || !second.packed_ || first.in_ != second.in_) return false;
+  const LoraTerm& a = first.a_owner_ ? *first.a_owner_ : first;
+  const LoraTerm& b = second.a_owner_ ? *second.a_owner_ : second;
+  return a.a_ready_ && b.a_ready_ && a.packed_generation_ != 0 && b.packed_generation_ != 0;
+}
+
+const bf16* LoraTerm::joint_packed_a(LoraTerm& first, const LoraTerm& second) {
+  const LoraTerm* owner[2] = {first.a_owner_ ? first.a_owner_ : &first, second.a_owner_ ? second.a_owner_ : &second};
+  bool same = true;
+  for (int i = 0; i < 2; ++i)
+    same = same && first.joint_of_[i] == owner[i]->a_packed_.data() && first.joint_generation_[i] == owner[i]->packed_generation_;
+  if (same) return first.joint_a_.data();
+  const std::size_t size[2] = {kernels::packed_bf16_elements(first.rank_, first.in_), kernels::packed_bf16_elements(second.rank_, second.in_)};
+  first.joint_a_.resize(size[0] + size[1]);
+  std::copy_n(owner[0]->a_packed_.data(), size[0], first.joint_a_.data());
+  std::copy_n(owner[1]->a_packed_.data(), size[1], first.joint_a_.data() + size[0]);
+  for (int i = 0; i < 2; ++i) {
+    first.joint_of_[i] = owner[i]->a_packed_.data();
+    first.joint_generation_[i] = owner[i]->packed_generation_;
+  }
+  return first.joint_a_.data();
+}
+
+void LoraTerm::project_rows_pair(const kernels::KernelTable& kt, LoraTerm& first, LoraTerm& second, const bf16* v, std::size_t ldv,
+                                 int row0, int count, int k_padded, AlignedVector<float>& scratch, float* save_first,
+                                 std::size_t ld_save_first, float* save_second, std::size_t ld_save_second, bool v_tiles) {
+  if (!pairs_with(first, second)) {
+    first.project_rows(kt, v, ldv, row0, count, k_padded, scratch, save_first, ld_save_first, v_tiles);
+    second.project_rows(kt, v, ldv, row0, count, k_padded, scratch, save_second, ld_save_second, v_tiles);
+    return;
+  }
+  const int panels = first.rank_panels_ + second.rank_panels_;
+  const std::size_t cols = static_cast<std::size_t>(panels) * kernels::kPanelColumns;
+  grow_to(scratch, static_cast<std::size_t>(count) * cols);
+  kernels::GemmBf16Args g = kernels::gemm_args(v, ldv, count, k_padded, joint_packed_a(first, second), 0, panels, scratch.data(), cols);
+  g.a_tiles = v_tiles;
+  kt.gemm_bf16(g);
+  first.store_xa(scratch.data(), cols, row0, count, save_first, ld_save_first);
+  second.store_xa(scratch.data() + static_cast<std::size_t>(first.rank_panels_) * kernels::kPanelColumns, cols, row0, count, save_second,
+                  ld_save_second);
 }
 
 bool LoraTerm::fuse_into(kernels::GemmBf16Args& g, int panel_shift) const {

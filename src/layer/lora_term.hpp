@@ -83,6 +83,15 @@ class LoraTerm {
   // With v_tiles (the packed form only), v holds those rows in tile order (ldv is then unused).
   void project_rows(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded,
                     AlignedVector<float>& scratch, float* save, std::size_t ld_save, bool v_tiles = false);
+  // project_rows of two terms over the same rows of V (gate's and up's, after start_rows of both)
+  // as one product: their A' side by side (first's panels, then second's) as one matrix of both
+  // ranks' outputs, so that the kernel reads V once and, at r = 16, runs a panel pair instead of
+  // two single panels. The same bits as two projections: every output column sums over k alone.
+  // Only for held sets (the joint A' is made once a set): otherwise, or where either term is not
+  // packed and active, or the two read different widths of V, each projects on its own.
+  static void project_rows_pair(const kernels::KernelTable& kt, LoraTerm& first, LoraTerm& second, const bf16* v, std::size_t ldv,
+                                int row0, int count, int k_padded, AlignedVector<float>& scratch, float* save_first,
+                                std::size_t ld_save_first, float* save_second, std::size_t ld_save_second, bool v_tiles = false);
   // The packed form's xa for `rows` rows from values already scaled ([rows][ld] f32): the sum of
   // the nodes' projections, in a tensor-parallel layer's forward (expert_partial_sums.hpp).
   void load_xa(const float* values, std::size_t ld, int rows);
@@ -101,6 +110,14 @@ class LoraTerm {
   // Rows [row0, row0 + count) of xa (and of save) from the `count` rows of V at v.
   void project_range(const kernels::KernelTable& kt, const bf16* v, std::size_t ldv, int row0, int count, int k_padded, bool v_tiles,
                      AlignedVector<float>& scratch, float* save, std::size_t ld_save);
+  // Rows [row0, row0 + count) of xa (and save) from the unscaled products in `products`, this
+  // term's first output at column 0, rows ld apart.
+  void store_xa(const float* products, std::size_t ld, int row0, int count, float* save, std::size_t ld_save);
+  const bf16* packed_a() const { return (a_owner_ ? a_owner_ : this)->a_packed_.data(); }
+  // Whether first and second can project as one product (project_rows_pair).
+  static bool pairs_with(const LoraTerm& first, const LoraTerm& second);
+  // first's and second's A' side by side, in first's joint_a_, copied once a pair of held sets.
+  static const bf16* joint_packed_a(LoraTerm& first, const LoraTerm& second);
 
   bool active_ = false, packed_ = false, b_by_item_ = false;
   int out_ = 0;
@@ -119,6 +136,9 @@ class LoraTerm {
   bool a_ready_ = false;                // a_packed_ holds this term's A'
   const LoraTerm* a_owner_ = nullptr;   // whose a_packed_ the projections read (null: this one's)
   const LoraTerm* xa_owner_ = nullptr;  // whose xa_ the fused products read (null: this one's)
+  AlignedVector<bf16> joint_a_;         // project_rows_pair's A' of both terms, when this is the first
+  const bf16* joint_of_[2] = {nullptr, nullptr};  // the packed A's joint_a_ was copied from
+  std::uint64_t joint_generation_[2] = {0, 0};   // and their held sets
 };
 
 // C = V W'ᵀ over panels [p0, p1) of `packed_b` (panel_shift as in fuse_into), plus every active

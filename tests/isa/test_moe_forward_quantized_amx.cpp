@@ -9,6 +9,12 @@ TEST_CASE("amx int8/int4 forward equals the reference on dequantized weights", "
 TEST_CASE("amx int8/int4 forward matches the fixtures", "[forward][quantized][fixtures]") {
   test::run_quantized_fixture_forward(kernels::Isa::amx_bf16);
 }
+TEST_CASE("amx int8/int4 forward with ranks of their own for gate, up and down", "[forward][quantized][lora]") {
+  test::run_quantized_projection_ranks(kernels::Isa::amx_bf16);
+}
+TEST_CASE("amx int8/int4 forward packs a held LoRA set once", "[forward][quantized][lora]") {
+  test::run_quantized_held_lora(kernels::Isa::amx_bf16);
+}
 TEST_CASE("amx int8/int4 forward: same bits for 1, 2 and 16 threads, NaN stays in its token", "[forward][quantized]") {
   test::run_quantized_identity_and_nan(kernels::Isa::amx_bf16, {1, 2, 16});
 }
