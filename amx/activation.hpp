@@ -2,7 +2,8 @@
 // SwiGLU epilogue between the gate/up GEMMs and the down GEMM:
 //   h[i][j] = bf16( silu(gate[i][j]) * up[i][j] ),  silu(g) = g / (1 + exp(-g))
 // computed in f32 and rounded to nearest even. NaN propagates; silu(+inf) = +inf and
-// silu(-inf) = -0, as in PyTorch. All ISAs give the same result up to the last bit of exp.
+// silu(-inf) = -0, as in PyTorch. All ISAs give the same result up to the last bits of exp and
+// of the reciprocal, except where AVX-512 rounds an f32 below 1.2e-38 to 0 (below).
 #include <cstddef>
 
 #include "tilemoe/bf16.hpp"
@@ -14,7 +15,8 @@ using SiluMulBf16Fn = void (*)(const float* gate, std::size_t ldg, const float* 
 
 void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
                             bf16* h, std::size_t ldh);
-// Only where isa_available(Isa::avx512_bf16). Its exp is accurate to about 2e-7 relative.
+// Only where isa_available(Isa::avx512_bf16). Its exp is accurate to about 2e-7 relative, and an
+// h below the f32 normal range (|h| < 1.2e-38) becomes 0 (VCVTNEPS2BF16).
 void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
                           bf16* h, std::size_t ldh);
 
