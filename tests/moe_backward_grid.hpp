@@ -207,12 +207,7 @@ inline void run_backward_projection_ranks(kernels::Isa isa) {
   for (const auto& r : ranks) {
     for (int tokens : {7, 150}) {  // few rows an expert (the f32 form), and the packed form
       INFO("ranks gate " << r[0] << " up " << r[1] << " down " << r[2] << ", " << tokens << " tokens");
-      LayerLora lora;
-      for (Projection p : kProjections) {
-        const int rank = r[static_cast<int>(p)];
-        lora[p] = random_lora(s, rank, 2.0f * rank, 40 + rank, 1)[p];
-      }
-      const BackwardCase c = make_backward_case(s, tokens, std::move(lora), 19 + tokens);
+      const BackwardCase c = make_backward_case(s, tokens, projection_ranks_lora(s, r), 19 + tokens);
       const SftResult got = run_sft(isa, pool, c.w, c.lora, tokens, s.top_k, c.x, c.routing.expert_ids, c.routing.weights, c.go);
       CHECK(rel_error(got.out, c.want_out) <= 1e-2);
       CHECK(rel_error(got.grad_input, c.want_dx) <= 1e-2);
