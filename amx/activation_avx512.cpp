@@ -54,7 +54,7 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
 
 // h is rounded by VCVTNEPS2BF16 (to nearest even, as to_bf16, but an f32 below the normal range,
 // 1.2e-38, becomes 0): on the device (held r = 16, three variants taking turns, two processes)
-// that and the sigmoid above took bf16 at 4096 tokens 0.5-2.2 % and int8 0.9-3.3 % less time,
+// that and the sigmoid above took bf16 at 4096 tokens 0.4-2.2 % and int8 0.9-3.3 % less time,
 // 512 tokens 0.1-0.9 %; the sigmoid with to_bf16 was no faster than VDIVPS with to_bf16.
 inline __m256i h_to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
