@@ -146,13 +146,13 @@ void LoraTerm::store_xa(const float* products, std::size_t ld, int row0, int cou
 
 bool LoraTerm::pairs_with(const LoraTerm& first, const LoraTerm& second) {
   if (!first.active_ || !second.active_ || !first.packed_ || !second.packed_ || first.in_ != second.in_) return false;
-  const LoraTerm& a = first.a_owner_ ? *first.a_owner_ : first;
-  const LoraTerm& b = second.a_owner_ ? *second.a_owner_ : second;
+  const LoraTerm& a = first.a_source();
+  const LoraTerm& b = second.a_source();
   return a.a_ready_ && b.a_ready_ && a.packed_generation_ != 0 && b.packed_generation_ != 0;
 }
 
 const bf16* LoraTerm::joint_packed_a(LoraTerm& first, const LoraTerm& second) {
-  const LoraTerm* owner[2] = {first.a_owner_ ? first.a_owner_ : &first, second.a_owner_ ? second.a_owner_ : &second};
+  const LoraTerm* owner[2] = {&first.a_source(), &second.a_source()};
   bool same = true;
   for (int i = 0; i < 2; ++i)
     same = same && first.joint_of_[i] == owner[i]->a_packed_.data() && first.joint_generation_[i] == owner[i]->packed_generation_;

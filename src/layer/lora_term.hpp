@@ -113,7 +113,9 @@ class LoraTerm {
   // Rows [row0, row0 + count) of xa (and save) from the unscaled products in `products`, this
   // term's first output at column 0, rows ld apart.
   void store_xa(const float* products, std::size_t ld, int row0, int count, float* save, std::size_t ld_save);
-  const bf16* packed_a() const { return (a_owner_ ? a_owner_ : this)->a_packed_.data(); }
+  // The term whose packed A' this one's projections read: a_owner_, or this one.
+  const LoraTerm& a_source() const { return a_owner_ ? *a_owner_ : *this; }
+  const bf16* packed_a() const { return a_source().a_packed_.data(); }
   // Whether first and second can project as one product (project_rows_pair).
   static bool pairs_with(const LoraTerm& first, const LoraTerm& second);
   // first's and second's A' side by side, in first's joint_a_, copied once a pair of held sets.
