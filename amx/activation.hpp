@@ -1,9 +1,10 @@
 #pragma once
 // SwiGLU epilogue between the gate/up GEMMs and the down GEMM:
 //   h[i][j] = bf16( silu(gate[i][j]) * up[i][j] ),  silu(g) = g / (1 + exp(-g))
-// computed in f32 and rounded to nearest even. NaN propagates; silu(+inf) = +inf and
-// silu(-inf) = -0, as in PyTorch. All ISAs give the same result up to the last bits of exp and
-// of the reciprocal, except where AVX-512 rounds an f32 below 1.2e-38 to 0 (below).
+// computed in f32 and rounded to nearest even. NaN propagates as in PyTorch; silu(+inf) = +inf
+// and silu(-inf) = -0, the limit (PyTorch's own kernels still give NaN there: pytorch/pytorch
+// issue 160876). All ISAs give the same result up to the last bits of exp and of the reciprocal,
+// except where AVX-512 rounds an f32 below 1.2e-38 to 0 (below).
 #include <cstddef>
 
 #include "tilemoe/bf16.hpp"
@@ -23,15 +24,17 @@ void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, s
 // The epilogue's backward, with g, u the forward's gate and up (bf16, as the cache keeps them,
 // row stride ldgu) and dh = dL/dh (f32):
 //   s = sigmoid(g);  dup = dh * g * s;  dgate = dh * u * s * (1 + g * (1 - s))   (silu', exact)
-// written as bf16 at row stride ldo; when h != nullptr also h = bf16(g * s * u), the forward's h
-// recomputed for the down projection's LoRA gradient. Same formulas as PyTorch's autograd, so
-// NaN and infinities give what PyTorch gives.
+// written as bf16 at row stride ldo; when h != nullptr also h, the forward's h recomputed for the
+// down projection's LoRA gradient: the same ISA's silu_mul_bf16 of g and u, bit for bit. Same
+// formulas as PyTorch's autograd, so NaN and infinities give what PyTorch gives (g = -inf: s = 0,
+// dgate and dup NaN).
 using SiluMulBackwardFn = void (*)(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                                    bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
 
 void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                                 bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
-// Only where isa_available(Isa::avx512_bf16).
+// Only where isa_available(Isa::avx512_bf16). The sigmoid and the rounding of silu_mul_bf16_avx512:
+// a dgate, dup or h below 1.2e-38 becomes 0.
 void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                               bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
 

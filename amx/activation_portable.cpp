@@ -3,6 +3,12 @@
 #include "amx/activation.hpp"
 
 namespace tilemoe::kernels {
+namespace {
+
+// -inf / (1 + inf) would be NaN; the limit is -0.
+inline float silu(float g) { return g == -INFINITY ? -0.0f : g / (1.0f + std::exp(-g)); }
+
+}  // namespace
 
 void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
                             bf16* h, std::size_t ldh) {
@@ -11,10 +17,7 @@ void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up,
     const float* ui = up + i * ldu;
     bf16* hi = h + i * ldh;
     for (int j = 0; j < n; ++j) {
-      const float g = gi[j];
-      // -inf / (1 + inf) would be NaN; the limit is -0.
-      const float s = g == -INFINITY ? -0.0f : g / (1.0f + std::exp(-g));
-      hi[j] = float_to_bf16(s * ui[j]);
+      hi[j] = float_to_bf16(silu(gi[j]) * ui[j]);
     }
   }
 }
@@ -30,7 +33,8 @@ void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* ga
       const float s = 1.0f / (1.0f + std::exp(-g));
       dup[i * ldo + j] = float_to_bf16(d * (g * s));
       dgate[i * ldo + j] = float_to_bf16(d * u * (s * (1.0f + g * (1.0f - s))));
-      if (h) h[i * ldh + j] = float_to_bf16(g * s * u);
+      // The forward's h, bit for bit.
+      if (h) h[i * ldh + j] = float_to_bf16(silu(g) * u);
     }
   }
 }

@@ -362,6 +362,82 @@ inline void check_silu_mul(SiluMulBf16Fn silu_mul) {
   REQUIRE(near_misses <= m * n / 100);
 }
 
+// silu_mul_backward against PyTorch's formulas in double (s = 1 / (1 + e^-g), dup = dh g s,
+// dgate = dh u s (1 + g (1 - s))): each output the reference rounded to bf16, give or take one bf16
+// step, or within 1e-30 of it (f32's e^-g overflows from g = -88.7, and AVX-512 rounds values
+// below the f32 normal range to 0); NaN where
+// the reference is NaN. h is the same ISA's forward silu_mul of g and u, bit for bit (NaN as any NaN). Nothing past
+// n is written, h == nullptr writes the same dgate and dup, and rows past kPrefetchRowsAhead run.
+inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn forward) {
+  std::mt19937 rng(23);
+  const std::vector<float> specials = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.0f, -88.0f, -89.0f,
+                                       -100.0f, 100.0f, 1e30f, -1e30f, 0.5f, -0.5f, -1.28125f, -1.2734375f};
+  for (const auto& [m, n] : std::vector<std::pair<int, int>>{{37, 75}, {1, 5}, {kPrefetchRowsAhead, 16}, {6, 33}}) {
+    INFO("m " << m << " n " << n);
+    const std::size_t ldd = n + 2, ldgu = n + 3, ldo = n + 5, ldh = n + 7;
+    std::vector<float> dh(m * ldd);
+    std::vector<bf16> g(m * ldgu), u(m * ldgu);
+    for (float& v : dh) v = std::uniform_real_distribution<float>(-3, 3)(rng);
+    for (bf16& v : g) v = float_to_bf16(std::uniform_real_distribution<float>(-20, 20)(rng));
+    for (bf16& v : u) v = float_to_bf16(std::uniform_real_distribution<float>(-3, 3)(rng));
+    for (std::size_t k = 0; k < specials.size() && k < static_cast<std::size_t>(n); ++k) {
+      g[k] = float_to_bf16(specials[k]);  // row 0: special gates
+      if (m == 1) continue;
+      u[ldgu + k] = float_to_bf16(specials[k]);  // row 1: special ups, and gradients in reverse order
+      if (const std::size_t c = specials.size() - 1 - k; c < static_cast<std::size_t>(n)) dh[ldd + c] = specials[k];
+    }
+    const bf16 junk{0x1234};
+    std::vector<bf16> dgate(m * ldo, junk), dup(m * ldo, junk), h(m * ldh, junk);
+    backward(dh.data(), ldd, g.data(), u.data(), ldgu, m, n, dgate.data(), dup.data(), ldo, h.data(), ldh);
+    // h: the forward's, from the same g and u in f32.
+    std::vector<float> gf(m * ldgu), uf(m * ldgu);
+    for (std::size_t i = 0; i < g.size(); ++i) gf[i] = bf16_to_float(g[i]), uf[i] = bf16_to_float(u[i]);
+    std::vector<bf16> h_forward(m * ldh, junk);
+    forward(gf.data(), ldgu, uf.data(), ldgu, m, n, h_forward.data(), ldh);
+    int near_misses = 0;
+    auto check = [&](bf16 got, double ref_d, const char* what) {
+      const float ref = static_cast<float>(ref_d);
+      INFO(what << " got=" << bf16_to_float(got) << " ref=" << ref);
+      if (std::isnan(ref)) {
+        REQUIRE(std::isnan(bf16_to_float(got)));
+        return;
+      }
+      if (got == float_to_bf16(ref)) return;
+      const double diff = std::fabs(bf16_to_float(got) - static_cast<double>(ref));
+      if (diff <= 1e-30) return;  // f32's e^-g overflows near g = -89, and AVX-512's rounding
+      REQUIRE(diff <= std::ldexp(std::fabs(ref), -7));
+      ++near_misses;
+    };
+    for (int i = 0; i < m; ++i) {
+      for (std::size_t j = 0; j < ldo; ++j) {
+        const std::size_t o = i * ldo + j;
+        if (j >= static_cast<std::size_t>(n)) {
+          REQUIRE(dgate[o] == junk);
+          REQUIRE(dup[o] == junk);
+          continue;
+        }
+        const double gd = bf16_to_float(g[i * ldgu + j]), ud = bf16_to_float(u[i * ldgu + j]), d = dh[i * ldd + j];
+        const double s = 1.0 / (1.0 + std::exp(-gd));
+        INFO("row " << i << " column " << j << " g=" << gd << " u=" << ud << " dh=" << d);
+        check(dup[o], d * (gd * s), "dup");
+        check(dgate[o], d * ud * (s * (1.0 + gd * (1.0 - s))), "dgate");
+      }
+      for (std::size_t j = 0; j < ldh; ++j) {
+        INFO("h row " << i << " column " << j << " got " << h[i * ldh + j] << " forward " << h_forward[i * ldh + j]);
+        // NaN as NaN: which operand's sign a NaN product keeps is the compiler's choice of order.
+        const bool both_nan = std::isnan(bf16_to_float(h[i * ldh + j])) && std::isnan(bf16_to_float(h_forward[i * ldh + j]));
+        REQUIRE((both_nan || h[i * ldh + j] == h_forward[i * ldh + j]));
+      }
+    }
+    INFO("near misses: " << near_misses);
+    REQUIRE(near_misses <= 2 * m * n / 100 + 1);
+    std::vector<bf16> dgate2(m * ldo, junk), dup2(m * ldo, junk);
+    backward(dh.data(), ldd, g.data(), u.data(), ldgu, m, n, dgate2.data(), dup2.data(), ldo, nullptr, 0);
+    REQUIRE(dgate2 == dgate);
+    REQUIRE(dup2 == dup);
+  }
+}
+
 // Bit-for-bit the scalar rounding of scale * x, specials included; nothing past n is written.
 inline void check_convert_to_bf16(ConvertToBf16Fn convert) {
   std::mt19937 rng(9);
@@ -469,6 +545,7 @@ inline void check_kernels(Isa isa) {
     check_gemm_large(table.gemm_bf16);
   }
   SECTION("silu_mul") { check_silu_mul(table.silu_mul_bf16); }
+  SECTION("silu_mul_backward") { check_silu_mul_backward(table.silu_mul_backward, table.silu_mul_bf16); }
   SECTION("convert_to_bf16") {
     check_convert_to_bf16(table.convert_to_bf16);
     check_convert_rows_to_bf16(table.convert_to_bf16);
