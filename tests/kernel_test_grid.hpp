@@ -365,9 +365,9 @@ inline void check_silu_mul(SiluMulBf16Fn silu_mul) {
 // silu_mul_backward against PyTorch's formulas in double (s = 1 / (1 + e^-g), dup = dh g s,
 // dgate = dh u s (1 + g (1 - s))): each output the reference rounded to bf16, give or take one bf16
 // step, or within 1e-30 of it (f32's e^-g overflows from g = -88.7, and AVX-512 rounds values
-// below the f32 normal range to 0); NaN where
-// the reference is NaN. h is the same ISA's forward silu_mul of g and u, bit for bit (NaN as any NaN). Nothing past
-// n is written, h == nullptr writes the same dgate and dup, and rows past kPrefetchRowsAhead run.
+// below the f32 normal range to 0); NaN where the reference is NaN. h is the same ISA's forward
+// silu_mul of g and u, bit for bit (a NaN as any NaN). Nothing past n is written, h == nullptr
+// writes the same dgate and dup, and rows past kPrefetchRowsAhead run.
 inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn forward) {
   std::mt19937 rng(23);
   const std::vector<float> specials = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.0f, -88.0f, -89.0f,
