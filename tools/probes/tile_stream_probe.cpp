@@ -88,15 +88,68 @@ const VariantInfo kVariants[] = {
     {Variant::tree_a_prefetch, "tree-apf2", "tree with A asked for into L1 2 k-steps ahead"},
 };
 
+// The k-steps every order is built of, with the kernels' tile numbering (tile_block.hpp); one
+// body each, so that the orders differ only in what they load from where.
+// 2x2: C 0-3, A 4/5, B 6/7; both A and both B loaded before the four products.
+template <bool Int8>
+inline void step_2x2(const char* a0, const char* a1, const char* b0, const char* b1) {
+  _tile_loadd(4, a0, 64);
+  _tile_loadd(6, b0, 64);
+  _tile_loadd(7, b1, 64);
+  _tile_loadd(5, a1, 64);
+  TILE_PRODUCT(Int8, 0, 4, 6);
+  TILE_PRODUCT(Int8, 1, 4, 7);
+  TILE_PRODUCT(Int8, 2, 5, 6);
+  TILE_PRODUCT(Int8, 3, 5, 7);
+}
+// 1x2 (the 16-row block): C 0/1, A 4, B 6/7.
+template <bool Int8>
+inline void step_1x2(const char* a, const char* b0, const char* b1) {
+  _tile_loadd(4, a, 64);
+  _tile_loadd(6, b0, 64);
+  _tile_loadd(7, b1, 64);
+  TILE_PRODUCT(Int8, 0, 4, 6);
+  TILE_PRODUCT(Int8, 1, 4, 7);
+}
+// 3x1: C 0-2, A 3-5 (row tiles `a_tile` bytes apart), B 6.
+template <bool Int8>
+inline void step_3x1(const char* b, const char* a, std::size_t a_tile) {
+  _tile_loadd(6, b, 64);
+  _tile_loadd(3, a, 64);
+  _tile_loadd(4, a + a_tile, 64);
+  _tile_loadd(5, a + 2 * a_tile, 64);
+  TILE_PRODUCT(Int8, 0, 3, 6);
+  TILE_PRODUCT(Int8, 1, 4, 6);
+  TILE_PRODUCT(Int8, 2, 5, 6);
+}
+
+// C tiles 0 .. count-1 (1 KiB apart in c): zeroed (from == nullptr) or loaded; stored.
+inline void start_c(int count, const float* from) {
+  if (!from) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (count > 2) _tile_zero(2);
+    if (count > 3) _tile_zero(3);
+    return;
+  }
+  _tile_loadd(0, from, 64);
+  _tile_loadd(1, from + 256, 64);
+  if (count > 2) _tile_loadd(2, from + 512, 64);
+  if (count > 3) _tile_loadd(3, from + 768, 64);
+}
+inline void store_c(int count, float* to) {
+  _tile_stored(0, to, 64);
+  _tile_stored(1, to + 256, 64);
+  if (count > 2) _tile_stored(2, to + 512, 64);
+  if (count > 3) _tile_stored(3, to + 768, 64);
+}
+
 // The kernel's order for one pair (pair_order.hpp: pairs outside, row blocks inside).
 template <bool Int8>
 void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, bool stream, bool a_in_l1, bool a_prefetch, float* c) {
   const std::size_t panel = s.panel();
   auto a_block = [&](int tile, int kb) { return a + (static_cast<std::size_t>(tile) * s.kblocks + (a_in_l1 ? kb % 4 : kb)) * kBlockBytes; };
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  start_c(4, nullptr);
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = b0 + kb * kBlockBytes;
     if (stream) {
@@ -109,21 +162,10 @@ void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, 
       prefetch_block_l1(a_block(0, kb + 2));
       prefetch_block_l1(a_block(1, kb + 2));
     }
-    _tile_loadd(4, a_block(0, kb), 64);
-    _tile_loadd(6, bk, 64);
-    _tile_loadd(7, bk + panel, 64);
-    _tile_loadd(5, a_block(1, kb), 64);
-    TILE_PRODUCT(Int8, 0, 4, 6);
-    TILE_PRODUCT(Int8, 1, 4, 7);
-    TILE_PRODUCT(Int8, 2, 5, 6);
-    TILE_PRODUCT(Int8, 3, 5, 7);
+    step_2x2<Int8>(a_block(0, kb), a_block(1, kb), bk, bk + panel);
   }
-  _tile_stored(0, c, 64);
-  _tile_stored(1, c + 256, 64);
-  _tile_stored(2, c + 512, 64);
-  _tile_stored(3, c + 768, 64);
-  _tile_zero(0);
-  _tile_zero(1);
+  store_c(4, c);
+  start_c(2, nullptr);
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = b0 + kb * kBlockBytes;
     if (stream && kb < 16) {
@@ -131,38 +173,22 @@ void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, 
       prefetch_block_l2(next + panel + kb * kBlockBytes);
     }
     if (a_prefetch) prefetch_block_l1(a_block(2, kb + 2));
-    _tile_loadd(4, a_block(2, kb), 64);
-    _tile_loadd(6, bk, 64);
-    _tile_loadd(7, bk + panel, 64);
-    TILE_PRODUCT(Int8, 0, 4, 6);
-    TILE_PRODUCT(Int8, 1, 4, 7);
+    step_1x2<Int8>(a_block(2, kb), bk, bk + panel);
   }
-  _tile_stored(0, c + 1024, 64);
-  _tile_stored(1, c + 1280, 64);
+  store_c(2, c + 1024);
 }
 
 // Three row tiles against one panel at a time (tiles 0-2 C, 3-5 A, 6 B).
 template <bool Int8>
 void three_by_one_panel(const Shape& s, const char* bj, const char* a, bool a_in_l1, float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
+  start_c(3, nullptr);
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = bj + kb * kBlockBytes;
     prefetch_block_l1(bk + 4 * kBlockBytes);
     prefetch_block_l2(bk + 16 * kBlockBytes);
-    const char* ak = a + static_cast<std::size_t>(a_in_l1 ? kb % 4 : kb) * kBlockBytes;
-    _tile_loadd(6, bk, 64);
-    _tile_loadd(3, ak, 64);
-    _tile_loadd(4, ak + s.panel(), 64);
-    _tile_loadd(5, ak + 2 * s.panel(), 64);
-    TILE_PRODUCT(Int8, 0, 3, 6);
-    TILE_PRODUCT(Int8, 1, 4, 6);
-    TILE_PRODUCT(Int8, 2, 5, 6);
+    step_3x1<Int8>(bk, a + static_cast<std::size_t>(a_in_l1 ? kb % 4 : kb) * kBlockBytes, s.panel());
   }
-  _tile_stored(0, c, 64);
-  _tile_stored(1, c + 256, 64);
-  _tile_stored(2, c + 512, 64);
+  store_c(3, c);
 }
 
 // K chunks of kc k-blocks over items of `panels` panels: A's chunk (48 rows x kc blocks) stays in
@@ -183,46 +209,19 @@ void k_chunks_item(const Shape& s, const char* w, const char* a, int panels, int
     if (!tree_blocks) {
       for (int j = 0; j < panels; ++j) {
         float* cj = cbuf + j * 3 * 256;
-        if (chunk == 0) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-        } else {
-          _tile_loadd(0, cj, 64);
-          _tile_loadd(1, cj + 256, 64);
-          _tile_loadd(2, cj + 512, 64);
-        }
+        start_c(3, chunk == 0 ? nullptr : cj);
         for (int k = 0; k < kc; ++k, ++step) {
           prefetch_block_l1(block_at(step + 4));
           prefetch_block_l2(block_at(step + 16));
-          const char* ak = ac + k * kBlockBytes;
-          _tile_loadd(6, block_at(step), 64);
-          _tile_loadd(3, ak, 64);
-          _tile_loadd(4, ak + s.panel(), 64);
-          _tile_loadd(5, ak + 2 * s.panel(), 64);
-          TILE_PRODUCT(Int8, 0, 3, 6);
-          TILE_PRODUCT(Int8, 1, 4, 6);
-          TILE_PRODUCT(Int8, 2, 5, 6);
+          step_3x1<Int8>(block_at(step), ac + k * kBlockBytes, s.panel());
         }
-        _tile_stored(0, cj, 64);
-        _tile_stored(1, cj + 256, 64);
-        _tile_stored(2, cj + 512, 64);
+        store_c(3, cj);
       }
       continue;
     }
     for (int j = 0; j < panels; j += 2) {
       float* cj = cbuf + j * 3 * 256;  // 6 C tiles a pair
-      if (chunk == 0) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      } else {
-        _tile_loadd(0, cj, 64);
-        _tile_loadd(1, cj + 256, 64);
-        _tile_loadd(2, cj + 512, 64);
-        _tile_loadd(3, cj + 768, 64);
-      }
+      start_c(4, chunk == 0 ? nullptr : cj);
       const int first = step;  // panel j's blocks of this chunk; panel j + 1's follow
       for (int k = 0; k < kc; ++k, ++step) {
         prefetch_block_l1(block_at(step + 4));
@@ -230,35 +229,13 @@ void k_chunks_item(const Shape& s, const char* w, const char* a, int panels, int
         prefetch_block_l2(block_at(step + 16));
         prefetch_block_l2(block_at(step + kc + 16));
         const char* ak = ac + k * kBlockBytes;
-        _tile_loadd(4, ak, 64);
-        _tile_loadd(6, block_at(step), 64);
-        _tile_loadd(7, block_at(step + kc), 64);
-        _tile_loadd(5, ak + s.panel(), 64);
-        TILE_PRODUCT(Int8, 0, 4, 6);
-        TILE_PRODUCT(Int8, 1, 4, 7);
-        TILE_PRODUCT(Int8, 2, 5, 6);
-        TILE_PRODUCT(Int8, 3, 5, 7);
+        step_2x2<Int8>(ak, ak + s.panel(), block_at(step), block_at(step + kc));
       }
-      _tile_stored(0, cj, 64);
-      _tile_stored(1, cj + 256, 64);
-      _tile_stored(2, cj + 512, 64);
-      _tile_stored(3, cj + 768, 64);
-      if (chunk == 0) {
-        _tile_zero(0);
-        _tile_zero(1);
-      } else {
-        _tile_loadd(0, cj + 1024, 64);
-        _tile_loadd(1, cj + 1280, 64);
-      }
-      for (int k = 0; k < kc; ++k) {
-        _tile_loadd(4, ac + 2 * s.panel() + k * kBlockBytes, 64);
-        _tile_loadd(6, block_at(first + k), 64);
-        _tile_loadd(7, block_at(first + kc + k), 64);
-        TILE_PRODUCT(Int8, 0, 4, 6);
-        TILE_PRODUCT(Int8, 1, 4, 7);
-      }
-      _tile_stored(0, cj + 1024, 64);
-      _tile_stored(1, cj + 1280, 64);
+      store_c(4, cj);
+      start_c(2, chunk == 0 ? nullptr : cj + 1024);
+      for (int k = 0; k < kc; ++k)
+        step_1x2<Int8>(ac + 2 * s.panel() + k * kBlockBytes, block_at(first + k), block_at(first + kc + k));
+      store_c(2, cj + 1024);
       step += kc;
     }
   }
