@@ -257,6 +257,45 @@ TEST_CASE("bench --onednn times the oneDNN baseline on the same cases and prints
   CHECK(run_cli("bench --onednn --weights int8 --shape mini --tokens 1 --layers 1").status == 1);
 }
 
+// A layer's weights must have left the last-level cache when the bench calls it again. At few tokens
+// a call reads a few experts of a layer, so the bench takes as many more layers (the device's int4 at
+// 1 token read 30 MB a call and, on 4 layers, ran from its 315 MB cache at time/floor 0.66).
+TEST_CASE("bench takes enough layers that a layer is called again after 4 LLCs of weights", "[cli][bench]") {
+  auto header = [](const std::string& args) {
+    const std::string file = test::temp_dir() + "/bench_layers.txt";
+    const int raw = std::system((std::string(TILEMOE_CLI) + " bench " + args + " > " + file + " 2> /dev/null").c_str());
+    REQUIRE(WIFEXITED(raw));
+    REQUIRE(WEXITSTATUS(raw) == 0);
+    std::ifstream in(file);
+    struct Header {
+      int layers = 0;
+      double reuse_mb = 0, llc_mb = 0;
+      bool warned = false;
+    } h;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("weights: ", 0) == 0) h.layers = std::stoi(line.substr(line.find(", ") + 2));
+      const std::string again = "a layer is called again after ";
+      if (line.rfind(again, 0) != 0) continue;
+      h.reuse_mb = std::stod(line.substr(again.size()));
+      h.llc_mb = std::stod(line.substr(line.find("(LLC ") + 5));
+      h.warned = line.find("may still be in cache") != std::string::npos;
+    }
+    return h;
+  };
+  const auto one = header("--shape mini --tokens 1,20 --lora-rank 0 --iter-scale 0.05");
+  INFO("1 token: " << one.layers << " layers, " << one.reuse_mb << " MB between calls of a layer, LLC " << one.llc_mb << " MB");
+  REQUIRE(one.llc_mb > 0);
+  if (!one.warned) CHECK(one.reuse_mb >= 4 * one.llc_mb);  // the warning: memory bounded the layers
+  // 20 tokens read more of each layer than 1 does: they need no more layers.
+  const auto twenty = header("--shape mini --tokens 20 --lora-rank 0 --iter-scale 0.05");
+  CHECK(twenty.layers <= one.layers);
+  CHECK(twenty.layers >= 2);
+  // --layers still decides when given, and the header then says how far apart the calls are.
+  const auto given = header("--shape mini --tokens 1 --lora-rank 0 --layers 2 --iter-scale 0.05");
+  CHECK(given.layers == 2);
+  CHECK(given.reuse_mb < one.reuse_mb);
+}
+
 TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
   auto r = run_cli("bench --backward --shape mini --tokens 1,20 --lora-rank 4 --layers 2 --iter-scale 0.05 --json");
   INFO(r.err);

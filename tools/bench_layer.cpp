@@ -34,6 +34,35 @@ int iterations_for(int tokens) { return tokens <= 1 ? 300 : tokens <= 16 ? 150 :
 // Routings and inputs rotate over this many sets: fresh experts at every call, as in serving.
 constexpr int kInputSets = 8;
 
+// The input set of call j (warm-up included) on `layers` layers taken in turn (layer j % layers):
+// every layer gets all kInputSets sets before any (layer, set) pair comes back, so a call never
+// finds the experts it reads where the same call left them one cycle of the sets before. With
+// set j % 8 alone, 4 layers met the same set every 8 calls: at 1 token int4 read 30 MB a call
+// and found all of it in the device's 315 MB cache (0.118 ms, time/floor 0.66).
+int input_set(long j, int layers) {
+  return static_cast<int>((layers % 2 == 0 ? j + j / layers : j) % kInputSets);
+}
+
+// What a call reads of one layer at `tokens` tokens: the expected number of distinct experts among
+// tokens x top-k uniform choices, E (1 - (1 - k/E)^T), times one expert's bytes.
+double bytes_read_per_call(const MoeShape& s, std::size_t layer_bytes, int tokens) {
+  const double e = s.num_experts, k = s.top_k;
+  const double experts = e * (1.0 - std::pow(1.0 - k / e, std::max(tokens, 1)));
+  return static_cast<double>(layer_bytes) / e * std::min(experts, e);
+}
+
+// Memory the system can still give, from /proc/meminfo (0 where unknown).
+double available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "MemAvailable: %lf kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib * 1024.0;
+}
+
 // The routings and inputs of one token count (seeds 100+ and 200+): the bench's cases and the
 // oneDNN baseline see the same ones.
 struct BenchInputs {
@@ -83,6 +112,8 @@ struct BenchSetup {
   double bandwidth = 0, peak = 0;       // measured: bytes/s, the ISA's bf16 products/s
   double product_peak = 0;              // the peak of the weight type's products
   double made_s = 0, quantized_s = 0, packed_s = 0;
+  double reuse_bytes = 0, llc_bytes = 0;  // read between two calls of a layer at min_tokens; the cache
+  int min_tokens = 1;
   std::vector<OnednnMoeBaseline> baselines;  // --onednn: as many layers as a case has
 };
 
@@ -136,12 +167,26 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
           c.slices = c.layers[0]->node_count();
           b.cases.push_back(std::move(c));
         }
-  // Enough layers that the smallest case's weights exceed the last-level cache 4 times over.
-  std::size_t layer_bytes = b.cases[0].layers[0]->weight_bytes();
-  for (const BenchCase& c : b.cases) layer_bytes = std::min(layer_bytes, c.layers[0]->weight_bytes());
-  layer_bytes = std::max<std::size_t>(layer_bytes, 1);
-  b.layers = o.layers > 0 ? o.layers
-                          : static_cast<int>(std::max<std::size_t>(2, (4 * std::max<std::size_t>(topo.llc_bytes, 1 << 20) + layer_bytes - 1) / layer_bytes));
+  // Enough layers that a layer's weights have left the last-level cache when it is called again:
+  // between two calls of one case's layer the run reads `layers` calls of every case, which at the
+  // smallest token count must come to 4 times the cache. Few tokens read a few experts of a layer
+  // (at 1 token int4 reads 30 MB of a 0.32 GB DeepSeek-V2-Lite layer), so they need the most
+  // layers. Within 60 % of the memory available; where that binds, the header says so.
+  const int min_tokens = std::max(1, *std::min_element(o.tokens.begin(), o.tokens.end()));
+  double read_per_round = 0, bytes_per_layer = 0;
+  for (const BenchCase& c : b.cases) {
+    read_per_round += bytes_read_per_call(s, c.layers[0]->weight_bytes(), min_tokens);
+    bytes_per_layer += static_cast<double>(c.layers[0]->weight_bytes() + c.layers[0]->weight_copy_bytes());
+  }
+  if (o.onednn) bytes_per_layer += static_cast<double>(b.cases[0].layers[0]->weight_bytes());
+  const double llc = static_cast<double>(std::max<std::size_t>(topo.llc_bytes, 1 << 20));
+  const int wanted = std::max(2, static_cast<int>(std::ceil(4 * llc / std::max(read_per_round, 1.0))));
+  const double memory = available_memory_bytes();
+  const int affordable = memory > 0 ? static_cast<int>(0.6 * memory / std::max(bytes_per_layer, 1.0)) : wanted;
+  b.layers = o.layers > 0 ? o.layers : std::max(2, std::min(wanted, affordable));
+  b.reuse_bytes = static_cast<double>(b.layers) * read_per_round;
+  b.llc_bytes = llc;
+  b.min_tokens = min_tokens;
   for (BenchCase& c : b.cases) {
     while (static_cast<int>(c.layers.size()) < b.layers) c.layers.push_back(new_layer(c));
     for (auto& l : c.layers) l->update_lora_weights(c.lora16 ? lora_view(*c.lora16) : lora_view(*c.lora), o.lora_held);
@@ -170,6 +215,9 @@ void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::T
       std::printf("%s %.2f GB%s", c.group_index > 0 ? "," : "", c.layers[0]->weight_bytes() / 1e9,
                   o.weight_type == WeightType::int4 ? (" (group " + std::to_string(o.group_sizes[c.group_index]) + ")").c_str() : "");
   std::printf(" packed (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n", b.made_s, b.quantized_s, b.packed_s);
+  std::printf("a layer is called again after %.0f MB of weights read at %d token%s (LLC %.0f MB)%s\n", b.reuse_bytes / 1e6, b.min_tokens,
+              b.min_tokens == 1 ? "" : "s", b.llc_bytes / 1e6,
+              b.reuse_bytes < 4 * b.llc_bytes ? ": fewer than 4 LLCs, so some weights may still be in cache (more layers: --layers, memory)" : "");
   for (const BenchCase& c : cases) {
     if (c.rank != cases[0].rank) break;                    // the same splits for every rank
     if (c.lora_bf16 != cases[0].lora_bf16) continue;       // and factor type
@@ -232,7 +280,7 @@ TokenRun time_cases(const LayerBenchOptions& o, BenchSetup& b, int tokens) {
   PageFaults faults_before{};
   numa::NodeGroup* last_group = nullptr;
   for (int i = -warm; i < run.iters; ++i) {
-    int set = (i + warm) % kInputSets, layer = (i + warm) % b.layers;
+    const int set = input_set(i + warm, b.layers), layer = (i + warm) % b.layers;
     if (i == 0) reset_phases(b), faults_before = page_faults();  // the phases' means are of the timed calls only
     const auto& r = routings[set];
     // The order of the cases rotates call by call: each call's routing and input are shared by
@@ -416,7 +464,7 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
         b.forward(tokens, s.top_k, inputs[set].data(), routings[set].expert_ids.data(), routings[set].weights.data(), out.data(), pool);
     std::vector<double> ms;
     for (int i = -2; i < iters; ++i) {
-      const int set = (i + 2) % kInputSets, layer = (i + 2) % layers;
+      const int set = input_set(i + 2, layers), layer = (i + 2) % layers;
       auto t = Clock::now();
       baselines[static_cast<std::size_t>(layer)].forward(tokens, s.top_k, inputs[set].data(), routings[set].expert_ids.data(),
                                                          routings[set].weights.data(), out.data(), pool);
