@@ -117,8 +117,38 @@ struct BenchSetup {
   std::vector<OnednnMoeBaseline> baselines;  // --onednn: as many layers as a case has
 };
 
+// Refuses, before allocating, a run that cannot fit in the memory available: the bf16 source, its
+// quantized copies and the fewest layers the bench runs (2 a case) with their Wᵀ copies and the
+// oneDNN baseline's. Past that the kernel's OOM killer would end the process half-way through
+// packing (DeepSeek-V3 in bf16 needs about 68 GB with one case).
+void check_memory(const LayerBenchOptions& o) {
+  const double available = available_memory_bytes();
+  if (available <= 0) return;
+  const MoeShape& s = o.shape;
+  int cases = 0;
+  for (int rank : o.ranks)
+    for (std::size_t f = 0; f < o.lora_bf16.size(); ++f)
+      if (rank != 0 || f == 0) cases += static_cast<int>(o.node_counts.size() * o.group_sizes.size());
+  const bool bf16_weights = o.weight_type == WeightType::bf16;
+  const double params = static_cast<double>(s.num_experts) * 3.0 * s.hidden * s.intermediate;
+  const double packed = params * (bf16_weights ? 2.0 : o.weight_type == WeightType::int8 ? 1.0 : 0.5);
+  const double quantized = bf16_weights ? 0.0 : packed * static_cast<double>(o.group_sizes.size());
+  const double layer = packed * (o.weight_copy && bf16_weights ? 2.0 : 1.0);
+  const double need = 2.0 * params + quantized + 2.0 * cases * layer + (o.onednn ? 2.0 * packed : 0.0);
+  if (need <= available) return;
+  char text[400];
+  std::snprintf(text, sizeof text,
+                "bench --shape %s with %s weights needs about %.0f GB (the bf16 source and 2 layers for each of %d case%s), "
+                "and this machine has %.0f GB available: try %sfewer cases (--lora-rank, --lora-dtype, "
+                "--numa-nodes, --group-size) or a smaller --shape",
+                o.shape_name.c_str(), o.weights_name.c_str(), need / 1e9, cases, cases == 1 ? "" : "s", available / 1e9,
+                o.weight_type == WeightType::int4 ? "" : "--weights int4, ");
+  fail(ErrorKind::unsupported, text);
+}
+
 BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const numa::Topology& topo) {
   const MoeShape& s = o.shape;
+  check_memory(o);
   BenchSetup b;
   b.bandwidth = measure_read_bandwidth(pool, std::size_t(2) << 30, 5);
   b.peak = measure_peak_flops(pool, o.isa);
