@@ -117,6 +117,10 @@ struct BenchSetup {
   std::vector<OnednnMoeBaseline> baselines;  // --onednn: as many layers as a case has
 };
 
+// Whether a rank and factor type make a case of their own: rank 0 has no factors to store, so it
+// makes one case whatever the factor types.
+bool is_case(const LayerBenchOptions& o, int rank, bool lora_bf16) { return rank != 0 || lora_bf16 == o.lora_bf16[0]; }
+
 // Refuses, before allocating, a run that cannot fit in the memory available: the bf16 source, its
 // quantized copies and the fewest layers the bench runs (2 a case) with their Wᵀ copies and the
 // oneDNN baseline's. Past that the kernel's OOM killer would end the process half-way through
@@ -127,8 +131,8 @@ void check_memory(const LayerBenchOptions& o) {
   const MoeShape& s = o.shape;
   int cases = 0;
   for (int rank : o.ranks)
-    for (std::size_t f = 0; f < o.lora_bf16.size(); ++f)
-      if (rank != 0 || f == 0) cases += static_cast<int>(o.node_counts.size() * o.group_sizes.size());
+    for (bool lora_bf16 : o.lora_bf16)
+      if (is_case(o, rank, lora_bf16)) cases += static_cast<int>(o.node_counts.size() * o.group_sizes.size());
   const bool bf16_weights = o.weight_type == WeightType::bf16;
   const double params = static_cast<double>(s.num_experts) * 3.0 * s.hidden * s.intermediate;
   const double packed = params * (bf16_weights ? 2.0 : o.weight_type == WeightType::int8 ? 1.0 : 0.5);
@@ -181,7 +185,7 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
     for (bool lora_bf16 : o.lora_bf16)
       for (int n : o.node_counts)
         for (std::size_t gi = 0; gi < o.group_sizes.size(); ++gi) {
-          if (rank == 0 && lora_bf16 != o.lora_bf16[0]) continue;  // no factors to store
+          if (!is_case(o, rank, lora_bf16)) continue;
           BenchCase c;
           c.rank = rank;
           c.lora_bf16 = lora_bf16;
