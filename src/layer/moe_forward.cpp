@@ -57,6 +57,13 @@ constexpr int kXaBlockRows = 2 * kernels::kATileRows;
 // With the kernel's prefetch (session 36) 4 is still the best: bf16 at 1 token 0.816 ms, against
 // 0.831 with 8 panels, 0.858 with 2 and 0.919 with 1.
 constexpr int kDecodeItemPanels = 4;
+// Integer weights' decode items are twice as wide (int8: as many bytes as bf16's; int4: half as many,
+// split_expert_columns keeping enough items for every core): their per-item work (waits, the LoRA's
+// add, silu_mul, a fresh start of four streams) weighed on items of a half or a quarter of bf16's
+// bytes. On the device (held LoRA r = 16, 4 and 8 panels as cases taking turns, three processes on
+// one instance, every pair in favour) 8 panels took int4 at 1 token 1.5 % less time and at 16
+// tokens 1.2 %, int8 1.1 % and 2.5 %. int4 at 16 panels was not tried.
+int decode_item_panels(int denser) { return kDecodeItemPanels * std::min(denser, 2); }
 
 // The forward's one parallel_for ends with down items, and the workers that run out first wait
 // for the last: its last 32 items are halved and the last 16 of those halved again. Session 37's
@@ -397,7 +404,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
   const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
   const std::vector<ExpertItem> items =
-      split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels, kDecodeItemPanels);
+      split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels, decode_item_panels(denser));
   // Each expert's prep items (above) run in this phase, some items ahead of its first GEMM item.
   // The GEMM items wait for them (item_countdowns.hpp) while other cores stream weights: ready_[e]
   // counts everything an item of e waits for, ready_[E + e] the gather units alone (what the
@@ -605,7 +612,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // s h A_down^T are prep items ahead of their experts' GEMM items, which add the term once it is
   // ready.
   std::vector<ExpertItem> down_items =
-      split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser, kt_.few_row_item_panels, kDecodeItemPanels);
+      split_expert_columns(active_, groups, w_.down_shape().panels, 1, s.intermediate, denser, kt_.few_row_item_panels,
+                           decode_item_panels(denser));
   split_phase_tail(down_items, groups);
   if (down_sums)
     for (int e : active_)
