@@ -61,7 +61,7 @@ constexpr int kDecodeItemPanels = 4;
 // split_expert_columns keeping enough items for every core): their per-item work (waits, the LoRA's
 // add, silu_mul, a fresh start of four streams) weighed on items of a half or a quarter of bf16's
 // bytes. On the device (held LoRA r = 16, 4 and 8 panels as cases taking turns, three processes on
-// one instance, every pair in favour) 8 panels took int4 at 1 token 1.5 % less time and at 16
+// one instance, every pair in favour) 8 panels took int4 at 1 token 1.6-1.8 % less time and at 16
 // tokens 1.2 %, int8 1.1 % and 2.5 %. int4 at 16 panels was not tried.
 int decode_item_panels(int denser) { return kDecodeItemPanels * std::min(denser, 2); }
 
