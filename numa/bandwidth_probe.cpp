@@ -47,7 +47,7 @@ std::uint64_t read_lines_ahead(const std::uint64_t* p, std::size_t ahead) {
 
 }  // namespace
 
-double measure_read_bandwidth(ThreadPool& pool, std::size_t bytes, int repeats) {
+double measure_read_bandwidth(ThreadPool& pool, std::size_t bytes, int repeats, std::vector<ReadPatternFigures>* each) {
   std::size_t words = bytes / sizeof(std::uint64_t);
   NodeBuffer<std::uint64_t> buf(words, 0);
   std::size_t items = words * sizeof(std::uint64_t) / kChunk;
@@ -60,9 +60,13 @@ double measure_read_bandwidth(ThreadPool& pool, std::size_t bytes, int repeats) 
   // On the AMX device the plain stream measured 6.6-7.9 GB/s a core, below what the decode
   // forward itself streamed (time/floor 0.89 at 1 token), so the floor was too low.
   static constexpr std::size_t kAhead[] = {0, 8, 32};
+  static constexpr const char* kNames[] = {"plain", "4 streams", "4 streams 8 lines ahead", "4 streams 32 lines ahead"};
+  constexpr int kPatterns = static_cast<int>(std::size(kAhead)) + 1;
+  static_assert(std::size(kNames) == kPatterns);
+  std::vector<std::vector<double>> figures(kPatterns);
   double best = 0;
   for (int r = 0; r < repeats; ++r) {
-    for (int pattern = 0; pattern <= static_cast<int>(std::size(kAhead)); ++pattern) {
+    for (int pattern = 0; pattern < kPatterns; ++pattern) {
       auto t0 = std::chrono::steady_clock::now();
       pool.parallel_for(items, [&](std::size_t i, int worker) {
         const std::uint64_t* p = buf.data() + i * (kChunk / sizeof(std::uint64_t));
@@ -70,7 +74,18 @@ double measure_read_bandwidth(ThreadPool& pool, std::size_t bytes, int repeats) 
             pattern == 0 ? read_every_word(p) : read_lines_ahead(p, kAhead[static_cast<std::size_t>(pattern - 1)]);
       });
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      best = std::max(best, static_cast<double>(items * kChunk) / s / 1e9);
+      const double gbps = static_cast<double>(items * kChunk) / s / 1e9;
+      figures[static_cast<std::size_t>(pattern)].push_back(gbps);
+      best = std::max(best, gbps);
+    }
+  }
+  if (each) {
+    each->clear();
+    for (int pattern = 0; pattern < kPatterns; ++pattern) {
+      std::vector<double>& f = figures[static_cast<std::size_t>(pattern)];
+      if (f.empty()) continue;
+      std::sort(f.begin(), f.end());
+      each->push_back({kNames[pattern], f.back(), f[f.size() / 2]});
     }
   }
   return best;

@@ -110,6 +110,7 @@ struct BenchSetup {
   std::vector<BenchCase> cases;
   int layers = 0;                       // per case
   double bandwidth = 0, peak = 0;       // measured: bytes/s, the ISA's bf16 products/s
+  std::vector<numa::ReadPatternFigures> read_patterns;  // what makes up `bandwidth`, GB/s
   double product_peak = 0;              // the peak of the weight type's products
   double made_s = 0, quantized_s = 0, packed_s = 0;
   double reuse_bytes = 0, llc_bytes = 0;  // read between two calls of a layer at min_tokens; the cache
@@ -154,7 +155,7 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
   const MoeShape& s = o.shape;
   check_memory(o);
   BenchSetup b;
-  b.bandwidth = measure_read_bandwidth(pool, std::size_t(2) << 30, 5);
+  b.bandwidth = measure_read_bytes_per_s(pool, std::size_t(2) << 30, 5, &b.read_patterns);
   b.peak = measure_peak_flops(pool, o.isa);
   auto t0 = Clock::now();
   ExpertWeights source = random_expert_weights(s, 1, &pool);
@@ -243,6 +244,11 @@ void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::T
               s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_label(o.isa).c_str(), pool.size());
   std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n", topo.cpu_model.c_str(),
               topo.cores, topo.llc_bytes / 1e6, b.bandwidth / 1e9, kernels::isa_label(o.isa).c_str(), b.peak / 1e12);
+  // The floor's bandwidth is the best of these; a decode figure is read against the pattern it resembles.
+  std::printf("read patterns, best / median GB/s:");
+  for (std::size_t i = 0; i < b.read_patterns.size(); ++i)
+    std::printf("%s %s %.1f / %.1f", i > 0 ? ";" : "", b.read_patterns[i].name, b.read_patterns[i].best, b.read_patterns[i].median);
+  std::printf("\n");
   std::printf("weights: %s, %d layers per case of", o.weights_name.c_str(), b.layers);
   for (const BenchCase& c : cases)
     if (c.rank == cases[0].rank && c.lora_bf16 == cases[0].lora_bf16 && c.nodes == cases[0].nodes)
@@ -442,15 +448,22 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
     has_lora_cost = true;
     break;
   }
+  // Each read pattern's best and median GB/s, so that a floor's bandwidth can be weighed.
+  std::string patterns;
+  for (const numa::ReadPatternFigures& f : b.read_patterns) {
+    char one[160];
+    std::snprintf(one, sizeof one, "%s\"%s\":[%.2f,%.2f]", patterns.empty() ? "" : ",", f.name, f.best, f.median);
+    patterns += one;
+  }
   if (o.json)
     std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                 "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                 "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                "\"node_gbps\":%.2f,\"group_size\":%d,\"lora_dtype\":\"%s\"%s}\n",
+                "\"node_gbps\":%.2f,\"read_patterns_gbps\":{%s},\"group_size\":%d,\"lora_dtype\":\"%s\"%s}\n",
                 o.shape_name.c_str(), o.weights_name.c_str(), tokens, rank, kernels::isa_name(o.isa), threads, o.backward ? "true" : "false",
                 median, min_ms, o.backward ? fwd_median : median, o.backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
                 bytes / median / 1e6, flops / median / 1e9, b.bandwidth / 1e9, b.peak / 1e12, b.layers, iters, split,
-                bytes / split / median / 1e6, o.weight_type == WeightType::int4 ? o.group_sizes[cs.group_index] : 0,
+                bytes / split / median / 1e6, patterns.c_str(), o.weight_type == WeightType::int4 ? o.group_sizes[cs.group_index] : 0,
                 cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32", has_lora_cost ? (",\"lora_cost\":" + std::to_string(lora_cost)).c_str() : "");
   else if (o.backward)
     std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,

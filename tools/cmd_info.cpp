@@ -27,7 +27,7 @@ Measured measure(kernels::Isa isa) {
   pin_caller_to_first_core();
   m.threads = pool.size();
   m.buffer_bytes = quick_bandwidth_bytes();
-  m.read_bytes_per_s = measure_read_bandwidth(pool, m.buffer_bytes, kBandwidthRepeats);
+  m.read_bytes_per_s = measure_read_bytes_per_s(pool, m.buffer_bytes, kBandwidthRepeats);
   m.peak_flops = measure_peak_flops(pool, isa);
   return m;
 }

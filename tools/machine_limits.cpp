@@ -27,8 +27,8 @@ double measure_peak_flops(numa::ThreadPool& pool, kernels::Isa isa) {
   return total / s;
 }
 
-double measure_read_bandwidth(numa::ThreadPool& pool, std::size_t bytes, int repeats) {
-  return numa::measure_read_bandwidth(pool, bytes, repeats) * 1e9;
+double measure_read_bytes_per_s(numa::ThreadPool& pool, std::size_t bytes, int repeats, std::vector<numa::ReadPatternFigures>* each) {
+  return numa::measure_read_bandwidth(pool, bytes, repeats, each) * 1e9;
 }
 
 std::size_t quick_bandwidth_bytes() {

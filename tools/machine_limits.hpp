@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "amx/isa.hpp"
+#include "numa/bandwidth_probe.hpp"
 #include "numa/thread_pool.hpp"
 
 namespace tilemoe::cli {
@@ -14,8 +15,10 @@ namespace tilemoe::cli {
 // peak worth the name.
 double measure_peak_flops(numa::ThreadPool& pool, kernels::Isa isa);
 
-// Bytes per second every worker together reads from a buffer of `bytes`, best of `repeats`.
-double measure_read_bandwidth(numa::ThreadPool& pool, std::size_t bytes, int repeats);
+// Bytes per second every worker together reads from a buffer of `bytes`, best of `repeats` in
+// any read pattern; `each` (if given) gets each pattern's best and median GB/s.
+double measure_read_bytes_per_s(numa::ThreadPool& pool, std::size_t bytes, int repeats,
+                              std::vector<numa::ReadPatternFigures>* each = nullptr);
 
 // A buffer for a short bandwidth measurement: 4x the last-level cache, so that reads come
 // from memory, within [64 MiB, 2 GiB]. First touching the pages costs more than reading them
