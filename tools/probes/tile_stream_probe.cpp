@@ -2,7 +2,8 @@
 // at one expert of 48 rows (512 tokens of DeepSeek-V2-Lite), in loop orders the kernels do not
 // have to run. Stand-alone on purpose: it repeats the kernels' loops with raw tile intrinsics so
 // that an order can be tried in minutes, and the bench (not this) decides what the kernels keep.
-// docs/perf.md, session 42, has its figures and what they decided.
+// docs/perf.md, sessions 42 and 45, have its figures and what they decided (session 45: the 3x2
+// zig-zag, faster here on products from L2, lost 1-5 % in the bf16 kernel at 512-4096 tokens).
 //
 // Each of T threads (pinned to CPU i) owns its own pairs of packed panels (2 x kblocks x 1 KiB,
 // laid out as the kernels pack B) and one 48-row A in tile order (3 row tiles, in L2), and runs
@@ -70,7 +71,7 @@ struct Shape {
 };
 
 enum class Variant { stream, products, tree, three_by_one, tree_a_in_l1, three_by_one_a_in_l1, tree_k_chunks, three_by_one_k_chunks,
-                     tree_a_prefetch };
+                     tree_a_prefetch, three_by_two, three_by_two_products, two_by_two_products };
 struct VariantInfo {
   Variant v;
   const char* name;
@@ -86,6 +87,9 @@ const VariantInfo kVariants[] = {
     {Variant::tree_k_chunks, "tree-kc8", "tree in K chunks of 8 over items of 8 panels, C through a buffer"},
     {Variant::three_by_one_k_chunks, "3x1-kc8", "3x1 in K chunks of 8 over items of 8 panels, C through a buffer"},
     {Variant::tree_a_prefetch, "tree-apf2", "tree with A asked for into L1 2 k-steps ahead"},
+    {Variant::three_by_two, "3x2", "all 48 rows a k-step, C 0-5, one A and one B register in a zig-zag: 7 loads for 6 products"},
+    {Variant::three_by_two_products, "3x2-prod", "3x2 over one pair that stays in L2: no stream"},
+    {Variant::two_by_two_products, "2x2-prod", "the 2x2 block alone (32 rows: 2/3 of the ops printed) over one pair in L2"},
 };
 
 // The k-steps every order is built of, with the kernels' tile numbering (tile_block.hpp); one
@@ -121,6 +125,26 @@ inline void step_3x1(const char* b, const char* a, std::size_t a_tile) {
   TILE_PRODUCT(Int8, 0, 3, 6);
   TILE_PRODUCT(Int8, 1, 4, 6);
   TILE_PRODUCT(Int8, 2, 5, 6);
+}
+
+// 3x2 zig-zag: C 0-5 (row tile r, panel j at 2r + j), A 6, B 7. Each load replaces the one operand
+// that the next product changes, so B's second use in a k-step comes from L1, just loaded:
+// A0 B0 -> C00, B1 -> C01, A1 -> C11, B0 -> C10, A2 -> C20, B1 -> C21.
+template <bool Int8>
+inline void step_3x2(const char* a, std::size_t a_tile, const char* b0, const char* b1) {
+  _tile_loadd(6, a, 64);
+  _tile_loadd(7, b0, 64);
+  TILE_PRODUCT(Int8, 0, 6, 7);
+  _tile_loadd(7, b1, 64);
+  TILE_PRODUCT(Int8, 1, 6, 7);
+  _tile_loadd(6, a + a_tile, 64);
+  TILE_PRODUCT(Int8, 3, 6, 7);
+  _tile_loadd(7, b0, 64);
+  TILE_PRODUCT(Int8, 2, 6, 7);
+  _tile_loadd(6, a + 2 * a_tile, 64);
+  TILE_PRODUCT(Int8, 4, 6, 7);
+  _tile_loadd(7, b1, 64);
+  TILE_PRODUCT(Int8, 5, 6, 7);
 }
 
 // C tiles 0 .. count-1 (1 KiB apart in c): zeroed (from == nullptr) or loaded; stored.
@@ -176,6 +200,34 @@ void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, 
     step_1x2<Int8>(a_block(2, kb), bk, bk + panel);
   }
   store_c(2, c + 1024);
+}
+
+// The 3x2 order over one pair: every B tile streamed once, its second use from L1.
+template <bool Int8>
+void three_by_two_pair(const Shape& s, const char* b0, const char* a, bool stream, float* c) {
+  const std::size_t panel = s.panel();
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_zero(4);
+  _tile_zero(5);
+  for (int kb = 0; kb < s.kblocks; ++kb) {
+    const char* bk = b0 + kb * kBlockBytes;
+    if (stream) {
+      prefetch_block_l1(bk + 4 * kBlockBytes);
+      prefetch_block_l1(bk + panel + 4 * kBlockBytes);
+      prefetch_block_l2(bk + 16 * kBlockBytes);
+      prefetch_block_l2(bk + panel + 16 * kBlockBytes);
+    }
+    step_3x2<Int8>(a + static_cast<std::size_t>(kb) * kBlockBytes, panel, bk, bk + panel);
+  }
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 256, 64);
+  _tile_stored(2, c + 512, 64);
+  _tile_stored(3, c + 768, 64);
+  _tile_stored(4, c + 1024, 64);
+  _tile_stored(5, c + 1280, 64);
 }
 
 // Three row tiles against one panel at a time (tiles 0-2 C, 3-5 A, 6 B).
@@ -252,7 +304,8 @@ void run_pass(Variant v, const Shape& s, const Buffers& t) {
     return;
   }
   for (int p = 0; p < t.pairs; ++p) {
-    const char* b0 = t.weights + (v == Variant::products ? 0 : static_cast<std::size_t>(p) * pair);
+    const bool in_l2 = v == Variant::products || v == Variant::three_by_two_products || v == Variant::two_by_two_products;
+    const char* b0 = t.weights + (in_l2 ? 0 : static_cast<std::size_t>(p) * pair);
     switch (v) {
       case Variant::stream:
         for (int kb = 0; kb < s.kblocks; ++kb) {
@@ -270,6 +323,17 @@ void run_pass(Variant v, const Shape& s, const Buffers& t) {
       case Variant::tree_a_in_l1:
       case Variant::tree_a_prefetch:
         tree_pair<Int8>(s, b0, b0 + pair, t.a, v != Variant::products, v == Variant::tree_a_in_l1, v == Variant::tree_a_prefetch, t.c);
+        break;
+      case Variant::two_by_two_products:
+        start_c(4, nullptr);
+        for (int kb = 0; kb < s.kblocks; ++kb)
+          step_2x2<Int8>(t.a + static_cast<std::size_t>(kb) * kBlockBytes, t.a + s.panel() + static_cast<std::size_t>(kb) * kBlockBytes,
+                         b0 + kb * kBlockBytes, b0 + s.panel() + kb * kBlockBytes);
+        store_c(4, t.c);
+        break;
+      case Variant::three_by_two:
+      case Variant::three_by_two_products:
+        three_by_two_pair<Int8>(s, b0, t.a, v == Variant::three_by_two, t.c);
         break;
       default:
         for (int j = 0; j < 2; ++j)
@@ -419,7 +483,8 @@ int main(int argc, char** argv) {
   std::printf("%-10s %12s %12s %8s %9s\n", "variant", "slowest_ms", "median_ms", "GB/s", "T(FL)OP/s");
   for (std::size_t v = 0; v < chosen.size(); ++v) {
     const double ms = median(slowest[v]);
-    const bool streams = chosen[v].v != Variant::products;
+    const bool streams = chosen[v].v != Variant::products && chosen[v].v != Variant::three_by_two_products &&
+                         chosen[v].v != Variant::two_by_two_products;
     const bool multiplies = chosen[v].v != Variant::stream;
     std::printf("%-10s %12.3f %12.3f %8.1f %9.2f\n", chosen[v].name, ms, median(typical[v]), streams ? bytes / ms / 1e6 : 0.0,
                 multiplies ? ops / ms / 1e9 : 0.0);
