@@ -16,12 +16,17 @@
 //    row's outputs NaN).
 //  - b is the whole packed matrix of shape `shape`; only panels [panel_begin, panel_end) are read.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns.
+//  - Optional bf16 result: with y set (and not accumulate), the result rounded to bf16 (nearest even,
+//    NaN stays NaN, as convert_bf16.hpp) goes to y, rows ldy apart, column 0 at C's column 0 (whole
+//    panels: ldy >= (panel_end - panel_begin) * 16); C is then scratch of C's shape whose contents are
+//    unspecified.
 //  - Optional second product in bf16 (a LoRA term stays bf16 on every weight type), with
 //    GemmBf16Args's rules for a2/lda2/k2_padded/packed_b2/b2_panel_stride: C also gets
 //    + A2 · W2ᵀ over the same panels, W2 having the same panel count as b.
 #include <cstddef>
 #include <cstdint>
 
+#include "amx/convert_bf16.hpp"
 #include "amx/gemm_bf16.hpp"
 #include "amx/pack_int.hpp"
 
@@ -44,9 +49,16 @@ struct GemmIntArgs {
   int k2_padded = 0;
   const bf16* packed_b2 = nullptr;
   std::size_t b2_panel_stride = 0;  // 0: k2_padded * kPanelColumns
+  // The result in bf16 (see the contract above): down's C goes straight into the rows of y that
+  // the combine reads, without a pass of its own over an f32 C.
+  bf16* y = nullptr;
+  std::size_t ldy = 0;
 
   bool has_second() const { return packed_b2 != nullptr && k2_padded > 0; }
 };
+
+// C's rows as bf16 into y, for the kernels that compute C in f32 first (nothing without y).
+void write_int_result_bf16(const GemmIntArgs& args, ConvertToBf16Fn convert);
 
 // The second product of `args`, added to its C by the bf16 kernel `gemm` (an empty main product,
 // accumulating): for the integer kernels that do not fuse it.

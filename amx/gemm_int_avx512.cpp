@@ -213,6 +213,7 @@ void gemm_by_panel_groups(const GemmIntArgs& tiled_or_rows) {
     }
   }
   add_second_product(args, gemm_bf16_avx512);
+  write_int_result_bf16(args, convert_to_bf16_avx512);
 }
 
 }  // namespace

@@ -34,6 +34,12 @@ void add_second_product(const GemmIntArgs& args, GemmBf16Fn gemm) {
   gemm(g);
 }
 
+void write_int_result_bf16(const GemmIntArgs& args, ConvertToBf16Fn convert) {
+  if (args.y == nullptr || args.m <= 0 || args.panel_end <= args.panel_begin) return;
+  const std::size_t n = static_cast<std::size_t>(args.panel_end - args.panel_begin) * 16;
+  convert_rows_to_bf16(convert, args.c, args.ldc, args.m, n, 1.0f, args.y, args.ldy);
+}
+
 void gemm_int_portable(const GemmIntArgs& args) {
   const GemmIntArgs g = with_int_a_rows(args);
   const PackedIntShape& s = g.shape;
@@ -56,6 +62,7 @@ void gemm_int_portable(const GemmIntArgs& args) {
     }
   }
   add_second_product(args, gemm_bf16_portable);
+  write_int_result_bf16(args, convert_to_bf16_portable);
 }
 
 void quantize_rows_portable(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,

@@ -171,11 +171,14 @@ struct IntGemmCase {
   bool multiples = false;  // int4 scales that decompose, passed in column form too
   int k2 = 0;              // > 0: a bf16 second product (a LoRA term) of this reduction length
   bool compact2 = false;   // its W2 in the short panel form (compact_packed_panels, pack_bf16.hpp)
+  bool to_y = false;       // the result as bf16 into y (GemmIntArgs::y; C is then scratch), rows cols + ldy_extra apart
+  int ldy_extra = 0;
   std::string describe() const {
     std::ostringstream s;
     s << "bits=" << bits << " group=" << group << " m=" << m << " n=" << n << " k=" << k << " accumulate=" << accumulate
       << " panels=[" << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples << " k2=" << k2 << " compact2=" << compact2;
+      << " nan_row=" << nan_row << " a_tiles=" << a_tiles << " multiples=" << multiples << " k2=" << k2 << " compact2=" << compact2 << " to_y=" << to_y
+      << " ldy+=" << ldy_extra;
     return s.str();
   }
 };
@@ -252,6 +255,15 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
   args.c = c.data();
   args.ldc = ldc;
   args.accumulate = tc.accumulate;
+  // y's rows beyond the result's columns (its padding) must keep their sentinel.
+  const std::size_t ldy = static_cast<std::size_t>(cols + tc.ldy_extra);
+  const bf16 y_sentinel = float_to_bf16(-12345.0f);
+  Guarded<bf16> y(tc.to_y ? (tc.m - 1) * ldy + cols : 1);
+  if (tc.to_y) {
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = y_sentinel;
+    args.y = y.data();
+    args.ldy = ldy;
+  }
   gemm(args);
 
   std::ostringstream error;
@@ -259,11 +271,12 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
     for (std::size_t j = 0; j < ldc && error.tellp() == 0; ++j) {
       const std::size_t at = i * ldc + j;
       if (at >= c_count) break;
-      const float got = c[at];
       if (j >= static_cast<std::size_t>(cols)) {
-        if (got != kPadding) error << "C[" << i << "][" << j << "] is padding but was written: " << got;
+        if (c[at] != kPadding) error << "C[" << i << "][" << j << "] is padding but was written: " << c[at];
         continue;
       }
+      // With y, C is scratch and the result is y's bf16.
+      const float got = tc.to_y ? bf16_to_float(y[i * ldy + j]) : c[at];
       const int col = pb * 16 + static_cast<int>(j);
       double sum = 0.0, mag = 0.0;
       if (col < tc.n) {
@@ -285,9 +298,14 @@ inline void check_int_gemm_case(GemmIntFn gemm, const IntGemmCase& tc, std::mt19
         if (!std::isnan(got)) error << "C[0][" << j << "] = " << got << " but row 0's scale is NaN";
         continue;
       }
-      const double tol = 1e-5 * mag + 1e-30;
-      if (!(std::fabs(got - sum) <= tol)) error << "C[" << i << "][" << j << "] = " << got << ", reference " << sum << " (tolerance " << tol << ")";
+      // bf16's rounding: half a unit in the last of its 8 significant bits.
+      const double tol = 1e-5 * mag + (tc.to_y ? std::fabs(sum) / 256.0 : 0.0) + 1e-30;
+      if (!(std::fabs(got - sum) <= tol))
+        error << (tc.to_y ? "y[" : "C[") << i << "][" << j << "] = " << got << ", reference " << sum << " (tolerance " << tol << ")";
     }
+    if (tc.to_y && i + 1 < tc.m)
+      for (std::size_t j = static_cast<std::size_t>(cols); j < ldy && error.tellp() == 0; ++j)
+        if (y[i * ldy + j] != y_sentinel) error << "y[" << i << "][" << j << "] is padding but was written";
   }
   INFO(error.str());
   REQUIRE(error.tellp() == 0);
@@ -340,6 +358,15 @@ inline void check_int_gemm_grid(GemmIntFn gemm, bool amx) {
             check_int_gemm_case(gemm, lora, rng);
             lora.compact2 = true;
             check_int_gemm_case(gemm, lora, rng);
+            IntGemmCase to_y{bits, group, m, n, k};  // the bf16 result straight into y's rows
+            to_y.to_y = true;
+            to_y.ldy_extra = static_cast<int>(rng() % 3) * 7;
+            to_y.a_tiles = rng() % 2 == 0;
+            to_y.k2 = rng() % 2 == 0 ? k2s[rng() % 6] : 0;
+            to_y.multiples = bits == 4 && rng() % 2 == 0;
+            to_y.nan_row = rng() % 5 == 0;
+            to_y.panel_begin = static_cast<int>(rng() % lora_panels);
+            check_int_gemm_case(gemm, to_y, rng);
           }
     }
   }
@@ -357,6 +384,12 @@ inline void check_int_gemm_large(GemmIntFn gemm, bool amx) {
       check_int_gemm_case(gemm, tc, rng);
       tc.a_tiles = true;
       check_int_gemm_case(gemm, tc, rng);
+      IntGemmCase yc{bits, tc.group, m, 130, 4100};
+      yc.to_y = true;
+      yc.ldy_extra = 9;
+      yc.a_tiles = m % 2 == 1;
+      yc.k2 = 16;
+      check_int_gemm_case(gemm, yc, rng);
       if (bits == 4) {
         for (int group : {32, 128}) {
           IntGemmCase mc{bits, group, m, 130, 4100};

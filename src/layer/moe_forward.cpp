@@ -81,8 +81,9 @@ void split_phase_tail(std::vector<ExpertItem>& items, const TokenGroups& groups)
 
 }  // namespace
 
-void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
-                                 float* c, std::size_t ldc, int n, ItemCountdowns* ready, std::size_t ready_counter, std::size_t ready_slot) {
+bool MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
+                                 float* c, std::size_t ldc, int n, ItemCountdowns* ready, std::size_t ready_counter, std::size_t ready_slot,
+                                 bf16* y, std::size_t ldy) {
   const bool f32_form = term != nullptr && term->active() && !term->packed();
   if (w_.weight_type() == WeightType::bf16) {
     kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, static_cast<int>(a.ld), w_.packed(p, e), p0, p1, c, ldc);
@@ -92,10 +93,10 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
       kt_.gemm_bf16(g);
       ready->wait(ready_counter, ready_slot);
       term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
-      return;
+      return false;
     }
     gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
-    return;
+    return false;
   }
   const bool down = p == Projection::down;
   const kernels::PackedIntShape& is = w_.int_shape(p);
@@ -115,11 +116,17 @@ void MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
   // LoRA stays bf16 on every weight type. Packed (16 rows and more), it is the integer kernel's
   // second product, added as each block of C is written (fused on AMX); from f32, it is added after.
   const bool fused = term != nullptr && term->fuse_into(gi, 0);
+  const bool complete = term == nullptr || !term->active() || fused;
+  if (complete && y != nullptr) {
+    gi.y = y;
+    gi.ldy = ldy;
+  }
   kt_.gemm_int(gi);
-  if (term == nullptr || !term->active() || fused) return;
+  if (complete) return gi.y != nullptr;
   // Not fused: the f32 form (a packed term always fuses), whose x Aᵀ another item computes.
   if (ready) ready->wait(ready_counter, ready_slot);
   term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
+  return false;
 }
 
 void MoeForward::quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales) {
@@ -163,8 +170,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   const std::size_t inter = static_cast<std::size_t>(s.intermediate);
   // y: one bf16 row per routed row, in TokenGroups order (rows one cache line longer than whole
   // k-blocks, so that a token's rows at one column do not share an L1 set). Each down item
-  // converts its C, which stays in its worker's scratch, into its rows of y; the combine then
-  // reads half the bytes of f32 rows (at 4096 tokens of DeepSeek-V2-Lite 100 MB instead of 201).
+  // converts its C, which stays in its worker's scratch, into its rows of y (integer weights' tile
+  // kernel writes them from its flush instead: GemmIntArgs::y); the combine then reads half the
+  // bytes of f32 rows (at 4096 tokens of DeepSeek-V2-Lite 100 MB instead of 201).
   const std::size_t y_ld = padded_row_stride<bf16>(hidden, kernels::kBlockK);
   grow_to(y_, static_cast<std::size_t>(rows) * y_ld);
   const bool quantized = w_.weight_type() != WeightType::bf16;
@@ -656,8 +664,10 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     const std::size_t cols = static_cast<std::size_t>(p1 - p0) * kernels::kPanelColumns;
     auto& c = scratch_[worker];
     grow_to(c, static_cast<std::size_t>(m) * cols);
-    project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
-                    down_ready + static_cast<std::size_t>(e), slot);
+    bf16* const y_rows = y_.data() + row0 * y_ld + col0;
+    if (project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
+                        down_ready + static_cast<std::size_t>(e), slot, y_rows, y_ld))
+      return;
     kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_.data() + row0 * y_ld + col0,
                                   y_ld);
   };
