@@ -48,6 +48,15 @@ void prefetch_block_l2(const char* p) {
   for (std::size_t line = 0; line < kBlockBytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T1);
 }
 
+// The kernel's prefetch on a pair's streaming pass: each panel's block 4 k-steps ahead into L1 and
+// 16 ahead into L2 (`panel` bytes from one panel to the next).
+void prefetch_pair_ahead(const char* bk, std::size_t panel) {
+  prefetch_block_l1(bk + 4 * kBlockBytes);
+  prefetch_block_l1(bk + panel + 4 * kBlockBytes);
+  prefetch_block_l2(bk + 16 * kBlockBytes);
+  prefetch_block_l2(bk + panel + 16 * kBlockBytes);
+}
+
 // The product of the weight type; tile numbers must be literals.
 #define TILE_PRODUCT(int8, c, a, b) \
   do {                              \
@@ -177,10 +186,7 @@ void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, 
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = b0 + kb * kBlockBytes;
     if (stream) {
-      prefetch_block_l1(bk + 4 * kBlockBytes);
-      prefetch_block_l1(bk + panel + 4 * kBlockBytes);
-      prefetch_block_l2(bk + 16 * kBlockBytes);
-      prefetch_block_l2(bk + panel + 16 * kBlockBytes);
+      prefetch_pair_ahead(bk, panel);
     }
     if (a_prefetch) {
       prefetch_block_l1(a_block(0, kb + 2));
@@ -215,10 +221,7 @@ void three_by_two_pair(const Shape& s, const char* b0, const char* a, bool strea
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = b0 + kb * kBlockBytes;
     if (stream) {
-      prefetch_block_l1(bk + 4 * kBlockBytes);
-      prefetch_block_l1(bk + panel + 4 * kBlockBytes);
-      prefetch_block_l2(bk + 16 * kBlockBytes);
-      prefetch_block_l2(bk + panel + 16 * kBlockBytes);
+      prefetch_pair_ahead(bk, panel);
     }
     step_3x2<Int8>(a + static_cast<std::size_t>(kb) * kBlockBytes, panel, bk, bk + panel);
   }
@@ -310,10 +313,7 @@ void run_pass(Variant v, const Shape& s, const Buffers& t) {
       case Variant::stream:
         for (int kb = 0; kb < s.kblocks; ++kb) {
           const char* bk = b0 + kb * kBlockBytes;
-          prefetch_block_l1(bk + 4 * kBlockBytes);
-          prefetch_block_l1(bk + s.panel() + 4 * kBlockBytes);
-          prefetch_block_l2(bk + 16 * kBlockBytes);
-          prefetch_block_l2(bk + s.panel() + 16 * kBlockBytes);
+          prefetch_pair_ahead(bk, s.panel());
           _tile_loadd(6, bk, 64);
           _tile_loadd(7, bk + s.panel(), 64);
         }
