@@ -668,8 +668,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     if (project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
                         down_ready + static_cast<std::size_t>(e), slot, y_rows, y_ld))
       return;
-    kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_.data() + row0 * y_ld + col0,
-                                  y_ld);
+    kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_rows, y_ld);
   };
 
   // Both in one parallel_for, down's after all of gate_up's: a worker that runs out of gate_up
