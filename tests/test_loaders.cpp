@@ -39,7 +39,7 @@ std::string deepseek_config() {
 
 // A checkpoint with layer 1 and 2 experts under `prefix.layers.L.<block>.experts.E.<names>`.
 std::string make_model(const std::string& name, const std::string& block, const std::array<const char*, 3>& proj_names,
-                       std::vector<bf16>* poison = nullptr, bool skip_one = false) {
+                       std::vector<bf16>* poison = nullptr, bool skip_one = false, bool with_bias = false) {
   std::string d = fresh_dir(name);
   write_text(d + "/config.json", deepseek_config());
   static ExpertWeights w = random_expert_weights(kShape, 4);
@@ -57,6 +57,8 @@ std::string make_model(const std::string& name, const std::string& block, const 
               io::Dtype::BF16, {projection_out(kShape, p), projection_in(kShape, p)}, data);
       }
   static std::vector<bf16> router(static_cast<std::size_t>(kShape.num_experts) * kShape.hidden, float_to_bf16(0.25f));
+  if (with_bias)
+    f.add("model.layers.1." + block + ".experts.2." + proj_names[2] + ".bias", io::Dtype::BF16, {kShape.hidden}, router.data());
   f.add("model.layers.1." + block + ".gate.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
   f.add("model.layers.0.self_attn.q_proj.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
   f.write(d + "/model.safetensors");
@@ -64,7 +66,8 @@ std::string make_model(const std::string& name, const std::string& block, const 
 }
 
 // A PEFT adapter for layer 1 (experts 0 and 2 only) with a custom key prefix.
-std::string make_adapter(const std::string& name, const std::string& config, int rank_b_override = -1, int in_override = -1) {
+std::string make_adapter(const std::string& name, const std::string& config, int rank_b_override = -1, int in_override = -1,
+                         bool lora_bias = false) {
   std::string d = fresh_dir(name);
   write_text(d + "/adapter_config.json", config);
   static std::vector<std::vector<float>> keep;
@@ -78,6 +81,7 @@ std::string make_adapter(const std::string& name, const std::string& config, int
       int rb = rank_b_override > 0 ? rank_b_override : r;
       f.add_f32(key + ".lora_A.weight", {r, in}, test_values(static_cast<std::size_t>(r) * in, e + 1));
       f.add_f32(key + ".lora_B.weight", {projection_out(kShape, p), rb}, test_values(static_cast<std::size_t>(rb) * projection_out(kShape, p), e + 7));
+      if (lora_bias) f.add_f32(key + ".lora_B.bias", {projection_out(kShape, p)}, test_values(static_cast<std::size_t>(projection_out(kShape, p)), e));
     }
   std::vector<float> attn(4 * 24, 0.1f);
   f.add_f32("base_model.model.language_model.layers.1.self_attn.q_proj.lora_A.weight", {4, 24}, attn);
@@ -111,7 +115,17 @@ TEST_CASE("expert tensor names in every naming", "[names]") {
   CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.shared_expert.gate_proj.weight"));
   CHECK_FALSE(parse_expert_tensor_name("model.layers.1.self_attn.q_proj.lora_A.weight"));
   CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.experts.x.gate_proj.weight"));
-  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.experts.1.gate_proj.bias"));
+  CHECK_FALSE(a->bias);
+  CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.experts.1.gate_proj.weight_scale_inv"));
+  // Biases are named, so that the loaders can refuse them.
+  auto bias = parse_expert_tensor_name("model.layers.1.mlp.experts.1.gate_proj.bias");
+  REQUIRE(bias);
+  CHECK(bias->bias);
+  CHECK_FALSE(bias->lora);
+  auto lora_bias = parse_expert_tensor_name("base_model.model.model.layers.1.mlp.experts.1.down_proj.lora_B.default.bias");
+  REQUIRE(lora_bias);
+  CHECK(lora_bias->bias);
+  CHECK(lora_bias->lora == LoraFactor::b);
   CHECK(expert_key_template("a.experts.12.w1.lora_A.weight", 12) == "a.experts.{E}.w1.lora_A.weight");
   CHECK(expand_expert_key_template("a.experts.{E}.w1", 3) == "a.experts.3.w1");
 }
@@ -164,6 +178,27 @@ TEST_CASE("checkpoints load under every naming and reject broken experts", "[che
   CHECK(err.find("layer 1 expert 1 down") != std::string::npos);
   CHECK(err.find("element 40 is NaN") != std::string::npos);
   CHECK(poisoned.load_layer_experts(2).shape.num_experts == 3);  // the other layer is untouched
+
+  // A bias on an expert projection would be read past unseen: refused, naming the file and tensor.
+  auto biased = Checkpoint::open(make_model("bias", "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, true));
+  err = error_of([&] { biased.load_layer_experts(1); });
+  CHECK(err.find("model.safetensors: layer 1 expert 2 down has a bias") != std::string::npos);
+  CHECK(err.find("'model.layers.1.block_sparse_moe.experts.2.w2.bias'") != std::string::npos);
+  CHECK(biased.load_layer_experts(2).shape.num_experts == 3);  // layer 2 has none
+
+  // A GPTQ checkpoint's experts are qweight and scales: the missing weight's error says why.
+  std::string gptq = fresh_dir("gptq");
+  std::string cfg = deepseek_config();
+  cfg.insert(cfg.rfind('}'), R"(, "quantization_config": {"quant_method": "gptq", "bits": 4})");
+  write_text(gptq + "/config.json", cfg);
+  io::SafetensorsWriter q;
+  q.add_f32("model.layers.1.mlp.experts.0.gate_proj.qweight", {2, 2}, std::vector<float>(4, 0.0f));
+  q.write(gptq + "/model.safetensors");
+  auto quantized = Checkpoint::open(gptq);
+  err = error_of([&] { quantized.load_layer_experts(1); });
+  CHECK(err.find("layer 1 expert 0 gate weight is missing") != std::string::npos);
+  CHECK(err.find("quant_method 'gptq'") != std::string::npos);
+  CHECK(error_of([&] { missing.load_layer_experts(1); }).find("quant_method") == std::string::npos);
 }
 
 TEST_CASE("PEFT adapters: any prefix, partial coverage, patterns, errors", "[peft]") {
@@ -200,6 +235,12 @@ TEST_CASE("PEFT adapters: any prefix, partial coverage, patterns, errors", "[pef
   CHECK(error_of([&] { PeftAdapter::open(make_adapter("dora", R"({"r":4,"lora_alpha":8,"use_dora":true})"), model); }).find("DoRA") !=
         std::string::npos);
   CHECK(error_of([&] { PeftAdapter::open(test::temp_dir() + "/nowhere", model); }).find("adapter_config.json") != std::string::npos);
+  // PEFT's lora_bias puts a bias on lora_B, which the expert LoRA would otherwise read past.
+  std::string lb = error_of([&] { PeftAdapter::open(make_adapter("lora_bias", R"({"r":4,"lora_alpha":8,"lora_bias":true})", -1, -1, true), model); });
+  CHECK(lb.find("adapter_model.safetensors: layer 1 expert 0 ") != std::string::npos);
+  CHECK(lb.find(" LoRA B (") != std::string::npos);
+  CHECK(lb.find("lora_B.bias") != std::string::npos);
+  CHECK(lb.find("lora_bias") != std::string::npos);
 
   // An adapter with attention keys only loads, with a warning.
   std::string d = fresh_dir("attn_only");

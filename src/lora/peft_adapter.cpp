@@ -106,6 +106,9 @@ PeftAdapter PeftAdapter::open(const std::string& adapter_dir, const ModelConfig&
     Projection p = parsed->projection;
     std::string where = path + ": layer " + std::to_string(parsed->layer) + " expert " + std::to_string(parsed->expert) + " " +
                         projection_name(p) + " LoRA " + (parsed->lora == LoraFactor::a ? "A" : "B") + " ('" + t.name + "')";
+    if (parsed->bias)
+      fail(ErrorKind::unsupported, where + ": a bias on a LoRA factor (PEFT's lora_bias) is not supported; only the A and B "
+                                   "weights of each expert projection are read");
     if (!model.is_moe_layer(parsed->layer))
       fail(ErrorKind::bad_file, where + ": the model's layer " + std::to_string(parsed->layer) + " is not a MoE layer (MoE layers: " +
                                     model.moe_layers_string() + ")");

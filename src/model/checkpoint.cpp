@@ -139,11 +139,24 @@ std::array<std::vector<std::string>, 3> Checkpoint::expert_tensor_names(int laye
   const MoeShape& s = config_.shape;
   std::array<std::vector<std::string>, 3> names;
   for (auto& v : names) v.resize(s.num_experts);
+  // GPTQ, AWQ, bitsandbytes... store experts under other names (qweight, ...): say so where their
+  // weights are not found.
+  auto quantized_hint = [&]() -> std::string {
+    if (config_.quant_method.empty() || config_.quant_method == "fp8") return "";
+    return "; config.json's quantization_config has quant_method '" + config_.quant_method +
+           "', and only BF16, F16, F32 and block-scaled FP8 (E4M3) expert weights are read (for int8 or int4 experts, quantize "
+           "a BF16 checkpoint: `tilemoe quantize`, or --weights int8|int4)";
+  };
   for (const auto& [name, loc] : location_) {
     auto parsed = parse_expert_tensor_name(name);
     if (!parsed || parsed->lora || parsed->layer != layer) continue;
     std::string where = dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(parsed->expert) + " " +
                         projection_name(parsed->projection);
+    if (parsed->bias)
+      fail(ErrorKind::unsupported, files_[loc.file]->path() + ": layer " + std::to_string(layer) + " expert " +
+                                       std::to_string(parsed->expert) + " " + projection_name(parsed->projection) + " has a bias ('" +
+                                       name + "'); expert projections with a bias are not supported (tilemoe computes W x, as the "
+                                       "experts of DeepSeek, Qwen-MoE and Mixtral do)");
     if (parsed->expert >= s.num_experts)
       fail(ErrorKind::bad_file, where + ": '" + name + "' but config.json says " + std::to_string(s.num_experts) + " experts");
     auto& slot = names[static_cast<int>(parsed->projection)][parsed->expert];
@@ -157,7 +170,7 @@ std::array<std::vector<std::string>, 3> Checkpoint::expert_tensor_names(int laye
                                       " weight is missing (looked for '...layers." + std::to_string(layer) + "...experts." +
                                       std::to_string(e) + "." +
                                       (p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2") +
-                                      ".weight')");
+                                      ".weight')" + quantized_hint());
   return names;
 }
 

@@ -74,6 +74,7 @@ void read_deepseek_router(const json& j, ModelConfig& c) {
 void read_fp8_block(const json& j, ModelConfig& c, const std::string& src) {
   auto q = j.find("quantization_config");
   if (q == j.end() || !q->is_object()) return;
+  if (auto m = q->find("quant_method"); m != q->end() && m->is_string()) c.quant_method = m->get<std::string>();
   auto b = q->find("weight_block_size");
   if (b == q->end() || b->is_null()) return;
   if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number_integer() || !(*b)[1].is_number_integer() ||

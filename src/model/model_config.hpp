@@ -25,6 +25,9 @@ struct ModelConfig {
   // columns, from quantization_config.weight_block_size (DeepSeek ships [128, 128]).
   int fp8_block_rows = 128;
   int fp8_block_cols = 128;
+  // quantization_config.quant_method as written ("fp8", "gptq", "awq", ...), empty without one: what
+  // an error names when the experts are stored in a form this loader does not read.
+  std::string quant_method;
 
   bool is_moe_layer(int layer) const;
   std::string moe_layers_string() const;  // "1, 2"

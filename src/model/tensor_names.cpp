@@ -46,7 +46,7 @@ std::optional<int> parse_layer_index(std::string_view name) {
 std::optional<ExpertTensorName> parse_expert_tensor_name(std::string_view name) {
   auto parts = split_dots(name);
   // Find "experts.E.<proj>" after "layers.L"; the trailing part is "weight" or
-  // "lora_A[.<adapter name>].weight".
+  // "lora_A[.<adapter name>].weight", or the same with "bias".
   std::optional<int> layer;
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
     if (parts[i] == "layers" && !layer) {
@@ -65,8 +65,9 @@ std::optional<ExpertTensorName> parse_expert_tensor_name(std::string_view name) 
     out.projection = *proj;
     out.projection_token = std::string(parts[i + 2]);
     std::size_t remaining = parts.size() - rest;
-    if (remaining == 1 && parts[rest] == "weight") return out;
-    if ((remaining == 2 || remaining == 3) && parts.back() == "weight" &&
+    out.bias = parts.back() == "bias";
+    if (remaining == 1 && (parts[rest] == "weight" || out.bias)) return out;
+    if ((remaining == 2 || remaining == 3) && (parts.back() == "weight" || out.bias) &&
         (parts[rest] == "lora_A" || parts[rest] == "lora_B")) {
       out.lora = parts[rest] == "lora_A" ? LoraFactor::a : LoraFactor::b;
       return out;

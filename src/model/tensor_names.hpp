@@ -18,10 +18,13 @@ struct ExpertTensorName {
   int expert = -1;
   Projection projection = Projection::gate;
   std::optional<LoraFactor> lora;  // set for "...lora_A[.adapter].weight" / "lora_B"
+  bool bias = false;               // "...<proj>.bias" or "...lora_B[.adapter].bias" instead of ".weight"
   std::string projection_token;    // as written: "gate_proj", "w1", ...
 };
 
-// nullopt when the name is not a routed-expert weight (attention, shared experts, router, norms...).
+// nullopt when the name is not a routed-expert weight or bias (attention, shared experts, router,
+// norms, an FP8 weight's scales...). Biases are named so that loaders can refuse them: the experts
+// of the supported models have none, and a bias read past would change the results unseen.
 std::optional<ExpertTensorName> parse_expert_tensor_name(std::string_view name);
 
 // The same name with the expert index replaced by "{E}", so one template covers a layer.
