@@ -68,10 +68,10 @@ void read_deepseek_router(const json& j, ModelConfig& c) {
   c.topk_group = value_or<int>(j, "topk_group", v3 ? 4 : 1);
 }
 
-// quantization_config.weight_block_size of FP8 checkpoints; the edge blocks of a weight whose
-// shape is not a multiple of the block are partial, so the block size cannot be inferred from
-// the scale tensor's shape.
-void read_fp8_block(const json& j, ModelConfig& c, const std::string& src) {
+// quantization_config: its quant_method, and the weight_block_size of FP8 checkpoints (the edge
+// blocks of a weight whose shape is not a multiple of the block are partial, so the block size
+// cannot be inferred from the scale tensor's shape).
+void read_quantization_config(const json& j, ModelConfig& c, const std::string& src) {
   auto q = j.find("quantization_config");
   if (q == j.end() || !q->is_object()) return;
   if (auto m = q->find("quant_method"); m != q->end() && m->is_string()) c.quant_method = m->get<std::string>();
@@ -111,7 +111,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   }
   if (!j.is_object()) fail(ErrorKind::bad_file, src + ": not a JSON object");
   ModelConfig c;
-  read_fp8_block(j, c, src);
+  read_quantization_config(j, c, src);
   // Multimodal wrappers keep the language model's config under text_config.
   if (!j.contains("hidden_size") && j.contains("text_config") && j["text_config"].is_object()) j = j["text_config"];
 
