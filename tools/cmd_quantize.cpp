@@ -49,8 +49,8 @@ std::vector<std::size_t> stored_bytes(const Checkpoint& ck, const std::vector<in
   std::vector<std::size_t> out;
   for (int layer : layers) {
     std::size_t bytes = 0;
-    for (const auto& list : ck.expert_tensor_names(layer))
-      for (const auto& name : list) bytes += ck.file_of(name)->get(name).nbytes;
+    for (const auto& list : ck.expert_tensors(layer))
+      for (const auto& ref : list) bytes += ref.bytes;
     out.push_back(bytes);
   }
   return out;

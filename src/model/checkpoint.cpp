@@ -103,10 +103,19 @@ void Checkpoint::check_moe_layer(int layer) const {
                                           config_.moe_layers_string() + ")");
 }
 
-void Checkpoint::read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what, bf16* out) const {
+void Checkpoint::read_expert_tensor(const ExpertTensorRef& ref, int rows, int cols, const std::string& what, bf16* out) const {
+  const std::string& name = ref.name;
   const Location* loc = find(name);
   const auto& file = *files_[loc->file];
   const auto& info = *loc->info;
+  if (ref.stacked()) {  // shape and dtype checked by add_stacked_experts
+    const std::size_t elem = io::dtype_size(info.dtype);
+    const std::size_t first = (static_cast<std::size_t>(ref.stacked_expert) * static_cast<std::size_t>(info.shape[1]) +
+                               static_cast<std::size_t>(ref.first_row)) * static_cast<std::size_t>(cols) * elem;
+    io::convert_to_bf16(info.dtype, file.data(info) + first, static_cast<std::size_t>(rows) * cols, out);
+    file.release(info.offset + first, ref.bytes);
+    return;
+  }
   if (info.shape.size() != 2 || info.shape[0] != rows || info.shape[1] != cols)
     fail(ErrorKind::bad_file, file.path() + ": " + what + " ('" + name + "') has shape " + io::shape_string(info.shape) +
                                   ", expected [" + std::to_string(rows) + ", " + std::to_string(cols) + "] from config.json");
@@ -134,11 +143,75 @@ void Checkpoint::read_expert_tensor(const std::string& name, int rows, int cols,
   file.release(info.offset, info.nbytes);
 }
 
-std::array<std::vector<std::string>, 3> Checkpoint::expert_tensor_names(int layer) const {
+namespace {
+
+std::string projection_tokens(Projection p) {
+  return p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2";
+}
+
+std::string bias_refusal(const std::string& where, const std::string& name) {
+  return where + " has a bias ('" + name + "'); expert projections with a bias are not supported (tilemoe computes W x, as the "
+                                          "experts of DeepSeek, Qwen-MoE and Mixtral do)";
+}
+
+}  // namespace
+
+void Checkpoint::add_stacked_experts(int layer, const std::string& name, const Location& loc,
+                                     std::array<std::vector<ExpertTensorRef>, 3>& refs) const {
+  const auto parsed = parse_stacked_expert_tensor_name(name);
+  const MoeShape& s = config_.shape;
+  const auto& info = *loc.info;
+  const std::string path = files_[loc.file]->path();
+  const std::string where = path + ": layer " + std::to_string(layer) + " experts";
+  if (parsed->bias) fail(ErrorKind::unsupported, bias_refusal(where, name));
+  // The projections this tensor holds, each with its first row in an expert's matrix.
+  std::vector<std::pair<Projection, int>> parts;
+  switch (parsed->kind) {
+    case StackedExperts::gate_up: parts = {{Projection::gate, 0}, {Projection::up, s.intermediate}}; break;
+    case StackedExperts::gate: parts = {{Projection::gate, 0}}; break;
+    case StackedExperts::up: parts = {{Projection::up, 0}}; break;
+    case StackedExperts::down: parts = {{Projection::down, 0}}; break;
+  }
+  const Projection first = parts.front().first;
+  const std::int64_t rows = static_cast<std::int64_t>(projection_out(s, first)) * static_cast<std::int64_t>(parts.size());
+  const std::int64_t cols = projection_in(s, first);
+  const std::string want = std::string("[") + std::to_string(s.num_experts) + ", " + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  if (info.shape.size() != 3)
+    fail(ErrorKind::bad_file, where + ": '" + name + "' has shape " + io::shape_string(info.shape) + ", expected " + want +
+                                  " (every expert's " + parsed->projection_token + " stacked)");
+  if (info.shape[0] != s.num_experts)
+    fail(ErrorKind::bad_file, where + ": '" + name + "' stacks " + std::to_string(info.shape[0]) + " experts but config.json says " +
+                                  std::to_string(s.num_experts));
+  if (info.shape[1] != rows || info.shape[2] != cols) {
+    if (info.shape[1] == cols && info.shape[2] == rows)
+      fail(ErrorKind::unsupported, where + ": '" + name + "' has shape " + io::shape_string(info.shape) +
+                                       ", experts stored as [in, out] for x W (as gpt-oss and Llama 4 store them); stacked experts are "
+                                       "read as transformers v5 stores DeepSeek, Qwen-MoE and Mixtral, " + want + " for W x");
+    fail(ErrorKind::bad_file, where + ": '" + name + "' has shape " + io::shape_string(info.shape) + ", expected " + want +
+                                  " from config.json");
+  }
+  if (info.dtype == io::Dtype::F8_E4M3)
+    fail(ErrorKind::unsupported, where + ": '" + name + "' is FP8 in a tensor that stacks the experts; FP8 is read from per-expert "
+                                     "tensors with their weight_scale_inv (as DeepSeek-V3 ships them)");
+  if (info.dtype != io::Dtype::BF16 && info.dtype != io::Dtype::F16 && info.dtype != io::Dtype::F32)
+    fail(ErrorKind::bad_file, where + ": '" + name + "' has dtype " + io::dtype_name(info.dtype) +
+                                  "; expert weights must be BF16, F16, F32 or F8_E4M3");
+  const std::size_t bytes = static_cast<std::size_t>(projection_out(s, first)) * static_cast<std::size_t>(cols) * io::dtype_size(info.dtype);
+  for (int e = 0; e < s.num_experts; ++e)
+    for (const auto& [p, first_row] : parts) {
+      auto& slot = refs[static_cast<int>(p)][e];
+      if (!slot.name.empty())
+        fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
+                                      ": stored twice, as '" + slot.name + "' and in '" + name + "'");
+      slot = ExpertTensorRef{name, e, first_row, bytes};
+    }
+}
+
+std::array<std::vector<ExpertTensorRef>, 3> Checkpoint::expert_tensors(int layer) const {
   check_moe_layer(layer);
   const MoeShape& s = config_.shape;
-  std::array<std::vector<std::string>, 3> names;
-  for (auto& v : names) v.resize(s.num_experts);
+  std::array<std::vector<ExpertTensorRef>, 3> refs;
+  for (auto& v : refs) v.resize(s.num_experts);
   // GPTQ, AWQ, bitsandbytes... store experts under other names (qweight, ...): say so where their
   // weights are not found.
   auto quantized_hint = [&]() -> std::string {
@@ -147,31 +220,42 @@ std::array<std::vector<std::string>, 3> Checkpoint::expert_tensor_names(int laye
            "', and only BF16, F16, F32 and block-scaled FP8 (E4M3) expert weights are read (for int8 or int4 experts, quantize "
            "a BF16 checkpoint: `tilemoe quantize`, or --weights int8|int4)";
   };
+  // Stacked tensors first, so that a per-expert tensor stored beside one is reported as stored twice
+  // whatever the order of the names.
+  std::vector<std::pair<const std::string*, const Location*>> per_expert;
   for (const auto& [name, loc] : location_) {
+    if (auto stacked = parse_stacked_expert_tensor_name(name)) {
+      if (stacked->layer == layer) add_stacked_experts(layer, name, loc, refs);
+      continue;
+    }
     auto parsed = parse_expert_tensor_name(name);
-    if (!parsed || parsed->lora || parsed->layer != layer) continue;
+    if (parsed && !parsed->lora && parsed->layer == layer) per_expert.emplace_back(&name, &loc);
+  }
+  for (const auto& [name_ptr, loc] : per_expert) {
+    const std::string& name = *name_ptr;
+    auto parsed = parse_expert_tensor_name(name);
     std::string where = dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(parsed->expert) + " " +
                         projection_name(parsed->projection);
     if (parsed->bias)
-      fail(ErrorKind::unsupported, files_[loc.file]->path() + ": layer " + std::to_string(layer) + " expert " +
-                                       std::to_string(parsed->expert) + " " + projection_name(parsed->projection) + " has a bias ('" +
-                                       name + "'); expert projections with a bias are not supported (tilemoe computes W x, as the "
-                                       "experts of DeepSeek, Qwen-MoE and Mixtral do)");
+      fail(ErrorKind::unsupported, bias_refusal(files_[loc->file]->path() + ": layer " + std::to_string(layer) + " expert " +
+                                                    std::to_string(parsed->expert) + " " + projection_name(parsed->projection),
+                                                name));
     if (parsed->expert >= s.num_experts)
       fail(ErrorKind::bad_file, where + ": '" + name + "' but config.json says " + std::to_string(s.num_experts) + " experts");
-    auto& slot = names[static_cast<int>(parsed->projection)][parsed->expert];
-    if (!slot.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot + "' and '" + name + "'");
-    slot = name;
+    auto& slot = refs[static_cast<int>(parsed->projection)][parsed->expert];
+    if (!slot.name.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot.name + "' and '" + name + "'");
+    slot = ExpertTensorRef{name, -1, 0, loc->info->nbytes};
   }
   for (Projection p : kProjections)
     for (int e = 0; e < s.num_experts; ++e)
-      if (names[static_cast<int>(p)][e].empty())
+      if (refs[static_cast<int>(p)][e].name.empty())
         fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
                                       " weight is missing (looked for '...layers." + std::to_string(layer) + "...experts." +
-                                      std::to_string(e) + "." +
-                                      (p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2") +
-                                      ".weight')" + quantized_hint());
-  return names;
+                                      std::to_string(e) + "." + projection_tokens(p) + ".weight' and for '...layers." +
+                                      std::to_string(layer) + "...experts." +
+                                      (p == Projection::down ? std::string("down_proj|w2") : "gate_up_proj|" + projection_tokens(p)) +
+                                      "' stacking every expert)" + quantized_hint());
+  return refs;
 }
 
 const io::SafetensorsFile* Checkpoint::file_of(const std::string& name) const {
@@ -187,10 +271,10 @@ ExpertWeights Checkpoint::load_layer_experts(int layer, const ProgressFn& progre
 
 void Checkpoint::load_layer_experts(int layer, ExpertWeights& w, const ProgressFn& progress, numa::ThreadPool* pool) const {
   const MoeShape& s = config_.shape;
-  const auto names = expert_tensor_names(layer);
+  const auto refs = expert_tensors(layer);
   std::size_t total_bytes = 0;
-  for (const auto& list : names)
-    for (const auto& name : list) total_bytes += find(name)->info->nbytes;
+  for (const auto& list : refs)
+    for (const auto& ref : list) total_bytes += ref.bytes;
   const std::size_t per = static_cast<std::size_t>(s.hidden) * s.intermediate;
   w.shape = s;
   for (auto* v : {&w.gate, &w.up, &w.down}) v->resize(per * s.num_experts);  // a no-op when reused
@@ -198,12 +282,13 @@ void Checkpoint::load_layer_experts(int layer, ExpertWeights& w, const ProgressF
   auto one = [&](std::size_t item, int worker) {
     const Projection p = kProjections[item / s.num_experts];
     const int e = static_cast<int>(item % s.num_experts);
-    const std::string& name = names[static_cast<int>(p)][e];
+    const ExpertTensorRef& ref = refs[static_cast<int>(p)][e];
     const std::string what = "layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p);
     bf16* out = (p == Projection::gate ? w.gate : p == Projection::up ? w.up : w.down).data() + per * e;
-    read_expert_tensor(name, projection_out(s, p), projection_in(s, p), what, out);
-    require_finite(out, per, files_[find(name)->file]->path() + ": " + what + " ('" + name + "')");
-    const std::size_t done = done_bytes += find(name)->info->nbytes;
+    read_expert_tensor(ref, projection_out(s, p), projection_in(s, p), what, out);
+    require_finite(out, per, files_[find(ref.name)->file]->path() + ": " + what + " ('" + ref.name + "'" +
+                                 (ref.stacked() ? ", expert " + std::to_string(ref.stacked_expert) + " of the stack" : "") + ")");
+    const std::size_t done = done_bytes += ref.bytes;
     if (progress && worker == 0) progress(done, total_bytes);
   };
   const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;

@@ -23,6 +23,17 @@ struct RouterWeights {
   std::vector<float> correction_bias;  // [E] (DeepSeek-V3's e_score_correction_bias) or empty
 };
 
+// Where one expert's weight for one projection is stored: a 2-D tensor of its own
+// ("experts.E.gate_proj.weight"), or rows of a 3-D tensor that stacks every expert of the layer
+// (transformers v5's "experts.gate_up_proj" [E, 2I, H]: gate's rows, then up's).
+struct ExpertTensorRef {
+  std::string name;         // the stored tensor
+  int stacked_expert = -1;  // the expert's index in a stacked tensor; -1 when the tensor is this expert's alone
+  int first_row = 0;        // where this projection's rows start in the expert's matrix (up in gate_up_proj: I)
+  std::size_t bytes = 0;    // the stored bytes of this expert's projection
+  bool stacked() const { return stacked_expert >= 0; }
+};
+
 class Checkpoint {
  public:
   static Checkpoint open(const std::string& model_dir);
@@ -41,9 +52,10 @@ class Checkpoint {
   void load_layer_experts(int layer, ExpertWeights& into, const ProgressFn& progress, numa::ThreadPool* pool) const;
   RouterWeights load_router(int layer) const;
 
-  // The stored names of a layer's routed-expert weights, [projection][expert]. Throws as
-  // load_layer_experts does for a non-MoE layer or a missing, duplicated or out-of-range expert.
-  std::array<std::vector<std::string>, 3> expert_tensor_names(int layer) const;
+  // Where a layer's routed-expert weights are stored, [projection][expert]. Throws as
+  // load_layer_experts does for a non-MoE layer, a missing, duplicated or out-of-range expert, or
+  // a stacked tensor of the wrong shape or dtype.
+  std::array<std::vector<ExpertTensorRef>, 3> expert_tensors(int layer) const;
   // The router weight of a MoE layer and, when stored, its correction bias (names as stored).
   std::vector<std::string> router_tensor_names(int layer) const;
   // The shard holding a stored tensor; nullptr when no shard does.
@@ -60,7 +72,9 @@ class Checkpoint {
   const Location* find(const std::string& name) const;
   void check_moe_layer(int layer) const;
   // Checks the stored tensor against [rows, cols] and writes it, converted to bf16, to `out`.
-  void read_expert_tensor(const std::string& name, int rows, int cols, const std::string& what, bf16* out) const;
+  void read_expert_tensor(const ExpertTensorRef& ref, int rows, int cols, const std::string& what, bf16* out) const;
+  // Checks a stacked tensor of `layer` and points each expert's slots of `refs` at its rows.
+  void add_stacked_experts(int layer, const std::string& name, const Location& loc, std::array<std::vector<ExpertTensorRef>, 3>& refs) const;
 
   std::string dir_;
   ModelConfig config_;

@@ -120,6 +120,14 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   c.num_layers = require_int(j, "num_hidden_layers", src);
   c.shape.top_k = require_int(j, "num_experts_per_tok", src);
   const std::string& t = c.model_type;
+  // Routed experts that compute something else than down(silu(gate(x)) * up(x)) weighted by the
+  // router: refused by name, as their configs would otherwise pass for Mixtral's.
+  if (t == "gpt_oss")
+    fail(ErrorKind::unsupported, src + ": model_type 'gpt_oss': its experts use a clamped SwiGLU with biases, which tilemoe does not "
+                                       "compute (it runs down(silu(gate(x)) * up(x)): DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
+  if (t == "llama4" || t == "llama4_text")
+    fail(ErrorKind::unsupported, src + ": model_type '" + t + "': Llama 4 scales each expert's input by its router score, where "
+                                       "tilemoe weights the experts' outputs (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
   if (t.rfind("deepseek", 0) == 0 || j.contains("n_routed_experts")) {
     c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
     c.shape.num_experts = require_int(j, "n_routed_experts", src);

@@ -33,6 +33,14 @@ std::optional<Projection> parse_projection(std::string_view t) {
   return std::nullopt;
 }
 
+std::optional<StackedExperts> parse_stacked_kind(std::string_view t) {
+  if (t == "gate_up_proj") return StackedExperts::gate_up;
+  if (t == "gate_proj" || t == "w1") return StackedExperts::gate;
+  if (t == "up_proj" || t == "w3") return StackedExperts::up;
+  if (t == "down_proj" || t == "w2") return StackedExperts::down;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<int> parse_layer_index(std::string_view name) {
@@ -73,6 +81,68 @@ std::optional<ExpertTensorName> parse_expert_tensor_name(std::string_view name) 
       return out;
     }
     return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::optional<StackedExpertTensorName> parse_stacked_expert_tensor_name(std::string_view name) {
+  auto parts = split_dots(name);
+  std::optional<int> layer;
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] == "layers" && !layer) {
+      layer = parse_index(parts[i + 1]);
+      continue;
+    }
+    if (!layer || parts[i] != "experts") continue;
+    const std::size_t remaining = parts.size() - (i + 1);
+    if (remaining > 2 || (remaining == 2 && parts.back() != "weight" && parts.back() != "bias")) return std::nullopt;
+    std::string_view token = parts[i + 1];
+    StackedExpertTensorName out;
+    out.layer = *layer;
+    out.bias = remaining == 2 && parts.back() == "bias";
+    // gpt-oss writes its biases as "experts.gate_up_proj_bias".
+    constexpr std::string_view kBiasSuffix = "_bias";
+    if (remaining == 1 && token.size() > kBiasSuffix.size() && token.substr(token.size() - kBiasSuffix.size()) == kBiasSuffix) {
+      token = token.substr(0, token.size() - kBiasSuffix.size());
+      out.bias = true;
+    }
+    auto kind = parse_stacked_kind(token);
+    if (!kind) return std::nullopt;
+    out.kind = *kind;
+    out.projection_token = std::string(token);
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::optional<StackedLoraName> parse_stacked_lora_name(std::string_view name) {
+  auto parts = split_dots(name);
+  std::optional<int> layer;
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    if (parts[i] == "layers" && !layer) {
+      layer = parse_index(parts[i + 1]);
+      continue;
+    }
+    if (!layer || parts[i] != "experts") continue;
+    std::size_t j = i + 1;
+    while (j < parts.size() && parts[j] == "base_layer") ++j;
+    if (j >= parts.size() || (parts[j] != "lora_A" && parts[j] != "lora_B")) return std::nullopt;
+    const std::size_t remaining = parts.size() - j;  // lora_X [adapter] weight|bias
+    if ((remaining != 2 && remaining != 3) || (parts.back() != "weight" && parts.back() != "bias")) return std::nullopt;
+    StackedLoraName out;
+    out.layer = *layer;
+    out.factor = parts[j] == "lora_A" ? LoraFactor::a : LoraFactor::b;
+    out.bias = parts.back() == "bias";
+    for (std::size_t k = 0; k < j; ++k) {
+      if (k) out.pair_key += '.';
+      out.pair_key += parts[k];
+      if (parts[k] == "base_layer") continue;
+      if (!out.module.empty()) out.module += '.';
+      out.module += parts[k];
+    }
+    constexpr std::string_view kPeftPrefix = "base_model.model.";
+    if (out.module.rfind(kPeftPrefix, 0) == 0) out.module.erase(0, kPeftPrefix.size());
+    return out;
   }
   return std::nullopt;
 }

@@ -112,6 +112,26 @@ std::string expert_name_template(const std::string& weight_name, int layer, int 
   return out;
 }
 
+std::string stacked_expert_name_template(const std::string& stacked_name, int layer, Projection p) {
+  auto parts = split_dots(stacked_name);
+  const std::string l = std::to_string(layer);
+  std::size_t i = 0;
+  while (i + 1 < parts.size() && !(parts[i] == "layers" && parts[i + 1] == l)) ++i;
+  std::size_t j = i + 2;
+  while (j + 1 < parts.size() && parts[j] != "experts") ++j;
+  if (i + 1 >= parts.size() || j + 1 >= parts.size())
+    fail(ErrorKind::unsupported, "'" + stacked_name + "': expected 'layers." + l + "' and then 'experts.<projection>' in the name");
+  parts[i + 1] = "{L}";
+  const std::string token = parts[j + 1];
+  parts.resize(j + 1);
+  parts.push_back("{E}");
+  // gate_up_proj holds two projections; each gets the per-expert name transformers v4 gave it.
+  parts.push_back(token == "gate_up_proj" ? (p == Projection::gate ? "gate_proj" : "up_proj") : token);
+  std::string out;
+  for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? "." : "") + parts[k];
+  return out;
+}
+
 std::string expert_tensor_base(const std::string& name_template, int layer, int expert) {
   std::string s = name_template;
   replace_first(s, "{L}", std::to_string(layer));
@@ -318,20 +338,25 @@ QuantizedModelSpec spec_for_checkpoint(const Checkpoint& ck, WeightType type, in
     ss << in.rdbuf();
     spec.config_json = ss.str();
   }
-  const auto first = ck.expert_tensor_names(layers.front());
+  // Stacked experts (transformers v5) get per-expert names in the quantized files.
+  auto template_of = [](const ExpertTensorRef& ref, int layer, int expert, Projection p) {
+    return ref.stacked() ? stacked_expert_name_template(ref.name, layer, p) : expert_name_template(ref.name, layer, expert);
+  };
+  const auto first = ck.expert_tensors(layers.front());
   for (Projection p : kProjections)
-    spec.name_templates[static_cast<int>(p)] = expert_name_template(first[static_cast<int>(p)][0], layers.front(), 0);
+    spec.name_templates[static_cast<int>(p)] = template_of(first[static_cast<int>(p)][0], layers.front(), 0, p);
   // One naming for every layer, so that quantization.json's templates name every tensor.
   for (int layer : layers) {
-    const auto names = layer == layers.front() ? first : ck.expert_tensor_names(layer);
+    const auto refs = layer == layers.front() ? first : ck.expert_tensors(layer);
     for (Projection p : kProjections)
       for (int e = 0; e < cfg.shape.num_experts; ++e) {
-        const std::string& stored = names[static_cast<int>(p)][e];
-        const std::string want = expert_tensor_base(spec.name_templates[static_cast<int>(p)], layer, e) + ".weight";
-        if (stored != want)
+        const ExpertTensorRef& ref = refs[static_cast<int>(p)][e];
+        if (template_of(ref, layer, e, p) != spec.name_templates[static_cast<int>(p)])
           fail(ErrorKind::unsupported, ck.dir() + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " +
-                                           projection_name(p) + " is stored as '" + stored + "', not as '" + want +
-                                           "' like layer " + std::to_string(layers.front()) + "'s experts; quantize needs one naming throughout");
+                                           projection_name(p) + " is stored as '" + ref.name + "', not as '" +
+                                           expert_tensor_base(spec.name_templates[static_cast<int>(p)], layer, e) +
+                                           ".weight' like layer " + std::to_string(layers.front()) +
+                                           "'s experts; quantize needs one naming throughout");
       }
   }
   return spec;

@@ -70,6 +70,10 @@ struct QuantizedModelInfo {
 // -> "model.layers.{L}.mlp.experts.{E}.w1". Throws unsupported when the name has no
 // "layers.<layer>" followed by "experts.<expert>".
 std::string expert_name_template(const std::string& weight_name, int layer, int expert);
+// The same for an expert of a tensor that stacks a layer's experts (transformers v5):
+// "model.layers.3.mlp.experts.gate_up_proj" -> "model.layers.{L}.mlp.experts.{E}.gate_proj" for
+// gate and "...{E}.up_proj" for up.
+std::string stacked_expert_name_template(const std::string& stacked_name, int layer, Projection p);
 // The template filled in: the name a projection's .qweight and .scales share.
 std::string expert_tensor_base(const std::string& name_template, int layer, int expert);
 
