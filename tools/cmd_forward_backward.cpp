@@ -154,8 +154,10 @@ void run(const LayerArgs& a, bool backward) {
     moe_backward(l.experts.view(), l.lora.lora, batch, in.grad_output.data(), opt, y.data(), dx.data(), &grads);
     out.add_f32("output", hidden_shape, std::move(y));
     out.add_f32("grad_input", hidden_shape, std::move(dx));
+    for (auto& g : stacked_lora_grads(l.lora, grads)) out.add_f32("grad." + g.key, std::move(g.shape), std::move(g.values));
     for (Projection p : kProjections) {
       const auto& g = grads[p];
+      if (!l.lora.stacked[static_cast<int>(p)].empty()) continue;  // written above, under the stacked keys
       for (int e = 0; e < l.config.shape.num_experts; ++e) {
         if (g.rank == 0 || !g.present[e]) continue;
         int r = g.expert_rank[e];

@@ -100,6 +100,11 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
                                        const ProgressFn& progress) {
   const MoeShape& s = model.shape;
   const io::SafetensorsFile& src = adapter.file();
+  for (int layer : adapter.layers())
+    if (!adapter.stacked_entries(layer).empty())
+      fail(ErrorKind::unsupported, adapter.dir() + ": layer " + std::to_string(layer) + "'s LoRA is on the stacked expert tensors ('" +
+                                       adapter.stacked_entries(layer).front().key_a + "', PEFT's target_parameters), which convert-lora "
+                                       "does not write; forward, backward and load_adapter read such an adapter directory as it is");
   // Keep bf16 adapters in bf16 (half the bytes); anything else becomes f32, which loses nothing.
   bool all_bf16 = true;
   for (int layer : adapter.layers())

@@ -22,6 +22,7 @@ struct PeftConfig {
   bool use_rslora = false;
   std::vector<std::pair<std::string, int>> rank_pattern;
   std::vector<std::pair<std::string, double>> alpha_pattern;
+  std::vector<std::string> target_parameters;  // LoRA on stacked expert tensors ("mlp.experts.gate_up_proj")
   std::string json_text;  // kept verbatim so an export writes back what came in
 };
 
@@ -30,6 +31,18 @@ PeftConfig read_peft_config(const std::string& adapter_dir);
 // One expert's LoRA pair for one projection, as found in the adapter (no data read yet).
 struct PeftExpertEntry {
   std::string key_a, key_b;
+  int rank = 0;
+  double scale = 0;
+};
+
+// A LoRA that PEFT puts on a tensor stacking a layer's experts (target_parameters): lora_A
+// [r*E, in] holds expert e's A in rows e*r .. e*r+r-1, lora_B [rows, r*E] its B in columns
+// j*E + e (PEFT reshapes B to [rows, r, E]). On gate_up_proj one A serves gate and up, whose B
+// are rows [0, I) and [I, 2I) of the one B.
+struct PeftStackedEntry {
+  std::string key_a, key_b;
+  std::string parameter;  // PEFT's name of the target: "model.layers.1.mlp.experts.gate_up_proj"
+  std::vector<std::pair<Projection, int>> parts;  // each projection it holds, with its first row in B
   int rank = 0;
   double scale = 0;
 };
@@ -46,6 +59,8 @@ class PeftAdapter {
   std::vector<int> layers() const;  // MoE layers with at least one expert key
   // [projection][expert]; an empty key_a means the adapter does not cover that expert.
   const std::array<std::vector<PeftExpertEntry>, 3>* layer_entries(int layer) const;
+  // The layer's LoRA pairs on stacked expert tensors; empty when it has none.
+  const std::vector<PeftStackedEntry>& stacked_entries(int layer) const;
   // Keys that are not routed-expert LoRA (attention, shared experts, routers): not ours to run.
   const std::vector<std::string>& other_keys() const { return other_keys_; }
   int ignored_keys() const { return static_cast<int>(other_keys_.size()); }
@@ -53,11 +68,15 @@ class PeftAdapter {
   const std::vector<std::string>& warnings() const { return warnings_; }
 
  private:
+  // Checks a stacked pair (either may be null: reported) and adds it to stacked_.
+  void add_stacked_pair(const std::string& pair_key, const io::TensorInfo* a, const io::TensorInfo* b, const ModelConfig& model);
+
   std::string dir_;
   std::string file_path_;
   PeftConfig config_;
   std::unique_ptr<io::SafetensorsFile> file_;
   std::map<int, std::array<std::vector<PeftExpertEntry>, 3>> layers_;
+  std::map<int, std::vector<PeftStackedEntry>> stacked_;
   std::vector<std::string> other_keys_;
   int expert_keys_ = 0;
   std::vector<std::string> warnings_;
@@ -70,11 +89,32 @@ struct LoadedLora {
   // [projection][expert]: the dtype of each A and B in the PEFT file (empty where not known), so
   // that an export writes them back as they came.
   std::array<std::vector<io::Dtype>, 3> dtype_a, dtype_b;
+  // A projection whose LoRA the adapter stacks over the experts (PeftStackedEntry) has no key
+  // templates: its keys are these, with the projection's first row in B, B's rows, and the
+  // stacked tensors' dtypes.
+  struct StackedKeys {
+    std::string key_a, key_b;
+    int first_row = 0, b_rows = 0;
+    io::Dtype dtype_a = io::Dtype::F32, dtype_b = io::Dtype::F32;
+    bool empty() const { return key_a.empty(); }
+  };
+  std::array<StackedKeys, 3> stacked;
   std::vector<std::string> warnings;
 
   std::string key_a(Projection p, int e) const;
   std::string key_b(Projection p, int e) const;
 };
+
+// The gradients of a layer's stacked LoRA tensors under their PEFT keys, from per-expert
+// gradients `grads` of `lora` (as moe_backward gives them): A's gradient [r*E, in] is the sum over
+// the projections that share the A (gate and up of gate_up_proj), B's [rows, r*E] is laid out as
+// PEFT stores B.
+struct StackedLoraGrad {
+  std::string key;
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+std::vector<StackedLoraGrad> stacked_lora_grads(const LoadedLora& lora, const LayerLora& grads);
 
 LoadedLora load_peft_layer(const PeftAdapter& adapter, const MoeShape& shape, int layer);
 

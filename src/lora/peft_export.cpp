@@ -194,16 +194,84 @@ PeftExtras converted_extras(const io::SafetensorsFile& f) {
   return x;
 }
 
+namespace {
+
+// The layer's LoRA on stacked expert tensors, laid out as PEFT stores it (see PeftStackedEntry).
+// Projections that share one stacked A (gate and up of gate_up_proj) must hold the same A.
+bool add_stacked_tensors(int layer, const LoadedLora& lora, ExportDtype dtype, std::vector<OutTensor>& tensors) {
+  bool any = false;
+  for (Projection p : kProjections) {
+    const auto& keys = lora.stacked[static_cast<int>(p)];
+    if (keys.empty()) continue;
+    bool first_of_a = true, first_of_b = true;
+    for (Projection q : kProjections) {
+      if (q == p) break;
+      if (lora.stacked[static_cast<int>(q)].key_a == keys.key_a) first_of_a = false;
+      if (lora.stacked[static_cast<int>(q)].key_b == keys.key_b) first_of_b = false;
+    }
+    const auto& proj = lora.lora[p];
+    const int E = static_cast<int>(proj.present.size()), r = proj.rank;
+    const std::string where = "layer " + std::to_string(layer) + " " + projection_name(p) + " (stacked LoRA '" + keys.key_a + "')";
+    for (int e = 0; e < E; ++e)
+      if (!proj.active(e) || proj.expert_rank[e] != r)
+        fail(ErrorKind::invalid_argument, where + ": expert " + std::to_string(e) +
+                                              " has no LoRA or another rank; a stacked LoRA has every expert at one rank");
+    if (!first_of_a) {
+      for (Projection q : kProjections) {  // the projection that writes the shared A
+        const auto& other = lora.lora[q];
+        if (q == p || lora.stacked[static_cast<int>(q)].key_a != keys.key_a) continue;
+        if (other.rank != r || other.in != proj.in || other.a != proj.a)
+          fail(ErrorKind::invalid_argument, where + ": " + projection_name(q) + " and " + projection_name(p) +
+                                                " share one A in this adapter, but their A differ (a trainer steps the shared A with the sum "
+                                                "of both gradients, which stacked_lora_grads gives)");
+        break;
+      }
+    }
+    any = true;
+    const float* a = proj.a.data();
+    const int in = proj.in, b_rows = keys.b_rows;
+    if (first_of_a) {
+      const io::Dtype da = target_dtype(dtype, keys.dtype_a);
+      tensors.push_back({keys.key_a, da, {static_cast<std::int64_t>(r) * E, in}, [a, r, E, in, da](std::byte* dst, std::size_t) {
+                           // the per-expert A [E][r][in] are already the stacked rows e*r + j
+                           copy_matrix(reinterpret_cast<const std::byte*>(a), io::Dtype::F32, in, r * E, in, dst, da);
+                         }});
+    }
+    // B: every projection sharing the key writes its rows; the first one creates the tensor.
+    std::vector<std::pair<const LoraProjectionT<float>*, int>> writers;
+    if (!first_of_b) continue;
+    for (Projection q : kProjections)
+      if (lora.stacked[static_cast<int>(q)].key_b == keys.key_b) writers.emplace_back(&lora.lora[q], lora.stacked[static_cast<int>(q)].first_row);
+    const io::Dtype db = target_dtype(dtype, keys.dtype_b);
+    tensors.push_back({keys.key_b, db, {b_rows, static_cast<std::int64_t>(r) * E}, [writers, r, E, b_rows, db](std::byte* dst, std::size_t) {
+                         const std::size_t cols = static_cast<std::size_t>(r) * E;
+                         std::vector<float> full(static_cast<std::size_t>(b_rows) * cols, 0.0f);
+                         for (const auto& [w, row0] : writers)
+                           for (int e = 0; e < E; ++e)
+                             for (int row = 0; row < w->out; ++row)
+                               for (int j = 0; j < r; ++j)
+                                 full[static_cast<std::size_t>(row0 + row) * cols + static_cast<std::size_t>(j) * E + e] =
+                                     w->b_of(e)[static_cast<std::size_t>(row) * w->rank + j];
+                         copy_matrix(reinterpret_cast<const std::byte*>(full.data()), io::Dtype::F32, static_cast<int>(cols), b_rows,
+                                     static_cast<int>(cols), dst, db);
+                       }});
+  }
+  return any;
+}
+
+}  // namespace
+
 PeftExportStats write_peft_adapter(const std::string& out_dir, const PeftConfig& config,
                                    const std::vector<std::pair<int, const LoadedLora*>>& layers, const PeftExportOptions& options) {
   std::vector<OutTensor> tensors;
   int layers_written = 0;
   for (const auto& [layer, lora] : layers) {
-    bool any = false;
+    bool any = add_stacked_tensors(layer, *lora, options.dtype, tensors);
     for (Projection p : kProjections) {
       const auto& proj = lora->lora[p];
       if (proj.rank == 0) continue;
       const int pi = static_cast<int>(p);
+      if (!lora->stacked[pi].empty()) continue;  // added above
       if (lora->key_template_a[pi].empty() || lora->key_template_b[pi].empty())
         fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " " + projection_name(p) +
                                               ": LoRA without PEFT key names (LoadedLora::key_template_a/b, which load_layer_lora fills)");
