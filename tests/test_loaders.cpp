@@ -139,6 +139,13 @@ TEST_CASE("config.json of each model family", "[config]") {
   CHECK(ds.moe_layers.front() == 3);
   CHECK(ds.scoring_func == "sigmoid");
   CHECK(ds.n_group == 8);
+  auto glm = parse_model_config(R"({"model_type":"glm4_moe","hidden_size":4096,"moe_intermediate_size":1408,"n_routed_experts":128,
+    "num_experts_per_tok":8,"num_hidden_layers":46,"first_k_dense_replace":1,"routed_scaling_factor":1.0})", "glm");
+  CHECK(glm.scoring_func == "sigmoid");  // Glm4MoeTopkRouter, whatever the config says
+  CHECK(glm.topk_method == "noaux_tc");
+  CHECK(glm.norm_topk_prob);
+  CHECK(glm.n_group == 1);
+  CHECK(glm.moe_layers.size() == 45);
   auto qw = parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":2048,"moe_intermediate_size":768,"num_experts":128,
     "num_experts_per_tok":8,"num_hidden_layers":48,"decoder_sparse_step":1,"mlp_only_layers":[0, 5],"norm_topk_prob":true})", "qwen");
   CHECK(qw.shape.num_experts == 128);

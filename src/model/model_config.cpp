@@ -56,13 +56,15 @@ std::vector<int> qwen_moe_layers(const json& j, int layers) {
 // The router as transformers runs each DeepSeek type, whatever config.json adds: DeepseekV3TopkRouter
 // always scores with sigmoid and chooses with noaux_tc (its config's defaults: 8 groups, top 4,
 // renormalised, x2.5); DeepseekV2Moe always uses softmax and never renormalises (it ignores
-// norm_topk_prob). Other types with n_routed_experts (DeepSeek-MoE, remote-code models) take
-// the fields as written.
+// norm_topk_prob). Glm4MoeTopkRouter routes as DeepSeek-V3 does (sigmoid, noaux_tc) with its own
+// config defaults (1 group, renormalised, x1.0). Other types with n_routed_experts (DeepSeek-MoE,
+// remote-code models) take the fields as written.
 void read_deepseek_router(const json& j, ModelConfig& c) {
   const bool v3 = c.model_type == "deepseek_v3", v2 = c.model_type == "deepseek_v2";
-  c.scoring_func = v3 ? "sigmoid" : v2 ? "softmax" : value_or<std::string>(j, "scoring_func", "softmax");
-  c.topk_method = v3 ? "noaux_tc" : value_or<std::string>(j, "topk_method", "greedy");
-  c.norm_topk_prob = v2 ? false : value_or<bool>(j, "norm_topk_prob", v3);
+  const bool glm = c.model_type == "glm4_moe" || c.model_type == "glm4v_moe_text";
+  c.scoring_func = v3 || glm ? "sigmoid" : v2 ? "softmax" : value_or<std::string>(j, "scoring_func", "softmax");
+  c.topk_method = v3 || glm ? "noaux_tc" : value_or<std::string>(j, "topk_method", "greedy");
+  c.norm_topk_prob = v2 ? false : value_or<bool>(j, "norm_topk_prob", v3 || glm);
   c.routed_scaling_factor = value_or<double>(j, "routed_scaling_factor", v3 ? 2.5 : 1.0);
   c.n_group = value_or<int>(j, "n_group", v3 ? 8 : 1);
   c.topk_group = value_or<int>(j, "topk_group", v3 ? 4 : 1);
