@@ -168,6 +168,44 @@ TEST_CASE("a layer from the caller's memory matches the reference path, bf16 and
   }
 }
 
+TEST_CASE("stacked gate_up and strided experts are read in place, as the dense arrays", "[api]") {
+  ExpertWeights w = random_expert_weights(kShape, 21);
+  const std::size_t per = static_cast<std::size_t>(kShape.hidden) * kShape.intermediate;
+  // w13 / gate_up_proj [E][2I][H], and down with 3 elements between experts
+  std::vector<bf16> gate_up(2 * per * kShape.num_experts), down(static_cast<std::size_t>(kShape.num_experts) * (per + 3));
+  for (int e = 0; e < kShape.num_experts; ++e) {
+    std::copy_n(w.gate.begin() + static_cast<std::ptrdiff_t>(per * e), per, gate_up.begin() + static_cast<std::ptrdiff_t>(2 * per * e));
+    std::copy_n(w.up.begin() + static_cast<std::ptrdiff_t>(per * e), per, gate_up.begin() + static_cast<std::ptrdiff_t>(2 * per * e + per));
+    std::copy_n(w.down.begin() + static_cast<std::ptrdiff_t>(per * e), per, down.begin() + static_cast<std::ptrdiff_t>((per + 3) * e));
+  }
+  ExpertWeightsRef stacked = ExpertWeightsRef::stacked_gate_up(gate_up.data(), down.data(), kShape.hidden, kShape.intermediate);
+  stacked.down_stride = per + 3;
+  TrainerLora lora(22);
+  Batch b = make_batch(29, 23);
+  for (WeightType type : {WeightType::bf16, WeightType::int8}) {
+    INFO("weights " << weight_type_name(type));
+    Runtime rt({"auto", 0});
+    MoeLayerConfig cfg = config();
+    cfg.weight_type = type;
+    MoeLayer dense(rt, cfg, ref_of(w)), strided(rt, cfg, stacked);
+    std::vector<float> want(b.x.size()), got(b.x.size()), want_dx(b.x.size()), got_dx(b.x.size());
+    GradBuffers gw(lora), gg(lora);
+    for (MoeLayer* l : {&dense, &strided}) l->update_lora_weights(lora.weights());
+    dense.forward_sft(b.tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), want.data(), true);
+    strided.forward_sft(b.tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), got.data(), true);
+    CHECK(got == want);
+    dense.backward(b.grad_out.data(), want_dx.data(), gw.grads());
+    strided.backward(b.grad_out.data(), got_dx.data(), gg.grads());
+    CHECK(got_dx == want_dx);
+    CHECK(gg.ua == gw.ua);
+    CHECK(gg.db == gw.db);
+  }
+  Runtime rt({"portable", 0});
+  ExpertWeightsRef overlapping = stacked;
+  overlapping.gate_stride = per - 1;
+  expect_error([&] { MoeLayer(rt, config(), overlapping); }, ErrorKind::invalid_argument, "gate_stride is " + std::to_string(per - 1));
+}
+
 TEST_CASE("LoRA weights are the caller's memory: an optimizer step is seen by the next forward", "[api][lora]") {
   ExpertWeights w = random_expert_weights(kShape, 21);
   TrainerLora lora(22);

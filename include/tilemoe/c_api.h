@@ -78,6 +78,14 @@ typedef struct tilemoe_layer_config {
 TILEMOE_API tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_layer_config* config,
                                                 const uint16_t* gate, const uint16_t* up, const uint16_t* down,
                                                 tilemoe_layer** out);
+/* The same with the experts of each projection *_stride elements apart (0: dense, I*H); each
+   expert's matrix is dense. A stacked w13 / gate_up_proj [E][2I][H] (gate's rows first) is read in
+   place as gate = w13, up = w13 + I*H, gate_stride = up_stride = 2*I*H. A stride under I*H
+   (experts that would overlap) is TILEMOE_INVALID_ARGUMENT. */
+TILEMOE_API tilemoe_status tilemoe_layer_create_strided(tilemoe_runtime* runtime, const tilemoe_layer_config* config,
+                                                        const uint16_t* gate, size_t gate_stride, const uint16_t* up,
+                                                        size_t up_stride, const uint16_t* down, size_t down_stride,
+                                                        tilemoe_layer** out);
 typedef struct tilemoe_checkpoint_options {
   int max_tokens;
   int max_cache_depth;

@@ -24,6 +24,7 @@
 // batch's gathered inputs, per-slot outputs and gradients), so a model's layers hold one set of
 // each between them, not one each. What backward needs of a forward is kept per layer, in its
 // cache stack.
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -64,11 +65,21 @@ struct MoeLayerConfig {
 };
 
 // The caller's bf16 expert weights in Hugging Face orientation: gate, up [E][I][H], down [E][H][I],
-// row-major. Read once, at construction, and packed; the caller may free them afterwards.
+// each expert's matrix row-major and dense. Read once, at construction, and packed; the caller
+// may free them afterwards. The experts are `*_stride` elements apart (0: dense, I*H), so that
+// stacked tensors are read in place: see stacked_gate_up.
 struct ExpertWeightsRef {
   const bf16* gate = nullptr;
   const bf16* up = nullptr;
   const bf16* down = nullptr;
+  std::size_t gate_stride = 0, up_stride = 0, down_stride = 0;
+
+  // gate and up stacked in one [E][2I][H] tensor, gate's rows first (vLLM's and SGLang's w13,
+  // transformers v5's experts.gate_up_proj), and down [E][H][I].
+  static ExpertWeightsRef stacked_gate_up(const bf16* gate_up, const bf16* down, int hidden, int intermediate) {
+    const std::size_t per = static_cast<std::size_t>(hidden) * static_cast<std::size_t>(intermediate);
+    return {gate_up, gate_up ? gate_up + per : nullptr, down, 2 * per, 2 * per, 0};
+  }
 };
 
 // A LoRA set of the layer's rank and scale on all experts: A [E][rank][in], B [E][out][rank] of

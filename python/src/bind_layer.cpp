@@ -71,7 +71,8 @@ One MoE layer's routed experts on this CPU, for inference and LoRA fine-tuning.
 MoELayer(config, gate, up, down, *, isa="auto", runtime=None, layer_index=None): a
 tilemoe.MoEConfig and the bf16 expert weights in Hugging Face orientation, gate and up
 [E, intermediate, hidden], down [E, hidden, intermediate] (torch.bfloat16 tensors, or numpy uint16
-arrays of bf16 bits), packed once here. layer_index: the layer's index in the model, for PEFT
+arrays of bf16 bits), packed once here. With up=None, gate holds gate and up stacked,
+[E, 2 * intermediate, hidden], gate's rows first (vLLM's w13, transformers v5's gate_up_proj). layer_index: the layer's index in the model, for PEFT
 names and adapters.
 
 Arrays are numpy arrays or torch CPU tensors, C-contiguous, used in place: x bf16 [T, hidden],

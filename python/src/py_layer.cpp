@@ -75,12 +75,18 @@ PyLayer::PyLayer(std::shared_ptr<PyRuntime> runtime, py::handle config, py::hand
     : runtime_(std::move(runtime)) {
   const LayerSetup setup = layer_setup_from_py(config);
   const MoeLayerConfig& c = setup.config;
-  TensorArg g = tensor_arg(gate, "gate", Access::read, {DType::bf16}), u = tensor_arg(up, "up", Access::read, {DType::bf16}),
-            d = tensor_arg(down, "down", Access::read, {DType::bf16});
-  g.require_shape({c.num_experts, c.intermediate, c.hidden});
-  u.require_shape({c.num_experts, c.intermediate, c.hidden});
+  TensorArg g = tensor_arg(gate, "gate", Access::read, {DType::bf16}), d = tensor_arg(down, "down", Access::read, {DType::bf16});
   d.require_shape({c.num_experts, c.hidden, c.intermediate});
-  ExpertWeightsRef w{static_cast<const bf16*>(g.data), static_cast<const bf16*>(u.data), static_cast<const bf16*>(d.data)};
+  ExpertWeightsRef w;
+  if (up.is_none()) {  // gate is gate and up stacked, [E, 2I, H] (w13, transformers v5's gate_up_proj)
+    g.require_shape({c.num_experts, 2 * static_cast<std::int64_t>(c.intermediate), c.hidden});
+    w = ExpertWeightsRef::stacked_gate_up(static_cast<const bf16*>(g.data), static_cast<const bf16*>(d.data), c.hidden, c.intermediate);
+  } else {
+    TensorArg u = tensor_arg(up, "up", Access::read, {DType::bf16});
+    g.require_shape({c.num_experts, c.intermediate, c.hidden});
+    u.require_shape({c.num_experts, c.intermediate, c.hidden});
+    w = ExpertWeightsRef{static_cast<const bf16*>(g.data), static_cast<const bf16*>(u.data), static_cast<const bf16*>(d.data)};
+  }
   {
     py::gil_scoped_release release;
     layer_ = std::make_unique<MoeLayer>(runtime_->runtime(), c, w);  // packs: the arrays are not kept

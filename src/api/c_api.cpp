@@ -131,6 +131,12 @@ tilemoe::WeightType weight_type_of(int v, const char* who) {
 
 tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_layer_config* config, const uint16_t* gate,
                                     const uint16_t* up, const uint16_t* down, tilemoe_layer** out) {
+  return tilemoe_layer_create_strided(runtime, config, gate, 0, up, 0, down, 0, out);
+}
+
+tilemoe_status tilemoe_layer_create_strided(tilemoe_runtime* runtime, const tilemoe_layer_config* config, const uint16_t* gate,
+                                            size_t gate_stride, const uint16_t* up, size_t up_stride, const uint16_t* down,
+                                            size_t down_stride, tilemoe_layer** out) {
   return guard([&] {
     require(runtime && config && out, "tilemoe_layer_create: runtime, config and out must not be NULL");
     *out = nullptr;
@@ -148,7 +154,7 @@ tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_laye
     c.group_size = config->group_size == 0 ? 128 : config->group_size;
     c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes == -1 ? 0 : config->numa_nodes;  // -1: the machine's
     c.backward_weight_copy = config->backward_weight_copy != 0;
-    *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down})};
+    *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down, gate_stride, up_stride, down_stride})};
   });
 }
 

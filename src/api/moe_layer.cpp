@@ -268,7 +268,15 @@ MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertW
   check_config(config);
   if (!weights.gate || !weights.up || !weights.down)
     fail(ErrorKind::invalid_argument, "MoeLayer: gate, up and down weights must not be null");
-  ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k}, weights.gate, weights.up, weights.down};
+  const std::size_t per = static_cast<std::size_t>(config.hidden) * static_cast<std::size_t>(config.intermediate);
+  const std::size_t strides[3] = {weights.gate_stride, weights.up_stride, weights.down_stride};
+  for (Projection p : kProjections)
+    if (const std::size_t st = strides[static_cast<int>(p)]; st != 0 && st < per)
+      fail(ErrorKind::invalid_argument, std::string("MoeLayer: ") + projection_name(p) + "_stride is " + std::to_string(st) +
+                                            " elements, less than one expert's matrix (hidden x intermediate = " + std::to_string(per) +
+                                            "), so experts would overlap; 0 means dense");
+  ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k}, weights.gate, weights.up, weights.down,
+                      weights.gate_stride, weights.up_stride, weights.down_stride};
   impl_ = build(runtime, config, w, model_of(config), -1, nullptr, /*weights_checked=*/false);
 }
 

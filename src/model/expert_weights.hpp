@@ -9,17 +9,22 @@
 namespace tilemoe {
 
 // Non-owning view: the zero-copy form a server hands us, and what every path computes from.
-// gate, up: [E][I][H]; down: [E][H][I]; all row-major, contiguous.
+// gate, up: [E][I][H]; down: [E][H][I]; each expert's matrix row-major and dense, the experts
+// `*_stride` elements apart (0: one matrix after the other). A stacked gate_up [E][2I][H] (vLLM's
+// and SGLang's w13, transformers v5's gate_up_proj) is gate = its data, up = data + I*H, both with
+// stride 2*I*H.
 struct ExpertWeightsView {
   MoeShape shape;
   const bf16* gate = nullptr;
   const bf16* up = nullptr;
   const bf16* down = nullptr;
+  std::size_t gate_stride = 0, up_stride = 0, down_stride = 0;
 
   const bf16* projection(Projection p, int expert) const {
-    std::size_t per = static_cast<std::size_t>(shape.hidden) * shape.intermediate;
+    const std::size_t per = static_cast<std::size_t>(shape.hidden) * shape.intermediate;
     const bf16* base = p == Projection::gate ? gate : p == Projection::up ? up : down;
-    return base + per * static_cast<std::size_t>(expert);
+    const std::size_t stride = p == Projection::gate ? gate_stride : p == Projection::up ? up_stride : down_stride;
+    return base + (stride ? stride : per) * static_cast<std::size_t>(expert);
   }
 };
 

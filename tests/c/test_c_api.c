@@ -230,6 +230,27 @@ static void test_memory_layer(tilemoe_runtime* rt) {
     REQUIRE_OK(tilemoe_layer_forward(ql, T, K, x, ids, w, out, TILEMOE_F32));
     tilemoe_layer_destroy(ql);
   }
+  /* gate and up stacked as one w13 [E][2I][H] and down E matrices 5 elements apart, read in
+   * place: the same bits as the dense arrays; a stride that would overlap experts is refused. */
+  {
+    static uint16_t w13[E * 2 * I * H], down_spaced[E * (H * I + 5)];
+    static float dense_out[T * H], strided_out[T * H];
+    for (int e = 0; e < E; ++e) {
+      memcpy(w13 + (size_t)e * 2 * I * H, gate + (size_t)e * I * H, sizeof(uint16_t) * I * H);
+      memcpy(w13 + (size_t)e * 2 * I * H + I * H, up + (size_t)e * I * H, sizeof(uint16_t) * I * H);
+      memcpy(down_spaced + (size_t)e * (H * I + 5), down + (size_t)e * H * I, sizeof(uint16_t) * H * I);
+    }
+    tilemoe_layer *strided = NULL, *spoiled = NULL;
+    REQUIRE_OK(tilemoe_layer_create_strided(rt, &cfg, w13, 2 * I * H, w13 + I * H, 2 * I * H, down_spaced, H * I + 5, &strided));
+    REQUIRE_OK(tilemoe_layer_update_lora_weights(strided, &lw));
+    REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, dense_out, TILEMOE_F32));
+    REQUIRE_OK(tilemoe_layer_forward(strided, T, K, x, ids, w, strided_out, TILEMOE_F32));
+    CHECK(memcmp(dense_out, strided_out, sizeof dense_out) == 0);
+    CHECK(tilemoe_layer_create_strided(rt, &cfg, w13, 2 * I * H, w13 + I * H, I * H - 1, down, 0, &spoiled) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(spoiled == NULL);
+    CHECK(strstr(tilemoe_last_error(), "up_stride") != NULL);
+    tilemoe_layer_destroy(strided);
+  }
   /* The backward's Wᵀ weight copy: the same gradients, bit for bit; refused for int8 weights. */
   {
     tilemoe_layer_config cc = cfg;

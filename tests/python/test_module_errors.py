@@ -61,6 +61,13 @@ layer.update_lora_weights(**lora)
 x, ids, w = random_batch(T, H, E, K, generator=gen)
 first = layer.forward(x, ids, w, torch.empty(T, H))
 
+# gate and up stacked in one [E, 2I, H] tensor (w13, gate_up_proj), up=None: the same layer, read in place.
+stacked = tilemoe.MoELayer(cfg, torch.cat([gate, up], dim=1).contiguous(), None, down)
+stacked.update_lora_weights(**lora)
+expect(torch.equal(stacked.forward(x, ids, w, torch.empty(T, H)), first), "a layer from stacked gate_up gives the same output")
+raises(ValueError, ["gate"], tilemoe.MoELayer, cfg, gate, None, down)  # [E, I, H] is not [E, 2I, H]
+del stacked
+
 
 def still_works(after):
     expect(torch.equal(layer.forward(x, ids, w, torch.empty(T, H)), first), f"the layer is unchanged after {after}")
