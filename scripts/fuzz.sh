@@ -39,6 +39,10 @@ seed 4 "$out/seed_dir/lora.safetensors"
 seed 5 "$fx/model/model.safetensors"
 seed 6 "$out/seed_dir/quantized/quantization.json"
 seed 7 "$(ls "$out"/seed_dir/quantized/layer_*.safetensors | head -1)"
+# The stacked forms: transformers v5's experts.gate_up_proj, PEFT's target_parameters LoRA.
+python3 scripts/fuzz_stacked_seeds.py "$fx" "$out/seed_dir"
+seed 3 "$out/seed_dir/stacked_adapter.safetensors"
+seed 5 "$out/seed_dir/stacked_model.safetensors"
 
 parallel=()
 [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
