@@ -2,7 +2,8 @@
 // PEFT trains transformers v5's MoE models: one A [r*E, in] and one B [out, r*E] per stacked
 // tensor, gate and up sharing one A through gate_up_proj. Checked against PEFT's own formula for
 // the weight delta, against the same LoRA written per expert (the form the PyTorch fixtures
-// check) through the command line's forward and backward, and through an export round trip.
+// check) through the command line's forward and backward, and through convert-lora and export
+// round trips.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -306,12 +307,58 @@ TEST_CASE("malformed stacked adapters are refused naming the file and keys", "[p
     fs::rename(d + "/adapter_model.safetensors.new", d + "/adapter_model.safetensors");
     CHECK(open_error(d).find("layer 1 down has LoRA both per expert") != std::string::npos);
   }
-  // convert-lora does not write stacked LoRA: says so and writes nothing.
-  auto adapter = PeftAdapter::open(write_stacked_adapter("convert", l), cfg);
-  const std::string out = test::temp_dir() + "/stacked.safetensors";
-  err = error_of([&] { convert_peft_to_lora_file(adapter, cfg, out); });
-  CHECK(err.find("layer 1's LoRA is on the stacked expert tensors") != std::string::npos);
-  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("convert-lora keeps a stacked adapter, and export-peft gives it back stacked", "[convert][stacked][export]") {
+  StackedLora l;
+  const ModelConfig cfg = config();
+  const std::string dir = write_stacked_adapter("convert", l);
+  auto adapter = PeftAdapter::open(dir, cfg);
+  const std::string converted = test::temp_dir() + "/stacked.safetensors";
+  convert_peft_to_lora_file(adapter, cfg, converted);
+  auto from_file = load_converted_layer(converted, cfg, 1);
+  auto from_dir = load_peft_layer(adapter, cfg.shape, 1);
+  for (Projection p : kProjections) {
+    INFO(projection_name(p));
+    const auto &got = from_file.lora[p], &want = from_dir.lora[p];
+    CHECK(got.rank == want.rank);
+    CHECK(got.a == want.a);
+    CHECK(got.b == want.b);
+    CHECK(got.scale == want.scale);
+    CHECK(got.present == want.present);
+    const auto &gk = from_file.stacked[static_cast<int>(p)], &wk = from_dir.stacked[static_cast<int>(p)];
+    CHECK(gk.key_a == wk.key_a);
+    CHECK(gk.key_b == wk.key_b);
+    CHECK(gk.first_row == wk.first_row);
+    CHECK(gk.b_rows == wk.b_rows);
+    CHECK(gk.dtype_b == wk.dtype_b);
+  }
+  // The file's stacked tensors and the attention LoRA come back as PEFT wrote them.
+  const std::string out = test::temp_dir() + "/stacked_from_file";
+  export_lora_file(converted, out);
+  auto a = io::SafetensorsFile::open(dir + "/adapter_model.safetensors");
+  auto b = io::SafetensorsFile::open(out + "/adapter_model.safetensors");
+  REQUIRE(a.tensors().size() == b.tensors().size());
+  for (const auto& t : a.tensors()) {
+    INFO(t.name);
+    const auto* u = b.find(t.name);
+    REQUIRE(u);
+    CHECK(u->dtype == t.dtype);
+    CHECK(u->shape == t.shape);
+    CHECK(io::read_as_f32(a, t.name) == io::read_as_f32(b, t.name));
+  }
+  // Metadata that does not describe a stack is refused naming the key.
+  {
+    auto f = io::SafetensorsFile::open(converted);
+    io::SafetensorsWriter w;
+    for (const auto& t : f.tensors()) w.add(t.name, t.dtype, t.shape, f.data(t));
+    for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+    w.set_metadata("peft_stacked.layer_1.up.ab", R"({"a": "x", "b": "y", "first_row": 30, "b_rows": 34})");
+    const std::string broken = test::temp_dir() + "/stacked_broken.safetensors";
+    w.write(broken);
+    CHECK(error_of([&] { load_converted_layer(broken, cfg, 1); })
+              .find("metadata 'peft_stacked.layer_1.up.ab' has rows 30 + 17 outside B's 34") != std::string::npos);
+  }
 }
 
 TEST_CASE("forward and backward with a stacked adapter on a stacked checkpoint match the per-expert forms", "[cli][stacked]") {
@@ -323,6 +370,20 @@ TEST_CASE("forward and backward with a stacked adapter on a stacked checkpoint m
     auto r = run_cli("backward --model " + model + " --layer 1 --adapter " + adapter + " --tokens 37 --seed 5 --output " + out);
     INFO(r.err);
     REQUIRE(r.status == 0);
+  }
+  // The same through a convert-lora file: every tensor of the output, gradients under the stacked keys included.
+  const std::string converted = test::temp_dir() + "/v5_adapter.safetensors", out_conv = test::temp_dir() + "/v5_conv_grads.safetensors";
+  REQUIRE(run_cli("convert-lora --adapter " + stacked_adapter + " --model " + stacked_model + " --output " + converted).status == 0);
+  REQUIRE(run_cli("backward --model " + stacked_model + " --layer 1 --adapter " + converted + " --tokens 37 --seed 5 --output " + out_conv)
+              .status == 0);
+  {
+    auto a = io::SafetensorsFile::open(out_v5), b = io::SafetensorsFile::open(out_conv);
+    REQUIRE(a.tensors().size() == b.tensors().size());
+    for (const auto& t : a.tensors()) {
+      INFO(t.name);
+      REQUIRE(b.find(t.name));
+      CHECK(io::read_as_f32(a, t.name) == io::read_as_f32(b, t.name));
+    }
   }
   auto v5 = io::SafetensorsFile::open(out_v5), v4 = io::SafetensorsFile::open(out_v4);
   for (const char* key : {"input", "expert_ids", "weights", "output", "grad_input"}) {

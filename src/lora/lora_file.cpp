@@ -1,5 +1,6 @@
 #include "src/lora/lora_file.hpp"
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -94,23 +95,63 @@ struct ProgressCounter {
   }
 };
 
+// One projection of a stacked PEFT pair (see PeftStackedEntry) as the file stacks every LoRA:
+// A [E, r, in] is the stacked A as it is ([r*E, in] holds expert e's rows at e*r), B [E, out, r]
+// gathered from the stacked B's columns j*E + e; where it came from goes in the metadata, for
+// load_converted_layer and export-peft.
+void add_stacked_projection(io::SafetensorsWriter& w, const io::SafetensorsFile& src, const MoeShape& s, int layer, Projection p,
+                            int first_row, const PeftStackedEntry& entry, io::Dtype out_dtype, std::shared_ptr<ProgressCounter> counter) {
+  const int E = s.num_experts, r = entry.rank, in = projection_in(s, p), out = projection_out(s, p);
+  const std::size_t esize = io::dtype_size(out_dtype);
+  const io::TensorInfo& ta = src.get(entry.key_a);
+  const io::TensorInfo& tb = src.get(entry.key_b);
+  nlohmann::json where = {{"a", entry.key_a}, {"b", entry.key_b}, {"first_row", first_row}, {"b_rows", tb.shape[0]}};
+  w.set_metadata(meta_key("peft_stacked", layer, p, "ab"), where.dump());
+  w.set_metadata(meta_key("peft_dtype", layer, p, "a"), io::dtype_name(ta.dtype));
+  w.set_metadata(meta_key("peft_dtype", layer, p, "b"), io::dtype_name(tb.dtype));
+  counter->total += static_cast<std::size_t>(E) * r * (in + out) * esize;
+  w.add_streamed(tensor_key(layer, p, "a"), out_dtype, {E, r, in}, [&src, &ta, out_dtype, counter](std::byte* dst, std::size_t n) {
+    if (ta.dtype == out_dtype) std::memcpy(dst, src.data(ta), n);
+    else io::convert_to_f32(ta.dtype, src.data(ta), static_cast<std::size_t>(ta.numel()), reinterpret_cast<float*>(dst));
+    counter->add(n);
+  });
+  w.add_streamed(tensor_key(layer, p, "b"), out_dtype, {E, out, r},
+                 [&src, &tb, E, r, out, first_row, esize, out_dtype, counter](std::byte* dst, std::size_t n) {
+                   const std::size_t src_size = io::dtype_size(tb.dtype), cols = static_cast<std::size_t>(r) * E;
+                   const std::byte* b = src.data(tb);
+                   for (int e = 0; e < E; ++e)
+                     for (int o = 0; o < out; ++o)
+                       for (int j = 0; j < r; ++j) {
+                         const std::byte* from = b + ((static_cast<std::size_t>(first_row) + o) * cols + static_cast<std::size_t>(j) * E + e) * src_size;
+                         std::byte* to = dst + ((static_cast<std::size_t>(e) * out + o) * r + j) * esize;
+                         if (tb.dtype == out_dtype) std::memcpy(to, from, esize);
+                         else io::convert_to_f32(tb.dtype, from, 1, reinterpret_cast<float*>(to));
+                       }
+                   counter->add(n);
+                 });
+  const std::vector<std::uint8_t> mask(E, 1);
+  const std::vector<std::int32_t> ranks(E, r);
+  w.add_streamed(tensor_key(layer, p, "mask"), io::Dtype::U8, {E}, [mask](std::byte* dst, std::size_t n) { std::memcpy(dst, mask.data(), n); });
+  w.add_f32(tensor_key(layer, p, "scale"), {E}, std::vector<float>(E, static_cast<float>(entry.scale)));
+  w.add_streamed(tensor_key(layer, p, "rank"), io::Dtype::I32, {E}, [ranks](std::byte* dst, std::size_t n) { std::memcpy(dst, ranks.data(), n); });
+}
+
 }  // namespace
 
 ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelConfig& model, const std::string& output,
                                        const ProgressFn& progress) {
   const MoeShape& s = model.shape;
   const io::SafetensorsFile& src = adapter.file();
-  for (int layer : adapter.layers())
-    if (!adapter.stacked_entries(layer).empty())
-      fail(ErrorKind::unsupported, adapter.dir() + ": layer " + std::to_string(layer) + "'s LoRA is on the stacked expert tensors ('" +
-                                       adapter.stacked_entries(layer).front().key_a + "', PEFT's target_parameters), which convert-lora "
-                                       "does not write; forward, backward and load_adapter read such an adapter directory as it is");
   // Keep bf16 adapters in bf16 (half the bytes); anything else becomes f32, which loses nothing.
   bool all_bf16 = true;
-  for (int layer : adapter.layers())
-    for (const auto& list : *adapter.layer_entries(layer))
-      for (const auto& e : list)
-        if (e.rank > 0 && (src.get(e.key_a).dtype != io::Dtype::BF16 || src.get(e.key_b).dtype != io::Dtype::BF16)) all_bf16 = false;
+  for (int layer : adapter.layers()) {
+    if (const auto* entries = adapter.layer_entries(layer))
+      for (const auto& list : *entries)
+        for (const auto& e : list)
+          if (e.rank > 0 && (src.get(e.key_a).dtype != io::Dtype::BF16 || src.get(e.key_b).dtype != io::Dtype::BF16)) all_bf16 = false;
+    for (const auto& e : adapter.stacked_entries(layer))
+      if (src.get(e.key_a).dtype != io::Dtype::BF16 || src.get(e.key_b).dtype != io::Dtype::BF16) all_bf16 = false;
+  }
   io::Dtype out_dtype = all_bf16 ? io::Dtype::BF16 : io::Dtype::F32;
   std::size_t esize = io::dtype_size(out_dtype);
 
@@ -124,7 +165,15 @@ ConvertStats convert_peft_to_lora_file(const PeftAdapter& adapter, const ModelCo
     ++stats.layers;
     if (!layer_list.empty()) layer_list += ',';
     layer_list += std::to_string(layer);
-    const auto& entries = *adapter.layer_entries(layer);
+    for (const auto& entry : adapter.stacked_entries(layer)) {
+      max_rank = std::max(max_rank, entry.rank);
+      for (const auto& [p, first_row] : entry.parts) {
+        add_stacked_projection(w, src, s, layer, p, first_row, entry, out_dtype, counter);
+        stats.expert_tensors += 2;
+      }
+    }
+    static const std::array<std::vector<PeftExpertEntry>, 3> kNone;
+    const auto& entries = adapter.layer_entries(layer) ? *adapter.layer_entries(layer) : kNone;
     for (Projection p : kProjections) {
       const auto& list = entries[static_cast<int>(p)];
       int rank = 0;
@@ -284,6 +333,33 @@ std::optional<ConvertedProjection> converted_projection(const io::SafetensorsFil
   }
   c.dtype_a = parse_dtype_list(f, meta_key("peft_dtype", layer, p, "a"), c.num_experts, a->dtype);
   c.dtype_b = parse_dtype_list(f, meta_key("peft_dtype", layer, p, "b"), c.num_experts, c.b->dtype);
+  const std::string stacked_key = meta_key("peft_stacked", layer, p, "ab");
+  if (auto it = f.metadata().find(stacked_key); it != f.metadata().end()) {
+    auto bad = [&](const std::string& what) {
+      fail(ErrorKind::bad_file, path + ": metadata '" + stacked_key + "' " + what +
+                                    " (expected {\"a\": key, \"b\": key, \"first_row\": n, \"b_rows\": n})");
+    };
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(it->second);
+    } catch (const nlohmann::json::exception&) {
+      bad("is not JSON");
+    }
+    if (!j.is_object() || !j.contains("a") || !j["a"].is_string() || !j.contains("b") || !j["b"].is_string() ||
+        !j.contains("first_row") || !j["first_row"].is_number_integer() || !j.contains("b_rows") || !j["b_rows"].is_number_integer())
+      bad("lacks a field or has one of the wrong type");
+    const long long first_row = j["first_row"].get<long long>(), b_rows = j["b_rows"].get<long long>();
+    if (first_row < 0 || b_rows <= 0 || b_rows > (1LL << 30) || first_row + c.out > b_rows)
+      bad("has rows " + std::to_string(first_row) + " + " + std::to_string(c.out) + " outside B's " + std::to_string(b_rows));
+    for (int e = 0; e < c.num_experts; ++e)
+      if (c.expert_rank[e] != c.rank) bad("but expert " + std::to_string(e) + " is not at the file's rank " + std::to_string(c.rank));
+    c.stacked.key_a = j["a"].get<std::string>();
+    c.stacked.key_b = j["b"].get<std::string>();
+    c.stacked.first_row = static_cast<int>(first_row);
+    c.stacked.b_rows = static_cast<int>(b_rows);
+    c.stacked.dtype_a = c.dtype_a[0];
+    c.stacked.dtype_b = c.dtype_b[0];
+  }
   return c;
 }
 
@@ -327,6 +403,7 @@ LoadedLora load_converted_layer(const std::string& path, const ModelConfig& mode
     out.key_template_b[static_cast<int>(p)] = c->key_template_b;
     out.dtype_a[static_cast<int>(p)] = c->dtype_a;
     out.dtype_b[static_cast<int>(p)] = c->dtype_b;
+    out.stacked[static_cast<int>(p)] = c->stacked;
   }
   if (!any) out.warnings.push_back(path + ": no LoRA for layer " + std::to_string(layer) + "; its experts run without LoRA");
   return out;

@@ -12,6 +12,8 @@
 //   peft_verbatim.<key>          every PEFT tensor that is not routed-expert LoRA (attention LoRA,
 //                                 shared experts, modules_to_save), byte for byte
 //   peft_file_metadata           the PEFT file's own safetensors metadata, as JSON
+//   peft_stacked.layer_L.P.ab    for LoRA that PEFT stacked over the experts (target_parameters):
+//                                 {"a": key, "b": key, "first_row": P's first row in B, "b_rows": B's rows}
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -49,6 +51,7 @@ struct ConvertedProjection {
   std::vector<int> expert_rank;  // [E], 0 where the adapter does not cover the expert
   std::string key_template_a, key_template_b;  // empty in files without PEFT names
   std::vector<io::Dtype> dtype_a, dtype_b;     // [E], the PEFT file's dtypes
+  LoadedLora::StackedKeys stacked;             // set when the PEFT file stacked this LoRA over the experts
 };
 std::optional<ConvertedProjection> converted_projection(const io::SafetensorsFile& f, int layer, Projection p);
 

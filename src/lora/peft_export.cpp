@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -325,10 +326,23 @@ PeftExportStats export_lora_file(const std::string& lora_file, const std::string
 
   std::vector<OutTensor> tensors;
   std::vector<int> layers = converted_layers(f);
+  std::deque<LoadedLora> stacked;  // read whole (one layer's LoRA is small): the fills point into them
   for (int layer : layers) {
+    LoadedLora* layer_stacked = nullptr;
     for (Projection p : kProjections) {
       auto c = converted_projection(f, layer, p);
       if (!c) continue;
+      if (!c->stacked.empty()) {
+        if (!layer_stacked) layer_stacked = &stacked.emplace_back();
+        auto& proj = layer_stacked->lora[p];
+        proj.allocate(c->num_experts, c->rank, c->in, c->out);
+        proj.a = io::read_as_f32(f, c->a->name);
+        proj.b = io::read_as_f32(f, c->b->name);
+        std::fill(proj.present.begin(), proj.present.end(), 1);
+        proj.expert_rank = c->expert_rank;
+        layer_stacked->stacked[static_cast<int>(p)] = c->stacked;
+        continue;
+      }
       if (c->key_template_a.empty() || c->key_template_b.empty())
         fail(ErrorKind::bad_file, lora_file + ": layer " + std::to_string(layer) + " " + projection_name(p) +
                                       " has no PEFT key names (metadata 'peft_key.*'); convert the adapter again");
@@ -348,6 +362,7 @@ PeftExportStats export_lora_file(const std::string& lora_file, const std::string
                            [b, sb, r, out, padded, db](std::byte* dst, std::size_t) { copy_matrix(b, sb, padded, out, r, dst, db); }});
       }
     }
+    if (layer_stacked) add_stacked_tensors(layer, *layer_stacked, dtype, tensors);
   }
   PeftExtras extras = converted_extras(f);
   PeftExportStats stats = write_tensors(out_dir, config->second, tensors, extras, dtype, progress);

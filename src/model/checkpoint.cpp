@@ -175,7 +175,8 @@ void Checkpoint::add_stacked_experts(int layer, const std::string& name, const L
   const Projection first = parts.front().first;
   const std::int64_t rows = static_cast<std::int64_t>(projection_out(s, first)) * static_cast<std::int64_t>(parts.size());
   const std::int64_t cols = projection_in(s, first);
-  const std::string want = std::string("[") + std::to_string(s.num_experts) + ", " + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  const std::string want =
+      std::string("[") + std::to_string(s.num_experts) + ", " + std::to_string(rows) + ", " + std::to_string(cols) + "]";
   if (info.shape.size() != 3)
     fail(ErrorKind::bad_file, where + ": '" + name + "' has shape " + io::shape_string(info.shape) + ", expected " + want +
                                   " (every expert's " + parsed->projection_token + " stacked)");
@@ -196,7 +197,8 @@ void Checkpoint::add_stacked_experts(int layer, const std::string& name, const L
   if (info.dtype != io::Dtype::BF16 && info.dtype != io::Dtype::F16 && info.dtype != io::Dtype::F32)
     fail(ErrorKind::bad_file, where + ": '" + name + "' has dtype " + io::dtype_name(info.dtype) +
                                   "; expert weights must be BF16, F16, F32 or F8_E4M3");
-  const std::size_t bytes = static_cast<std::size_t>(projection_out(s, first)) * static_cast<std::size_t>(cols) * io::dtype_size(info.dtype);
+  const std::size_t bytes =
+      static_cast<std::size_t>(projection_out(s, first)) * static_cast<std::size_t>(cols) * io::dtype_size(info.dtype);
   for (int e = 0; e < s.num_experts; ++e)
     for (const auto& [p, first_row] : parts) {
       auto& slot = refs[static_cast<int>(p)][e];
