@@ -43,6 +43,11 @@ seed 7 "$(ls "$out"/seed_dir/quantized/layer_*.safetensors | head -1)"
 python3 scripts/fuzz_stacked_seeds.py "$fx" "$out/seed_dir"
 seed 3 "$out/seed_dir/stacked_adapter.safetensors"
 seed 5 "$out/seed_dir/stacked_model.safetensors"
+mkdir -p "$out/seed_dir/stacked_adapter"
+cp "$fx/adapter/adapter_config.json" "$out/seed_dir/stacked_adapter/"
+cp "$out/seed_dir/stacked_adapter.safetensors" "$out/seed_dir/stacked_adapter/adapter_model.safetensors"
+build/tilemoe convert-lora --adapter "$out/seed_dir/stacked_adapter" --model "$fx/model" --output "$out/seed_dir/stacked_lora.safetensors" > /dev/null
+seed 4 "$out/seed_dir/stacked_lora.safetensors"
 
 parallel=()
 [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
