@@ -39,7 +39,8 @@ inline void check_same_adapter(const std::string& want_dir, const std::string& g
   }
 }
 
-// Both adapters load into the same LoRA (values, ranks, scales, coverage, PEFT names, dtypes).
+// Both adapters load into the same LoRA (values, ranks, scales, coverage, PEFT names, dtypes, and
+// for LoRA stacked over the experts its stacked keys and rows).
 inline void check_same_loaded_lora(const std::string& want_dir, const std::string& got_dir, const ModelConfig& model,
                                    const std::vector<int>& layers) {
   for (int layer : layers) {
@@ -58,6 +59,13 @@ inline void check_same_loaded_lora(const std::string& want_dir, const std::strin
       CHECK(got.key_template_b == want.key_template_b);
       CHECK(got.dtype_a == want.dtype_a);
       CHECK(got.dtype_b == want.dtype_b);
+      const auto &gs = got.stacked[static_cast<int>(p)], &ws = want.stacked[static_cast<int>(p)];
+      CHECK(gs.key_a == ws.key_a);
+      CHECK(gs.key_b == ws.key_b);
+      CHECK(gs.first_row == ws.first_row);
+      CHECK(gs.b_rows == ws.b_rows);
+      CHECK(gs.dtype_a == ws.dtype_a);
+      CHECK(gs.dtype_b == ws.dtype_b);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "adapter_compare.hpp"
 #include "catch.hpp"
 #include "cli_runner.hpp"
 #include "src/io/safetensors.hpp"
@@ -247,16 +248,7 @@ TEST_CASE("a stacked adapter's gradients and export keep PEFT's layout", "[peft]
   PeftExportOptions opt;
   opt.extras = peft_extras(adapter);
   write_peft_adapter(out, adapter.config(), {{1, &loaded}}, opt);
-  auto a = io::SafetensorsFile::open(dir + "/adapter_model.safetensors");
-  auto b = io::SafetensorsFile::open(out + "/adapter_model.safetensors");
-  REQUIRE(a.tensors().size() == b.tensors().size());
-  for (const auto& t : a.tensors()) {
-    INFO(t.name);
-    const auto* u = b.find(t.name);
-    REQUIRE(u);
-    CHECK(u->shape == t.shape);
-    CHECK(io::read_as_f32(a, t.name) == io::read_as_f32(b, t.name));
-  }
+  test::check_same_adapter(dir, out);
   // A trainer that stepped gate's and up's copies of the shared A apart cannot be written back.
   loaded.lora[Projection::up].a_of(2)[0] += 1.0f;
   CHECK(error_of([&] { write_peft_adapter(test::temp_dir() + "/stacked_bad", adapter.config(), {{1, &loaded}}); })
@@ -316,37 +308,12 @@ TEST_CASE("convert-lora keeps a stacked adapter, and export-peft gives it back s
   auto adapter = PeftAdapter::open(dir, cfg);
   const std::string converted = test::temp_dir() + "/stacked.safetensors";
   convert_peft_to_lora_file(adapter, cfg, converted);
-  auto from_file = load_converted_layer(converted, cfg, 1);
-  auto from_dir = load_peft_layer(adapter, cfg.shape, 1);
-  for (Projection p : kProjections) {
-    INFO(projection_name(p));
-    const auto &got = from_file.lora[p], &want = from_dir.lora[p];
-    CHECK(got.rank == want.rank);
-    CHECK(got.a == want.a);
-    CHECK(got.b == want.b);
-    CHECK(got.scale == want.scale);
-    CHECK(got.present == want.present);
-    const auto &gk = from_file.stacked[static_cast<int>(p)], &wk = from_dir.stacked[static_cast<int>(p)];
-    CHECK(gk.key_a == wk.key_a);
-    CHECK(gk.key_b == wk.key_b);
-    CHECK(gk.first_row == wk.first_row);
-    CHECK(gk.b_rows == wk.b_rows);
-    CHECK(gk.dtype_b == wk.dtype_b);
-  }
+  test::check_same_loaded_lora(dir, converted, cfg, {1});
+  CHECK(load_converted_layer(converted, cfg, 1).stacked[1].first_row == kI);
   // The file's stacked tensors and the attention LoRA come back as PEFT wrote them.
   const std::string out = test::temp_dir() + "/stacked_from_file";
   export_lora_file(converted, out);
-  auto a = io::SafetensorsFile::open(dir + "/adapter_model.safetensors");
-  auto b = io::SafetensorsFile::open(out + "/adapter_model.safetensors");
-  REQUIRE(a.tensors().size() == b.tensors().size());
-  for (const auto& t : a.tensors()) {
-    INFO(t.name);
-    const auto* u = b.find(t.name);
-    REQUIRE(u);
-    CHECK(u->dtype == t.dtype);
-    CHECK(u->shape == t.shape);
-    CHECK(io::read_as_f32(a, t.name) == io::read_as_f32(b, t.name));
-  }
+  test::check_same_adapter(dir, out);
   // Metadata that does not describe a stack is refused naming the key.
   {
     auto f = io::SafetensorsFile::open(converted);
