@@ -224,27 +224,31 @@ std::array<std::vector<ExpertTensorRef>, 3> Checkpoint::expert_tensors(int layer
   };
   // Stacked tensors first, so that a per-expert tensor stored beside one is reported as stored twice
   // whatever the order of the names.
-  std::vector<std::pair<const std::string*, const Location*>> per_expert;
+  struct PerExpert {
+    const std::string* name;
+    const Location* loc;
+    ExpertTensorName parsed;
+  };
+  std::vector<PerExpert> per_expert;
   for (const auto& [name, loc] : location_) {
     if (auto stacked = parse_stacked_expert_tensor_name(name)) {
       if (stacked->layer == layer) add_stacked_experts(layer, name, loc, refs);
       continue;
     }
     auto parsed = parse_expert_tensor_name(name);
-    if (parsed && !parsed->lora && parsed->layer == layer) per_expert.emplace_back(&name, &loc);
+    if (parsed && !parsed->lora && parsed->layer == layer) per_expert.push_back({&name, &loc, std::move(*parsed)});
   }
-  for (const auto& [name_ptr, loc] : per_expert) {
+  for (const auto& [name_ptr, loc, parsed] : per_expert) {
     const std::string& name = *name_ptr;
-    auto parsed = parse_expert_tensor_name(name);
-    std::string where = dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(parsed->expert) + " " +
-                        projection_name(parsed->projection);
-    if (parsed->bias)
+    std::string where = dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(parsed.expert) + " " +
+                        projection_name(parsed.projection);
+    if (parsed.bias)
       fail(ErrorKind::unsupported, bias_refusal(files_[loc->file]->path() + ": layer " + std::to_string(layer) + " expert " +
-                                                    std::to_string(parsed->expert) + " " + projection_name(parsed->projection),
+                                                    std::to_string(parsed.expert) + " " + projection_name(parsed.projection),
                                                 name));
-    if (parsed->expert >= s.num_experts)
+    if (parsed.expert >= s.num_experts)
       fail(ErrorKind::bad_file, where + ": '" + name + "' but config.json says " + std::to_string(s.num_experts) + " experts");
-    auto& slot = refs[static_cast<int>(parsed->projection)][parsed->expert];
+    auto& slot = refs[static_cast<int>(parsed.projection)][parsed.expert];
     if (!slot.name.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot.name + "' and '" + name + "'");
     slot = ExpertTensorRef{name, -1, 0, loc->info->nbytes};
   }
