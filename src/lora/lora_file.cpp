@@ -117,12 +117,12 @@ void add_stacked_projection(io::SafetensorsWriter& w, const io::SafetensorsFile&
   });
   w.add_streamed(tensor_key(layer, p, "b"), out_dtype, {E, out, r},
                  [&src, &tb, E, r, out, first_row, esize, out_dtype, counter](std::byte* dst, std::size_t n) {
-                   const std::size_t src_size = io::dtype_size(tb.dtype), cols = static_cast<std::size_t>(r) * E;
+                   const std::size_t src_size = io::dtype_size(tb.dtype);
                    const std::byte* b = src.data(tb);
                    for (int e = 0; e < E; ++e)
                      for (int o = 0; o < out; ++o)
                        for (int j = 0; j < r; ++j) {
-                         const std::byte* from = b + ((static_cast<std::size_t>(first_row) + o) * cols + static_cast<std::size_t>(j) * E + e) * src_size;
+                         const std::byte* from = b + peft_stacked_b_index(static_cast<std::size_t>(first_row) + o, j, e, r, E) * src_size;
                          std::byte* to = dst + ((static_cast<std::size_t>(e) * out + o) * r + j) * esize;
                          if (tb.dtype == out_dtype) std::memcpy(to, from, esize);
                          else io::convert_to_f32(tb.dtype, from, 1, reinterpret_cast<float*>(to));

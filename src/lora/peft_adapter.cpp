@@ -301,7 +301,6 @@ void load_stacked_entries(const PeftAdapter& adapter, const MoeShape& s, int lay
     require_finite(a.data(), a.size(), adapter.file().path() + ": '" + entry.key_a + "'");
     require_finite(b.data(), b.size(), adapter.file().path() + ": '" + entry.key_b + "'");
     const int r = entry.rank;
-    const std::size_t b_cols = static_cast<std::size_t>(r) * E;
     for (const auto& [p, first_row] : entry.parts) {
       auto& proj = out.lora[p];
       const int in = projection_in(s, p), o = projection_out(s, p);
@@ -314,7 +313,7 @@ void load_stacked_entries(const PeftAdapter& adapter, const MoeShape& s, int lay
         float* bd = proj.b_of(e);
         for (int row = 0; row < o; ++row)
           for (int j = 0; j < r; ++j)
-            bd[static_cast<std::size_t>(row) * r + j] = b[static_cast<std::size_t>(first_row + row) * b_cols + static_cast<std::size_t>(j) * E + e];
+            bd[static_cast<std::size_t>(row) * r + j] = b[peft_stacked_b_index(static_cast<std::size_t>(first_row + row), j, e, r, E)];
       }
       auto& keys = out.stacked[static_cast<int>(p)];
       keys.key_a = entry.key_a;
@@ -360,8 +359,7 @@ std::vector<StackedLoraGrad> stacked_lora_grads(const LoadedLora& lora, const La
     for (int e = 0; e < E; ++e)
       for (int row = 0; row < g.out; ++row)
         for (int j = 0; j < r; ++j)
-          gb->values[static_cast<std::size_t>(keys.first_row + row) * b_cols + static_cast<std::size_t>(j) * E + e] =
-              g.b_of(e)[static_cast<std::size_t>(row) * r + j];
+          gb->values[peft_stacked_b_index(static_cast<std::size_t>(keys.first_row + row), j, e, r, E)] = g.b_of(e)[static_cast<std::size_t>(row) * r + j];
   }
   return out;
 }

@@ -4,6 +4,7 @@
 //   base_model.model.model.layers.1.mlp.experts.0.gate_proj.lora_A.weight
 // matched anywhere in the name. Gate and up keep their own A and B.
 #include <array>
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
@@ -46,6 +47,11 @@ struct PeftStackedEntry {
   int rank = 0;
   double scale = 0;
 };
+
+// Where expert e's B[row][j] lies in a stacked B [rows, rank*E] (row counted over the whole B).
+inline std::size_t peft_stacked_b_index(std::size_t row, int j, int e, int rank, int num_experts) {
+  return row * static_cast<std::size_t>(rank) * num_experts + static_cast<std::size_t>(j) * num_experts + e;
+}
 
 // Every routed-expert LoRA tensor of an adapter, checked against the model: ranks agree between
 // A and B and with adapter_config.json, dimensions match the model, experts and layers exist.

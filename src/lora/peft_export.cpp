@@ -251,7 +251,7 @@ bool add_stacked_tensors(int layer, const LoadedLora& lora, ExportDtype dtype, s
                            for (int e = 0; e < E; ++e)
                              for (int row = 0; row < w->out; ++row)
                                for (int j = 0; j < r; ++j)
-                                 full[static_cast<std::size_t>(row0 + row) * cols + static_cast<std::size_t>(j) * E + e] =
+                                 full[peft_stacked_b_index(static_cast<std::size_t>(row0 + row), j, e, r, E)] =
                                      w->b_of(e)[static_cast<std::size_t>(row) * w->rank + j];
                          copy_matrix(reinterpret_cast<const std::byte*>(full.data()), io::Dtype::F32, static_cast<int>(cols), b_rows,
                                      static_cast<int>(cols), dst, db);
