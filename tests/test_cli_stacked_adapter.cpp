@@ -3,7 +3,7 @@
 // tensor, gate and up sharing one A through gate_up_proj. Checked against PEFT's own formula for
 // the weight delta, against the same LoRA written per expert (the form the PyTorch fixtures
 // check) through the command line's forward and backward, and through convert-lora and export
-// round trips.
+// round trips; MoeLayer::adapter_stacked_keys names where the adapter keeps them.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +21,8 @@
 #include "src/model/tensor_names.hpp"
 #include "test_util.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/moe_layer.hpp"
+#include "tilemoe/runtime.hpp"
 
 using namespace tilemoe;
 namespace fs = std::filesystem;
@@ -299,6 +301,39 @@ TEST_CASE("malformed stacked adapters are refused naming the file and keys", "[p
     fs::rename(d + "/adapter_model.safetensors.new", d + "/adapter_model.safetensors");
     CHECK(open_error(d).find("layer 1 down has LoRA both per expert") != std::string::npos);
   }
+}
+
+TEST_CASE("a layer says where its adapter keeps the stacked LoRA", "[api][stacked]") {
+  StackedLora l;
+  const std::string model = write_model("keys_model", true);
+  const std::string stacked = write_stacked_adapter("keys_stacked", l), per_expert = write_per_expert_adapter("keys_per_expert", l);
+  Runtime rt({"portable", 1});
+  CheckpointLayerOptions o;
+  o.max_tokens = 8;
+  o.adapter = stacked;
+  MoeLayer layer = MoeLayer::from_checkpoint(rt, model, 1, o);
+  auto check_stacked = [&](const LayerPeftStackedKeys& k) {
+    for (int p = 0; p < 2; ++p) {
+      CHECK(k[p].key_a == kPrefix + "base_layer.lora_A.weight");  // one A for gate and up
+      CHECK(k[p].key_b == kPrefix + "base_layer.lora_B.weight");
+      CHECK(k[p].first_row == p * kI);
+      CHECK(k[p].b_rows == 2 * kI);
+    }
+    CHECK(k[2].key_a == kPrefix + "lora_A.weight");
+    CHECK(k[2].key_b == kPrefix + "lora_B.weight");
+    CHECK(k[2].first_row == 0);
+    CHECK(k[2].b_rows == kH);
+  };
+  check_stacked(layer.adapter_stacked_keys());
+  auto all_empty = [](const LayerPeftStackedKeys& k) { return k[0].empty() && k[1].empty() && k[2].empty(); };
+  layer.load_adapter(per_expert);
+  CHECK(all_empty(layer.adapter_stacked_keys()));
+  const std::string converted = test::temp_dir() + "/keys.safetensors";
+  convert_peft_to_lora_file(PeftAdapter::open(stacked, config()), config(), converted);
+  layer.load_adapter(converted);  // the file keeps the keys
+  check_stacked(layer.adapter_stacked_keys());
+  layer.unload_adapter();
+  CHECK(all_empty(layer.adapter_stacked_keys()));
 }
 
 TEST_CASE("convert-lora keeps a stacked adapter, and export-peft gives it back stacked", "[convert][stacked][export]") {

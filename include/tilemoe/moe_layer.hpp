@@ -174,6 +174,11 @@ class TILEMOE_CXX_API MoeLayer {
   void load_adapter(const std::string& path, int layer = -1, AdapterStorage storage = AdapterStorage::as_stored);
   void unload_adapter();  // back to no LoRA; needs an empty cache stack
   const LayerLoraView& lora() const;
+  // Where the adapter the layer holds (load_adapter, CheckpointLayerOptions::adapter) keeps each
+  // projection's LoRA when PEFT stacked it over the experts, so that a trainer can write factors
+  // and gradients back under those keys; all empty without an adapter or for per-expert keys. Of
+  // the held adapter even while update_lora_weights has another set in use.
+  LayerPeftStackedKeys adapter_stacked_keys() const;
 
   int cached_forwards() const;
   std::size_t cache_bytes() const;

@@ -335,6 +335,14 @@ MoeLayer& MoeLayer::operator=(MoeLayer&& other) noexcept {
 const MoeLayerConfig& MoeLayer::config() const { return impl_->cfg; }
 double MoeLayer::lora_scale() const { return impl_->scale; }
 const LayerLoraView& MoeLayer::lora() const { return impl_->sft->lora(); }
+LayerPeftStackedKeys MoeLayer::adapter_stacked_keys() const {
+  Impl* m = impl_.get();
+  LayerPeftStackedKeys out;
+  m->run([m, &out] {  // after the queued tasks, one of which may load or unload the adapter
+    if (m->adapter) out = m->adapter->stacked_keys();
+  });
+  return out;
+}
 int MoeLayer::cached_forwards() const { return impl_->sft->cached_forwards(); }
 std::size_t MoeLayer::cache_bytes() const { return impl_->sft->cache_bytes(); }
 std::size_t MoeLayer::weight_copy_bytes() const { return impl_->sft->weight_copy_bytes(); }

@@ -54,6 +54,15 @@ HeldAdapter::HeldAdapter(LoadedLora loaded, AdapterStorage storage) : loaded_(st
   view_ = lora_view(bf16_);
 }
 
+LayerPeftStackedKeys HeldAdapter::stacked_keys() const {
+  LayerPeftStackedKeys out;
+  for (int i = 0; i < 3; ++i) {
+    const auto& k = loaded_.stacked[i];
+    out[i] = {k.key_a, k.key_b, k.first_row, k.b_rows};
+  }
+  return out;
+}
+
 std::size_t HeldAdapter::factor_bytes() const {
   std::size_t bytes = 0;
   for (int i = 0; i < 3; ++i)

@@ -24,6 +24,8 @@ class HeldAdapter {
   LoraDType dtype() const { return view_.proj[0].dtype; }
   // Bytes of the factors held (A and B of every projection).
   std::size_t factor_bytes() const;
+  // The PEFT keys of projections the file stacked over the experts.
+  LayerPeftStackedKeys stacked_keys() const;
 
  private:
   LoadedLora loaded_;  // f32 factors (released when held in bf16), keys, file dtypes, warnings
