@@ -403,6 +403,29 @@ void PyLayer::unload_adapter() {
   origin_.adapter.reset();
 }
 
+py::dict PyLayer::adapter_stacked_keys() {
+  auto lock = lock_state();
+  const auto mark = runtime_->last_ticket();
+  LayerPeftStackedKeys keys;
+  {
+    py::gil_scoped_release release;
+    keys = layer_->adapter_stacked_keys();
+  }
+  runtime_->finished_through(mark);
+  py::dict out;
+  for (Projection p : kProjections) {
+    const PeftStackedKeys& k = keys[static_cast<int>(p)];
+    if (k.empty()) continue;
+    py::dict d;
+    d["key_a"] = k.key_a;
+    d["key_b"] = k.key_b;
+    d["first_row"] = k.first_row;
+    d["b_rows"] = k.b_rows;
+    out[projection_name(p)] = d;
+  }
+  return out;
+}
+
 py::dict PyLayer::lora_weights() {
   auto lock = lock_state();  // no set change can be queued meanwhile
   cached_forwards_in_order();  // and those queued before have run

@@ -45,7 +45,9 @@ class MoEAdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False, maximize=False)
         super().__init__([p for p, _, _, _ in self._entries], defaults)
         self._module = module
-        self._flat = module._flat
+        # The arrays that own parameters: not up's A where gate and up share one (MoELoRA keeps it as gate's).
+        stepped = {key for _, _, key, _ in module._params}
+        self._flat = {k: v for k, v in module._flat.items() if k in stepped}
         self._grad_flat = module._grad_flat
         self._exp_avg = {k: torch.zeros_like(v) for k, v in self._flat.items()}
         self._exp_avg_sq = {k: torch.zeros_like(v) for k, v in self._flat.items()}

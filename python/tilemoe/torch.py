@@ -86,6 +86,12 @@ class MoELoRA(torch.nn.Module):
     dtype: torch.float32 (default) or torch.bfloat16, the parameters' and gradients' dtype.
     The module points the layer at its own arrays: one MoELoRA per layer, and no other
     update_lora_weights on it while the module is in use.
+
+    An adapter that PEFT stacked over the experts (target_parameters on transformers v5's
+    experts.gate_up_proj / down_proj; MoELayer.adapter_stacked_keys) has no per-expert keys: its
+    experts' parameters are named as a per-expert adapter of the model would be, and
+    save_pretrained writes them back stacked under the adapter's keys. gate_up_proj's one A is one
+    Parameter per expert shared by gate and up (as in PEFT), its gradient the sum of theirs.
     """
 
     def __init__(self, layer, *, rank=None, naming=None, generator=None, dtype=torch.float32):
@@ -101,6 +107,17 @@ class MoELoRA(torch.nn.Module):
                 "down": (cfg.intermediate, cfg.hidden)}
 
         current = layer.lora_weights()
+        # Projections the layer's adapter stacked over the experts (PEFT target_parameters): the
+        # parameters stay per expert (each a view of what the runtime reads), save_pretrained writes
+        # them back stacked. gate_up_proj's one A serves gate and up: one Parameter for both.
+        self._stacked = layer.adapter_stacked_keys() if current else {}
+        self._shared_a = "gate" in self._stacked and "up" in self._stacked and \
+            self._stacked["gate"]["key_a"] == self._stacked["up"]["key_a"]
+        if self._shared_a and not _same_values(current["gate"]["a"], current["up"]["a"]):
+            raise ValueError(f"MoELoRA: the layer's adapter shares one LoRA A between gate and up "
+                             f"('{self._stacked['gate']['key_a']}'), but the set in use has two different ones; load "
+                             f"the adapter again (load_adapter) or unload it before giving the layer other arrays")
+        self._adapter_config = _adapter_config_text(layer.adapter) if self._stacked else None
         if current:
             for name in _PROJ:
                 if name not in current:
@@ -133,20 +150,28 @@ class MoELoRA(torch.nn.Module):
         self._present = present.contiguous() if present is not None else None
         self._scales = scales.contiguous() if scales is not None else None
         root = torch.nn.Module()
+        gate_a_params = {}
         for i, name in enumerate(_PROJ):
             if name not in current:
                 continue
             for factor, key in (("A", name + "_a"), ("B", name + "_b")):
-                flat = current[name][factor.lower()].to(dtype).contiguous().clone()
-                self._flat[key] = flat
-                self._grad_flat[key] = torch.zeros_like(flat)
+                if key == "up_a" and self._shared_a:
+                    self._flat[key] = self._flat["gate_a"]  # the runtime reads one array for both
+                else:
+                    self._flat[key] = current[name][factor.lower()].to(dtype).contiguous().clone()
+                self._grad_flat[key] = torch.zeros_like(self._flat[key])  # backward writes gate's and up's apart
             for e in range(self.num_experts):
                 if present is not None and not present[i, e]:
                     continue
                 for factor, key in (("A", name + "_a"), ("B", name + "_b")):
-                    param = torch.nn.Parameter(self._flat[key][e])
+                    if key == "up_a" and self._shared_a:
+                        param = gate_a_params[e]  # named once (named_parameters drops the repeat), stepped once
+                    else:
+                        param = torch.nn.Parameter(self._flat[key][e])
+                        self._params.append((param, self._grad_flat[key][e], key, e))
+                        if key == "gate_a":
+                            gate_a_params[e] = param
                     _attach(root, self.naming.module(e, i) + f".lora_{factor}", _Factor(param))
-                    self._params.append((param, self._grad_flat[key][e], key, e))
         # The PEFT module path starts at this module: named_parameters() gives PEFT's keys.
         for child_name, child in root.named_children():
             self.add_module(child_name, child)
@@ -209,6 +234,11 @@ class MoELoRA(torch.nn.Module):
         go = grad_out.detach().to("cpu", torch.float32).contiguous()
         grads, accumulate, finish = self._grad_targets(saved)
         grad_in = self.layer.backward(go, None, grads, accumulate=accumulate)
+        if self._shared_a:
+            # A shared by gate and up: its gradient is the sum of theirs. up's array is left zero,
+            # ready for the next backward that adds into it.
+            grads["gate_a"].add_(grads["up_a"])
+            grads["up_a"].zero_()
         finish()
         saved.done = True
         self._saved.pop()
@@ -261,25 +291,71 @@ class MoELoRA(torch.nn.Module):
 
     def save_pretrained(self, directory):
         """Writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) with these
-        parameters under their PEFT names; needs one scale per projection, as PEFT's config has."""
+        parameters under their PEFT names; needs one scale per projection, as PEFT's config has.
+        Projections the layer's adapter stacked over the experts are written stacked again, under
+        its keys and with its adapter_config.json."""
         import json
         import os
         os.makedirs(directory, exist_ok=True)
-        rank = {name: self._flat[name + "_a"].shape[1] for name in _PROJ if name + "_a" in self._flat}
-        scale = _uniform_scales(self)
-        alphas = {scale[n] * rank[n] for n in rank}
-        ranks = set(rank.values())
-        if len(alphas) != 1 or len(ranks) != 1:
-            raise NotImplementedError("MoELoRA.save_pretrained: projections with different ranks or scales need PEFT's "
-                                      "rank_pattern/alpha_pattern, which this writer does not produce")
-        tensors = {name: p.detach() for name, p in self.named_parameters()}
+        tensors = {}
+        for i, name in enumerate(_PROJ):
+            if name + "_a" not in self._flat or name in self._stacked:
+                continue
+            for e in range(self.num_experts):
+                if self._present is None or self._present[i, e]:
+                    for factor in ("A", "B"):
+                        tensors[self.naming.key(e, i, factor)] = self._flat[f"{name}_{factor.lower()}"][e].detach()
+        tensors.update(self._stacked_tensors())
+        if self._stacked:
+            config_text = self._adapter_config  # its target_parameters, rank and alpha describe these tensors
+        else:
+            rank = {name: self._flat[name + "_a"].shape[1] for name in _PROJ if name + "_a" in self._flat}
+            scale = _uniform_scales(self)
+            alphas = {scale[n] * rank[n] for n in rank}
+            ranks = set(rank.values())
+            if len(alphas) != 1 or len(ranks) != 1:
+                raise NotImplementedError("MoELoRA.save_pretrained: projections with different ranks or scales need PEFT's "
+                                          "rank_pattern/alpha_pattern, which this writer does not produce")
+            config = {"peft_type": "LORA", "r": ranks.pop(), "lora_alpha": alphas.pop(), "use_rslora": False,
+                      "target_modules": sorted({self.naming.projections[_PROJ.index(n)] for n in rank}), "bias": "none",
+                      "fan_in_fan_out": False, "lora_dropout": 0.0, "init_lora_weights": True, "rank_pattern": {},
+                      "alpha_pattern": {}, "task_type": None, "base_model_name_or_path": None}
+            config_text = json.dumps(config, indent=2)
         safetensors_io.write_tensors(os.path.join(directory, "adapter_model.safetensors"), tensors, {"format": "pt"})
-        config = {"peft_type": "LORA", "r": ranks.pop(), "lora_alpha": alphas.pop(), "use_rslora": False,
-                  "target_modules": sorted({self.naming.projections[_PROJ.index(n)] for n in rank}), "bias": "none",
-                  "fan_in_fan_out": False, "lora_dropout": 0.0, "init_lora_weights": True, "rank_pattern": {},
-                  "alpha_pattern": {}, "task_type": None, "base_model_name_or_path": None}
         with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+            f.write(config_text)
+
+    def _stacked_tensors(self):
+        """The stacked projections as PEFT stores them: A [r*E, in] (expert e's rows at e*r, which
+        [E, r, in] already is), B [b_rows, r*E] (expert e's column j at j*E + e)."""
+        out = {}
+        for name, keys in self._stacked.items():
+            a = self._flat[name + "_a"].detach()
+            experts, r, fan_in = a.shape
+            out[keys["key_a"]] = a.reshape(experts * r, fan_in)  # gate's and up's when shared: one array
+            b = self._flat[name + "_b"].detach()
+            rows = b.shape[1]
+            if keys["key_b"] not in out:
+                out[keys["key_b"]] = torch.zeros(keys["b_rows"], r * experts, dtype=b.dtype)
+            out[keys["key_b"]][keys["first_row"]:keys["first_row"] + rows] = b.permute(1, 2, 0).reshape(rows, r * experts)
+        return out
+
+
+def _same_values(x, y):
+    return x.shape == y.shape and bool((x == y).all())
+
+
+def _adapter_config_text(adapter):
+    """The adapter_config.json of a PEFT directory, or the one a `tilemoe convert-lora` file keeps."""
+    import os
+    if os.path.isdir(adapter):
+        with open(os.path.join(adapter, "adapter_config.json")) as f:
+            return f.read()
+    text = safetensors_io.read_header(adapter).get("__metadata__", {}).get("adapter_config")
+    if text is None:
+        raise ValueError(f"{adapter}: no adapter_config in the file's metadata, which save_pretrained copies for a "
+                         f"stacked LoRA; convert the PEFT adapter again with `tilemoe convert-lora`")
+    return text
 
 
 def _attach(root, dotted, module):
