@@ -169,7 +169,8 @@ or / sqrt(r) with rsLoRA), one float, or f32 [3, E] per projection and expert; p
             l.load_adapter(str_arg(path, "path"), optional_int_arg(layer, "layer"), adapter_storage_arg(storage, "storage"));
           },
           py::arg("path"), py::arg("layer") = py::none(), py::arg("storage") = py::none(),
-          "A PEFT adapter directory or convert-lora file, held by the layer; needs no saved forward. storage: "
+          "A PEFT adapter directory or convert-lora file, held by the layer; needs no saved forward. layer: its index "
+          "in the model (default: the layer's layer_index). storage: "
           "'as_stored' (default: bfloat16 when every factor tensor of the file is BF16, else float32), 'float32' "
           "or 'bfloat16' (other values rounded to nearest even: half the memory and the bytes read at decode).")
       .def("unload_adapter", &PyLayer::unload_adapter, "Back to no LoRA; needs no saved forward.")

@@ -379,7 +379,8 @@ void PyLayer::load_adapter(const std::string& path, std::optional<int> layer, Ad
   const auto mark = runtime_->last_ticket();
   {
     py::gil_scoped_release release;
-    layer_->load_adapter(path, layer.value_or(-1), storage);
+    // A layer made from memory with layer_index knows its index here only.
+    layer_->load_adapter(path, layer ? *layer : origin_.layer_index.value_or(-1), storage);
   }
   runtime_->finished_through(mark);
   current_ = {ranks_of(layer_->lora()), py::none()};

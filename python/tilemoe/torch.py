@@ -309,21 +309,48 @@ class MoELoRA(torch.nn.Module):
         if self._stacked:
             config_text = self._adapter_config  # its target_parameters, rank and alpha describe these tensors
         else:
-            rank = {name: self._flat[name + "_a"].shape[1] for name in _PROJ if name + "_a" in self._flat}
-            scale = _uniform_scales(self)
-            alphas = {scale[n] * rank[n] for n in rank}
-            ranks = set(rank.values())
-            if len(alphas) != 1 or len(ranks) != 1:
-                raise NotImplementedError("MoELoRA.save_pretrained: projections with different ranks or scales need PEFT's "
-                                          "rank_pattern/alpha_pattern, which this writer does not produce")
-            config = {"peft_type": "LORA", "r": ranks.pop(), "lora_alpha": alphas.pop(), "use_rslora": False,
-                      "target_modules": sorted({self.naming.projections[_PROJ.index(n)] for n in rank}), "bias": "none",
-                      "fan_in_fan_out": False, "lora_dropout": 0.0, "init_lora_weights": True, "rank_pattern": {},
-                      "alpha_pattern": {}, "task_type": None, "base_model_name_or_path": None}
-            config_text = json.dumps(config, indent=2)
+            config_text = json.dumps(self._peft_config(), indent=2)
         safetensors_io.write_tensors(os.path.join(directory, "adapter_model.safetensors"), tensors, {"format": "pt"})
         with open(os.path.join(directory, "adapter_config.json"), "w") as f:
             f.write(config_text)
+
+    def _peft_config(self):
+        """adapter_config.json for the per-expert keys: r and lora_alpha those of most expert modules,
+        rank_pattern / alpha_pattern for the others (a projection of another rank, experts of another
+        scale), keyed by module name without its first part ("layers.1.mlp.experts.3.down_proj"),
+        which every PEFT version matches as a suffix."""
+        modules = []  # (pattern key, rank, alpha); alpha = scale * rank (use_rslora off)
+        for i, name in enumerate(_PROJ):
+            if name + "_a" not in self._flat:
+                continue
+            r = self._flat[name + "_a"].shape[1]
+            for e in range(self.num_experts):
+                if self._present is not None and not self._present[i, e]:
+                    continue
+                module = self.naming.base_module(e, i)
+                modules.append((module.split(".", 1)[-1], r, self._scale_of(i, e) * r))
+        if not modules:
+            raise ValueError("MoELoRA.save_pretrained: no expert has LoRA")
+
+        def most_common(values):
+            return max(set(values), key=values.count)
+        r = most_common([m[1] for m in modules])
+        alpha = most_common([m[2] for m in modules])
+        return {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": False,
+                "target_modules": sorted({self.naming.projections[i] for i, n in enumerate(_PROJ) if n + "_a" in self._flat}),
+                "bias": "none", "fan_in_fan_out": False, "lora_dropout": 0.0, "init_lora_weights": True,
+                "rank_pattern": {k: mr for k, mr, _ in modules if mr != r},
+                "alpha_pattern": {k: ma for k, _, ma in modules if ma != alpha},
+                "task_type": None, "base_model_name_or_path": None}
+
+    def _scale_of(self, projection, expert):
+        """The LoRA scale of one expert's projection, as the runtime applies it."""
+        if self._scales is not None:
+            return float(self._scales[projection][expert])
+        cfg = self.layer.config
+        r = self._flat[_PROJ[projection] + "_a"].shape[1]
+        alpha = cfg.lora_alpha if cfg.lora_alpha is not None else cfg.lora_rank
+        return alpha / (math.sqrt(r) if cfg.use_rslora else r)
 
     def _stacked_tensors(self):
         """The stacked projections as PEFT stores them: A [r*E, in] (expert e's rows at e*r, which
@@ -369,22 +396,3 @@ def _attach(root, dotted, module):
             node.add_module(part, child)
         node = child
     node.add_module(parts[-1], module)
-
-
-def _uniform_scales(module):
-    """{projection: its one scale}; raises when experts of a projection have different scales."""
-    out = {}
-    for i, name in enumerate(_PROJ):
-        if name + "_a" not in module._flat:
-            continue
-        if module._scales is None:
-            r = module._flat[name + "_a"].shape[1]
-            cfg = module.layer.config
-            alpha = cfg.lora_alpha if cfg.lora_alpha is not None else cfg.lora_rank
-            out[name] = alpha / (math.sqrt(r) if cfg.use_rslora else r)
-            continue
-        values = module._scales[i][module._present[i].bool()] if module._present is not None else module._scales[i]
-        if values.numel() and not torch.all(values == values[0]):
-            raise NotImplementedError(f"MoELoRA.save_pretrained: experts of {name} have different scales")
-        out[name] = float(values[0]) if values.numel() else 0.0
-    return out

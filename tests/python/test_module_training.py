@@ -11,7 +11,9 @@
   batches, zeroing grads to None and to zero;
 - .grad semantics as autograd's: accumulation over micro-batches, a .grad the caller set is added
   to; the saved-forward stack: a dropped graph is popped, backward out of order and twice raise;
-- casting or moving the module leaves the LoRA where the runtime reads it.
+- casting or moving the module leaves the LoRA where the runtime reads it;
+- save_pretrained of a set with two ranks, per-expert scales and experts without LoRA writes PEFT's
+  rank_pattern / alpha_pattern, and the runtime loads it back to the same set.
 
 Usage: test_module_training.py <tests/data>. Exits 77 (SKIPPED) without numpy or torch.
 """
@@ -336,7 +338,59 @@ def bfloat16_lora():
                    "the saved bf16 adapter, loaded, gives the module's forward")
 
 
+def save_pretrained_patterns():
+    """A set of two ranks and several scales, some experts without LoRA: save_pretrained writes r and
+    lora_alpha of most modules and rank_pattern / alpha_pattern for the rest, and the runtime loads
+    the directory back to the same set."""
+    import json
+    import os
+    import tempfile
+    gen = torch.Generator().manual_seed(11)
+    E, K, H, I, T = 5, 2, 48, 40, 9
+    gate, up, down = random_experts(E, H, I, generator=gen)
+    cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, lora_rank=8, lora_alpha=16.0)
+    layer = tilemoe.MoELayer(cfg, gate, up, down, layer_index=3)
+    lora = random_lora(E, H, I, 8, generator=gen)
+    lora["down_a"], lora["down_b"] = lora["down_a"][:, :4].contiguous(), lora["down_b"][:, :, :4].contiguous()
+    scales = torch.full((3, E), 2.0)
+    scales[1, 1] = 0.5   # up of expert 1: alpha 4
+    scales[2, :] = 1.5   # down, rank 4: alpha 6
+    present = torch.ones(3, E, dtype=torch.uint8)
+    present[2, 4] = 0    # expert 4 has no LoRA on down
+    layer.update_lora_weights(**lora, scales=scales, present=present)
+    m = MoELoRA(layer)
+    x, ids, w = random_batch(T, H, E, K, generator=gen)
+    with tempfile.TemporaryDirectory() as d:
+        m.save_pretrained(d)
+        config = json.load(open(os.path.join(d, "adapter_config.json")))
+        down_keys = {f"layers.3.mlp.experts.{e}.down_proj" for e in range(4)}
+        expect((config["r"], config["lora_alpha"]) == (8, 16.0), f"r and lora_alpha of most modules: {config['r']}, {config['lora_alpha']}")
+        expect(config["rank_pattern"] == {k: 4 for k in down_keys}, f"rank_pattern: {config['rank_pattern']}")
+        expect(config["alpha_pattern"] == {**{k: 6.0 for k in down_keys}, "layers.3.mlp.experts.1.up_proj": 4.0},
+               f"alpha_pattern: {config['alpha_pattern']}")
+        try:
+            tilemoe.MoELayer(cfg, gate, up, down).load_adapter(d)
+            expect(False, "load_adapter without an index on a layer that has none")
+        except tilemoe.InvalidArgumentError as e:
+            expect("pass the layer's index" in str(e), f"the error asks for the index: {e}")
+        back = tilemoe.MoELayer(cfg, gate, up, down, layer_index=3)
+        back.load_adapter(d)  # its layer_index
+        got = back.lora_weights()
+        for i, name in enumerate(("gate", "up", "down")):
+            on = present[i].bool().numpy()
+            expect(np.array_equal(got[name]["present"], on), f"{name}: experts with LoRA after the round trip")
+            expect(np.array_equal(got[name]["scale"][on], scales[i][on].numpy()), f"{name}: scales after the round trip")
+            for f in "ab":
+                expect(np.array_equal(got[name][f][on], lora[f"{name}_{f}"].numpy()[on]), f"{name} {f} after the round trip")
+        with torch.no_grad():
+            want = m(x.float(), ids, w)
+        out = back.forward(x, ids, w, torch.empty(T, H))
+        err = float((out - want).norm() / want.norm())
+        expect(err <= 1e-6, f"the saved adapter, loaded, gives the module's forward (difference {err:.2e})")
+
+
 finite_differences()
+save_pretrained_patterns()
 bfloat16_lora()
 backward_weight_copy()
 zero_copy_through_adamw()
