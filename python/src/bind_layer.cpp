@@ -180,7 +180,8 @@ or / sqrt(r) with rsLoRA), one float, or f32 [3, E] per projection and expert; p
            "Where the layer's adapter keeps each projection's LoRA when PEFT stacked it over the experts "
            "(target_parameters): {projection: {'key_a', 'key_b', 'first_row', 'b_rows'}}, the stacked projections only. "
            "A [r*E, in] holds expert e's rows at e*r; B [b_rows, r*E] its column j at j*E + e, this projection's rows from "
-           "first_row; gate and up of gate_up_proj share both keys (one A).")
+           "first_row; gate and up of gate_up_proj share both keys (one A). Empty while update_lora_weights' arrays "
+           "are in use.")
 
       .def_property_readonly("config", [](const PyLayer& l) { return config_to_py(l.config(), l.runtime()->runtime().threads()); })
       .def_property_readonly("lora_scale", &PyLayer::lora_scale, "lora_alpha / lora_rank (or / sqrt with rsLoRA) of the config.")

@@ -406,6 +406,8 @@ void PyLayer::unload_adapter() {
 
 py::dict PyLayer::adapter_stacked_keys() {
   auto lock = lock_state();
+  py::dict out;
+  if (!current_.keepalive.is_none()) return out;  // the caller's arrays are in use, not the adapter
   const auto mark = runtime_->last_ticket();
   LayerPeftStackedKeys keys;
   {
@@ -413,7 +415,6 @@ py::dict PyLayer::adapter_stacked_keys() {
     keys = layer_->adapter_stacked_keys();
   }
   runtime_->finished_through(mark);
-  py::dict out;
   for (Projection p : kProjections) {
     const PeftStackedKeys& k = keys[static_cast<int>(p)];
     if (k.empty()) continue;

@@ -68,7 +68,8 @@ class PyLayer {
   void load_adapter(const std::string& path, std::optional<int> layer, AdapterStorage storage);
   void unload_adapter();
   py::dict lora_weights();  // copies of the set in use, per projection
-  py::dict adapter_stacked_keys();  // MoeLayer::adapter_stacked_keys, the stacked projections only
+  // MoeLayer::adapter_stacked_keys, the stacked projections only, while the adapter's set is in use.
+  py::dict adapter_stacked_keys();
 
   // For the bench: `iterations` calls of MoeLayer::forward from C++, seconds per call.
   double time_forward(py::handle x, py::handle ids, py::handle weights, py::handle out, int iterations);

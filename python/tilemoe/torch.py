@@ -110,13 +110,9 @@ class MoELoRA(torch.nn.Module):
         # Projections the layer's adapter stacked over the experts (PEFT target_parameters): the
         # parameters stay per expert (each a view of what the runtime reads), save_pretrained writes
         # them back stacked. gate_up_proj's one A serves gate and up: one Parameter for both.
-        self._stacked = layer.adapter_stacked_keys() if current else {}
+        self._stacked = layer.adapter_stacked_keys()  # empty unless the set in use is the adapter's
         self._shared_a = "gate" in self._stacked and "up" in self._stacked and \
             self._stacked["gate"]["key_a"] == self._stacked["up"]["key_a"]
-        if self._shared_a and not _same_values(current["gate"]["a"], current["up"]["a"]):
-            raise ValueError(f"MoELoRA: the layer's adapter shares one LoRA A between gate and up "
-                             f"('{self._stacked['gate']['key_a']}'), but the set in use has two different ones; load "
-                             f"the adapter again (load_adapter) or unload it before giving the layer other arrays")
         self._adapter_config = _adapter_config_text(layer.adapter) if self._stacked else None
         if current:
             for name in _PROJ:
@@ -366,10 +362,6 @@ class MoELoRA(torch.nn.Module):
                 out[keys["key_b"]] = torch.zeros(keys["b_rows"], r * experts, dtype=b.dtype)
             out[keys["key_b"]][keys["first_row"]:keys["first_row"] + rows] = b.permute(1, 2, 0).reshape(rows, r * experts)
         return out
-
-
-def _same_values(x, y):
-    return x.shape == y.shape and bool((x == y).all())
 
 
 def _adapter_config_text(adapter):
