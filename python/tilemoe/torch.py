@@ -287,9 +287,9 @@ class MoELoRA(torch.nn.Module):
 
     def save_pretrained(self, directory):
         """Writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors) with these
-        parameters under their PEFT names; needs one scale per projection, as PEFT's config has.
-        Projections the layer's adapter stacked over the experts are written stacked again, under
-        its keys and with its adapter_config.json."""
+        parameters under their PEFT names, ranks and scales off the common ones as rank_pattern /
+        alpha_pattern. Projections the layer's adapter stacked over the experts are written stacked
+        again, under its keys and with its adapter_config.json."""
         import json
         import os
         os.makedirs(directory, exist_ok=True)
@@ -328,8 +328,8 @@ class MoELoRA(torch.nn.Module):
         if not modules:
             raise ValueError("MoELoRA.save_pretrained: no expert has LoRA")
 
-        def most_common(values):
-            return max(set(values), key=values.count)
+        def most_common(values):  # the first one seen on a tie
+            return max(values, key=values.count)
         r = most_common([m[1] for m in modules])
         alpha = most_common([m[2] for m in modules])
         return {"peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": False,
