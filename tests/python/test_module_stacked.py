@@ -7,6 +7,7 @@ case with up's A set to gate's:
   its gradient the sum of gate's and up's A gradients of the same LoRA written per expert, every
   other gradient, the output and grad_input equal to the per-expert run's: on a first backward,
   added to over micro-batches, into zeroed and into replaced .grad;
+- the same in bfloat16 (within its rounding), saved as BF16;
 - after optimizer steps gate and up still read one A; MoEAdamW steps it once, as AdamW does;
 - save_pretrained writes the adapter's own keys, shapes and adapter_config.json, the values
   bit for bit before training and, after it, ones the runtime loads back to the module's arrays;
@@ -216,6 +217,23 @@ def run_case(case, layer_index, ref, tmp):
     for name in PROJ:
         for f in "ab":
             expect(np.array_equal(back[name][f], flat[f"{name}_{f}"].numpy()), f"{where}: saved {name} {f} loads back changed")
+
+    # bfloat16 parameters: the shared A's gradient is still gate's + up's (each rounded to bf16, then
+    # their sum), within bf16's rounding of the float32 module's; saved as BF16 under the same keys.
+    m32, m16 = (MoELoRA(tilemoe.MoELayer.from_checkpoint(model_v5, layer_index, adapter=stacked_dir, max_tokens=64), dtype=dt)
+                for dt in (torch.float32, torch.bfloat16))
+    for module in (m32, m16):
+        (module(x, ids, w) * go).sum().backward()
+    for e in sorted(set(ids[ids >= 0].tolist())):
+        g32 = m32.get_submodule(m32.naming.module(e, 1) + ".lora_A").weight.grad
+        g16 = m16.get_submodule(m16.naming.module(e, 1) + ".lora_A").weight.grad
+        err = float((g16.float() - g32).norm() / g32.norm())
+        expect(g16.dtype == torch.bfloat16 and err <= 1e-2, f"{where}: bf16 module, expert {e}: shared A's gradient off by {err:.2e}")
+    saved16 = os.path.join(tmp, "saved16")
+    m16.save_pretrained(saved16)
+    header = safetensors_io.read_header(os.path.join(saved16, "adapter_model.safetensors"))
+    expect(sorted(k for k in header if k != "__metadata__") == layer_keys and
+           all(v["dtype"] == "BF16" for k, v in header.items() if k != "__metadata__"), f"{where}: bf16 module saved {header}")
 
     # MoEAdamW steps the shared A once, as torch.optim.AdamW does.
     fused, plain = (MoELoRA(tilemoe.MoELayer.from_checkpoint(model_v5, layer_index, adapter=stacked_dir, max_tokens=64))
