@@ -293,6 +293,20 @@ class MoELoRA(torch.nn.Module):
         import json
         import os
         os.makedirs(directory, exist_ok=True)
+        tensors = self.peft_state_dict()
+        if self._stacked:
+            config_text = self._adapter_config  # its target_parameters, rank and alpha describe these tensors
+        else:
+            config_text = json.dumps(self._peft_config(), indent=2)
+        safetensors_io.write_tensors(os.path.join(directory, "adapter_model.safetensors"), tensors, {"format": "pt"})
+        with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+            f.write(config_text)
+
+    def peft_state_dict(self):
+        """The LoRA as PEFT's adapter file holds it, {key: tensor} (what save_pretrained writes, e.g. for
+        peft.set_peft_model_state_dict): per-expert keys as named_parameters(), and a stacked
+        adapter's tensors stacked under its keys. Detached; all but a stacked B view the arrays
+        the runtime reads."""
         tensors = {}
         for i, name in enumerate(_PROJ):
             if name + "_a" not in self._flat or name in self._stacked:
@@ -302,13 +316,7 @@ class MoELoRA(torch.nn.Module):
                     for factor in ("A", "B"):
                         tensors[self.naming.key(e, i, factor)] = self._flat[f"{name}_{factor.lower()}"][e].detach()
         tensors.update(self._stacked_tensors())
-        if self._stacked:
-            config_text = self._adapter_config  # its target_parameters, rank and alpha describe these tensors
-        else:
-            config_text = json.dumps(self._peft_config(), indent=2)
-        safetensors_io.write_tensors(os.path.join(directory, "adapter_model.safetensors"), tensors, {"format": "pt"})
-        with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-            f.write(config_text)
+        return tensors
 
     def _peft_config(self):
         """adapter_config.json for the per-expert keys: r and lora_alpha those of most expert modules,

@@ -112,6 +112,9 @@ def through_moelora(case, layer_index, ref, p):
     for k in set(params) & set(mine):
         expect(np.array_equal(params[k].detach().numpy(), mine[k]), f"{where}: {k} holds the adapter's values")
     expect(set(m.state_dict()) == set(params), f"{where}: state_dict is the LoRA parameters and nothing else")
+    state = m.peft_state_dict()
+    expect(set(state) == set(params) and all(torch.equal(state[k], params[k]) for k in params),
+           f"{where}: peft_state_dict is the parameters under their PEFT keys")
 
     x = torch.from_numpy(ref[p + "input"]).requires_grad_()
     ids, w = torch.from_numpy(ref[p + "expert_ids"]), torch.from_numpy(ref[p + "weights"])

@@ -9,7 +9,7 @@ case with up's A set to gate's:
   added to over micro-batches, into zeroed and into replaced .grad;
 - the same in bfloat16 (within its rounding), saved as BF16;
 - after optimizer steps gate and up still read one A; MoEAdamW steps it once, as AdamW does;
-- save_pretrained writes the adapter's own keys, shapes and adapter_config.json, the values
+- peft_state_dict and save_pretrained give the adapter's own keys, shapes and adapter_config.json, the values
   bit for bit before training and, after it, ones the runtime loads back to the module's arrays;
   from a `tilemoe convert-lora` file too;
 - with the caller's arrays in use instead of the adapter's, nothing is stacked or shared.
@@ -191,6 +191,9 @@ def run_case(case, layer_index, ref, tmp):
     step_both("into replaced grads", ids)
 
     # Written back before any step: the adapter's keys, shapes, config and values, bit for bit.
+    state = m.peft_state_dict()
+    expect(sorted(state) == layer_keys and all(np.array_equal(state[k].numpy(), stacked_file[k]) for k in layer_keys),
+           f"{where}: peft_state_dict is not the adapter's tensors")
     saved = os.path.join(tmp, "saved")
     m.save_pretrained(saved)
     written = safetensors_io.read_tensors(os.path.join(saved, "adapter_model.safetensors"))
