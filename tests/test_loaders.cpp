@@ -152,6 +152,13 @@ TEST_CASE("config.json of each model family", "[config]") {
   CHECK(qw.moe_layers.size() == 46);
   CHECK_FALSE(qw.is_moe_layer(5));
   CHECK(qw.norm_topk_prob);
+  // transformers v5 writes Qwen3-MoE's expert count as num_local_experts, beside a dense intermediate_size.
+  auto qw5 = parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":2048,"intermediate_size":6144,"moe_intermediate_size":768,
+    "num_local_experts":128,"num_experts_per_tok":8,"num_hidden_layers":48,"mlp_only_layers":[0],"norm_topk_prob":true})", "qwen v5");
+  CHECK(qw5.shape.intermediate == 768);
+  CHECK(qw5.shape.num_experts == 128);
+  CHECK(qw5.moe_layers.size() == 47);
+  CHECK(qw5.norm_topk_prob);
   auto mx = parse_model_config(R"({"model_type":"mixtral","hidden_size":4096,"intermediate_size":14336,"num_local_experts":8,
     "num_experts_per_tok":2,"num_hidden_layers":32})", "mixtral");
   CHECK(mx.shape.intermediate == 14336);

@@ -135,6 +135,13 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.shape.num_experts = require_int(j, "n_routed_experts", src);
     c.moe_layers = deepseek_moe_layers(j, c.num_layers);
     read_deepseek_router(j, c);
+  } else if (j.contains("moe_intermediate_size") && j.contains("num_local_experts") && !j.contains("num_experts")) {
+    // Qwen2/Qwen3-MoE as transformers v5 writes them: the expert count under Mixtral's name, the
+    // experts' size apart from the dense MLP's intermediate_size.
+    c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
+    c.shape.num_experts = require_int(j, "num_local_experts", src);
+    c.moe_layers = qwen_moe_layers(j, c.num_layers);
+    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);
   } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE
     c.shape.intermediate = require_int(j, "intermediate_size", src);
     c.shape.num_experts = require_int(j, "num_local_experts", src);
