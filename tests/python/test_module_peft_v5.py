@@ -1,0 +1,185 @@
+"""The stacked forms against transformers v5 and PEFT themselves (an outside oracle; the device
+machine has both, elsewhere this test is SKIPPED): tiny Qwen3-MoE, Qwen2-MoE, DeepSeek-V3 and
+Mixtral models as transformers v5 builds them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]), saved
+with save_pretrained in bf16, and a PEFT LoRA on those tensors (target_parameters: PEFT's
+ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. For every MoE layer:
+- tilemoe.torch.MoELoRA on the checkpoint and adapter gives the experts module's output under PEFT
+  and grad_input within 1e-2, and PEFT's LoRA gradients (stacked A and B) within 2e-2, norm-wise;
+- the module's LoRA, changed, saved with save_pretrained and loaded by PEFT (PeftModel.from_pretrained)
+  into the same model, gives the module's output within 1e-2.
+
+Usage: test_module_peft_v5.py <tests/data>. Exits 77 (SKIPPED) without torch, transformers >= 5 or peft.
+"""
+import os
+import sys
+import tempfile
+
+try:
+    import numpy as np  # noqa: F401  (tilemoe needs it)
+    import torch
+    import transformers
+    import peft
+except ImportError as e:
+    print(f"{e}: transformers v5 and peft are not installed here: skipped")
+    sys.exit(77)
+if int(transformers.__version__.split(".")[0]) < 5:
+    print(f"transformers {transformers.__version__} keeps experts per module; this test needs v5's stacked ones: skipped")
+    sys.exit(77)
+
+import tilemoe
+from tilemoe.torch import MoELoRA
+
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAILED:", what)
+
+
+def rel(got, want):
+    return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
+
+
+def tiny_model(kind):
+    common = dict(vocab_size=64, hidden_size=72, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  head_dim=32, num_experts_per_tok=2, max_position_embeddings=64, tie_word_embeddings=False)
+    if kind == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=40, num_experts=5,
+                                             decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, **common)
+    elif kind == "qwen2_moe":
+        config = transformers.Qwen2MoeConfig(intermediate_size=96, moe_intermediate_size=40, shared_expert_intermediate_size=48,
+                                             num_experts=5, decoder_sparse_step=1, mlp_only_layers=[], **common)
+    elif kind == "deepseek_v3":  # layer 0 dense (first_k_dense_replace), layer 1 MoE beside a shared expert
+        config = transformers.DeepseekV3Config(intermediate_size=96, moe_intermediate_size=40, n_routed_experts=5,
+                                               n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                                               q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                                               v_head_dim=16, **common)
+    else:
+        config = transformers.MixtralConfig(intermediate_size=40, num_local_experts=5, **common)
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_((torch.randn(p.shape) / p.shape[-1] ** 0.5).to(torch.bfloat16).float())
+    return model
+
+
+def experts_of(model, layer):
+    """The layer's experts module (stacked gate_up_proj / down_proj, or PEFT's wrapper of it) and its name."""
+    for name, module in model.named_modules():  # parents first: PEFT's outermost wrapper when wrapped
+        if f".layers.{layer}." in name and name.endswith(".experts"):
+            return name, module
+    return None, None  # a dense layer
+
+
+def unwrap(name):
+    return name.replace("base_model.model.", "", 1)
+
+
+def stacked_grads(m, keys, experts):
+    """PEFT's stacked LoRA gradients from the module's per-expert ones: {key: tensor}."""
+    out = {}
+    for i, name in enumerate(("gate", "up", "down")):
+        k = keys[name]
+
+        def grad(e, factor):
+            g = m.get_submodule(m.naming.module(e, i) + f".lora_{factor}").weight.grad
+            return torch.zeros_like(m.get_submodule(m.naming.module(e, i) + f".lora_{factor}").weight) if g is None else g
+        out[k["key_a"]] = torch.cat([grad(e, "A") for e in range(experts)])  # shared: gate's holds the sum
+        b = torch.stack([grad(e, "B") for e in range(experts)], dim=2)  # [out, r, E]
+        full = out.setdefault(k["key_b"], torch.zeros(k["b_rows"], b.shape[1] * experts))
+        full[k["first_row"]:k["first_row"] + b.shape[0]] = b.reshape(b.shape[0], -1)
+    return out
+
+
+def run(kind, tmp):
+    model = tiny_model(kind)
+    model_dir, adapter_dir, saved_dir = (os.path.join(tmp, kind, n) for n in ("model", "adapter", "saved"))
+    model.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
+    model.float()
+    lora = peft.LoraConfig(r=4, lora_alpha=12, target_modules=[], init_lora_weights=False,
+                           target_parameters=["experts.gate_up_proj", "experts.down_proj"])
+    pm = peft.get_peft_model(model, lora)
+    torch.manual_seed(8)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape) * 0.2)
+    pm.save_pretrained(adapter_dir)
+    peft_grads = {n: p for n, p in pm.named_parameters() if "lora_" in n}
+    E, K, H = 5, 2, 72
+    moe_layers = 0
+    for layer in range(2):
+        where = f"{kind} layer {layer}"
+        name, experts = experts_of(pm, layer)
+        if experts is None:
+            continue
+        moe_layers += 1
+        gen = torch.Generator().manual_seed(100 + layer)
+        T = 13
+        x = torch.randn(T, H, generator=gen).to(torch.bfloat16).float()
+        ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+        w = torch.softmax(torch.randn(T, K, generator=gen), dim=1)
+        go = torch.randn(T, H, generator=gen)
+
+        pm.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_()
+        want = experts(xr, ids, w)
+        (want * go).sum().backward()
+
+        ml = tilemoe.MoELayer.from_checkpoint(model_dir, layer, adapter=adapter_dir, max_tokens=64)
+        keys = ml.adapter_stacked_keys()
+        expect(set(keys) == {"gate", "up", "down"} and keys["gate"]["key_a"] == keys["up"]["key_a"],
+               f"{where}: the adapter is read as stacked, one A for gate and up: {keys}")
+        if set(keys) != {"gate", "up", "down"}:
+            continue
+        m = MoELoRA(ml)
+        xo = x.clone().requires_grad_()
+        got = m(xo, ids, w)
+        (got * go).sum().backward()
+        e_out, e_dx = rel(got.detach(), want.detach()), rel(xo.grad, xr.grad)
+        print(f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e} against transformers + PEFT")
+        expect(e_out <= 1e-2, f"{where}: output differs from PEFT's by {e_out:.2e}")
+        expect(e_dx <= 1e-2, f"{where}: grad_input differs from PEFT's by {e_dx:.2e}")
+        mine = stacked_grads(m, keys, E)
+        for key, g in mine.items():
+            ref = [p for n, p in peft_grads.items() if unwrap(n).replace(".default.", ".") == unwrap(key)]
+            expect(len(ref) == 1, f"{where}: PEFT has no parameter for '{key}'")
+            if len(ref) == 1:
+                err = rel(g, ref[0].grad)
+                print(f"{where}: {key.split('experts.')[-1]} gradient {err:.2e}")
+                expect(err <= 2e-2, f"{where}: the gradient of {key} differs from PEFT's by {err:.2e}")
+
+        # The module's LoRA, changed, saved and loaded by PEFT into the same base model.
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            mine_out = m(x, ids, w)
+        out_dir = f"{saved_dir}_{layer}"
+        m.save_pretrained(out_dir)
+        base = tiny_model(kind)
+        loaded = peft.PeftModel.from_pretrained(base, out_dir)
+        _, loaded_experts = experts_of(loaded, layer)
+        with torch.no_grad():
+            theirs = loaded_experts(x, ids, w)
+        err = rel(mine_out, theirs)
+        print(f"{where}: PEFT on the saved adapter {err:.2e}")
+        expect(err <= 1e-2, f"{where}: PEFT's output on the module's saved adapter differs by {err:.2e}")
+    expect(moe_layers == (1 if kind == "deepseek_v3" else 2), f"{kind}: {moe_layers} MoE layers found")
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "mixtral"):
+        try:
+            run(kind, tmp)
+        except Exception as e:  # a failure of this test, named, not a crash of the others
+            import traceback
+            traceback.print_exc()
+            expect(False, f"{kind}: {type(e).__name__}: {e}")
+
+if failures:
+    print(len(failures), "failure(s)")
+    sys.exit(1)
+print("the stacked forms agree with transformers v5 + PEFT")
