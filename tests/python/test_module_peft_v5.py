@@ -6,11 +6,14 @@ ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. F
 - tilemoe.torch.MoELoRA on the checkpoint and adapter gives the experts module's output under PEFT
   and grad_input within 1e-2, and PEFT's LoRA gradients (stacked A and B) within 2e-2, norm-wise;
 - the module's LoRA, changed, saved with save_pretrained and loaded by PEFT (PeftModel.from_pretrained)
-  into the same model, gives the module's output within 1e-2.
+  into the same model, gives the module's output within 1e-2;
+- `tilemoe forward --tokens` routes with the checkpoint's router to the experts and weights the
+  model's own MoE block gives its experts module (1e-5), and its output is theirs under PEFT (1e-2).
 
-Usage: test_module_peft_v5.py <tests/data>. Exits 77 (SKIPPED) without torch, transformers >= 5 or peft.
+Usage: test_module_peft_v5.py <tests/data> <cmake> <build dir>. Exits 77 (SKIPPED) without torch, transformers >= 5 or peft.
 """
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -27,7 +30,10 @@ if int(transformers.__version__.split(".")[0]) < 5:
     sys.exit(77)
 
 import tilemoe
+from tilemoe import safetensors_io
 from tilemoe.torch import MoELoRA
+
+CLI = os.path.join(sys.argv[3], "tilemoe") if len(sys.argv) > 3 else None  # the build directory's command line
 
 failures = []
 
@@ -94,6 +100,50 @@ def stacked_grads(m, keys, experts):
     return out
 
 
+def routed_by_transformers(kind, layer, x):
+    """(top_k_index, top_k_weights) the model's own MoE block gives its experts for x [T, H]."""
+    model = tiny_model(kind)
+    name, experts = experts_of(model, layer)
+    block = model.get_submodule(name.rsplit(".", 1)[0])
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen["ids"], seen["weights"] = (list(args[1:]) + [kwargs.get("top_k_index"), kwargs.get("top_k_weights")])[:2]
+    handle = experts.register_forward_pre_hook(hook, with_kwargs=True)
+    with torch.no_grad():
+        block(x[None])
+    handle.remove()
+    return seen["ids"], seen["weights"]
+
+
+def cli_against_transformers(kind, layer, model_dir, adapter_dir, experts, tmp):
+    """`tilemoe forward --tokens` routes with the checkpoint's router as transformers does, and its
+    output is the experts module's under PEFT."""
+    where = f"{kind} layer {layer} (tilemoe forward --tokens)"
+    out = os.path.join(tmp, f"cli_{kind}_{layer}.safetensors")
+    run = subprocess.run([CLI, "forward", "--model", model_dir, "--layer", str(layer), "--adapter", adapter_dir, "--tokens", "17",
+                          "--seed", "3", "--output", out], capture_output=True, text=True)
+    expect(run.returncode == 0, f"{where}: failed: {run.stderr}")
+    if run.returncode != 0:
+        return
+    got = safetensors_io.read_tensors(out)
+    x = torch.from_numpy(got["input"])
+    ids, w = routed_by_transformers(kind, layer, x)
+    mine_ids, mine_w = torch.from_numpy(got["expert_ids"]), torch.from_numpy(got["weights"])
+    order, mine_order = ids.sort(dim=1), mine_ids.sort(dim=1)
+    same_ids = torch.equal(order.values, mine_order.values)
+    expect(same_ids, f"{where}: experts chosen differ from transformers' ({ids.tolist()} against {mine_ids.tolist()})")
+    if same_ids:
+        err = rel(mine_w.gather(1, mine_order.indices), w.float().gather(1, order.indices))
+        print(f"{where}: the router's experts as transformers', weights {err:.2e}")
+        expect(err <= 1e-5, f"{where}: routing weights differ from transformers' by {err:.2e}")
+    with torch.no_grad():
+        want = experts(x.float(), ids, w.float())
+    err = rel(torch.from_numpy(got["output"]), want)
+    print(f"{where}: output {err:.2e} against transformers + PEFT")
+    expect(err <= 1e-2, f"{where}: output differs from PEFT's by {err:.2e}")
+
+
 def run(kind, tmp):
     model = tiny_model(kind)
     model_dir, adapter_dir, saved_dir = (os.path.join(tmp, kind, n) for n in ("model", "adapter", "saved"))
@@ -143,6 +193,8 @@ def run(kind, tmp):
         print(f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e} against transformers + PEFT")
         expect(e_out <= 1e-2, f"{where}: output differs from PEFT's by {e_out:.2e}")
         expect(e_dx <= 1e-2, f"{where}: grad_input differs from PEFT's by {e_dx:.2e}")
+        if CLI:
+            cli_against_transformers(kind, layer, model_dir, adapter_dir, experts, tmp)
         mine = stacked_grads(m, keys, E)
         for key, g in mine.items():
             ref = [p for n, p in peft_grads.items() if unwrap(n).replace(".default.", ".") == unwrap(key)]
