@@ -8,7 +8,9 @@ ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. F
 - the module's LoRA, changed, saved with save_pretrained and loaded by PEFT (PeftModel.from_pretrained)
   into the same model, gives the module's output within 1e-2;
 - `tilemoe forward --tokens` routes with the checkpoint's router to the experts and weights the
-  model's own MoE block gives its experts module (1e-5), and its output is theirs under PEFT (1e-2).
+  model's own MoE block gives its experts module (1e-5), and its output is theirs under PEFT (1e-2);
+- `tilemoe backward --input` writes the output, grad_input (1e-2) and PEFT's stacked gradients
+  (2e-2) under the adapter's keys.
 
 Usage: test_module_peft_v5.py <tests/data> <cmake> <build dir>. Exits 77 (SKIPPED) without torch, transformers >= 5 or peft.
 """
@@ -144,6 +146,33 @@ def cli_against_transformers(kind, layer, model_dir, adapter_dir, experts, tmp):
     expect(err <= 1e-2, f"{where}: output differs from PEFT's by {err:.2e}")
 
 
+def cli_backward_against_peft(where, layer, model_dir, adapter_dir, batch, want, peft_grads, tmp):
+    """`tilemoe backward --input` on the same batch: output, grad_input and the gradients it writes
+    under the adapter's stacked keys (grad.<key>) against transformers + PEFT."""
+    x, ids, w, go, grad_input = batch
+    where = where + " (tilemoe backward --input)"
+    inp, out = os.path.join(tmp, "cli_in.safetensors"), os.path.join(tmp, "cli_out.safetensors")
+    safetensors_io.write_tensors(inp, {"input": x.to(torch.bfloat16), "expert_ids": ids, "weights": w, "grad_output": go})
+    run = subprocess.run([CLI, "backward", "--model", model_dir, "--layer", str(layer), "--adapter", adapter_dir, "--input", inp,
+                          "--output", out], capture_output=True, text=True)
+    expect(run.returncode == 0, f"{where}: failed: {run.stderr}")
+    if run.returncode != 0:
+        return
+    got = {k: torch.from_numpy(v) for k, v in safetensors_io.read_tensors(out).items()}
+    e_out, e_dx = rel(got["output"], want), rel(got["grad_input"], grad_input)
+    print(f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e}")
+    expect(e_out <= 1e-2 and e_dx <= 1e-2, f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e} against PEFT's")
+    grads = {k[len("grad."):]: v for k, v in got.items() if k.startswith("grad.")}
+    expect(len(grads) == 4, f"{where}: {len(grads)} gradients written, expected the adapter's 4 stacked tensors: {sorted(grads)}")
+    for key, g in grads.items():
+        ref = [p for n, p in peft_grads.items() if unwrap(n).replace(".default.", ".") == unwrap(key)]
+        expect(len(ref) == 1 and ref[0].grad is not None and g.shape == ref[0].grad.shape, f"{where}: no PEFT gradient like '{key}'")
+        if len(ref) == 1 and ref[0].grad is not None and g.shape == ref[0].grad.shape:
+            err = rel(g, ref[0].grad)
+            expect(err <= 2e-2, f"{where}: the gradient of {key} differs from PEFT's by {err:.2e}")
+    print(f"{where}: {len(grads)} stacked gradients against PEFT's")
+
+
 def run(kind, tmp):
     model = tiny_model(kind)
     model_dir, adapter_dir, saved_dir = (os.path.join(tmp, kind, n) for n in ("model", "adapter", "saved"))
@@ -195,6 +224,7 @@ def run(kind, tmp):
         expect(e_dx <= 1e-2, f"{where}: grad_input differs from PEFT's by {e_dx:.2e}")
         if CLI:
             cli_against_transformers(kind, layer, model_dir, adapter_dir, experts, tmp)
+            cli_backward_against_peft(where, layer, model_dir, adapter_dir, (x, ids, w, go, xr.grad), want.detach(), peft_grads, tmp)
         mine = stacked_grads(m, keys, E)
         for key, g in mine.items():
             ref = [p for n, p in peft_grads.items() if unwrap(n).replace(".default.", ".") == unwrap(key)]
