@@ -53,6 +53,15 @@ std::vector<int> qwen_moe_layers(const json& j, int layers) {
   return out;
 }
 
+// Qwen2-MoE's and Qwen3-MoE's experts: their size apart from the dense MLP's intermediate_size, their
+// count under `experts_key`, MoE layers by decoder_sparse_step and mlp_only_layers.
+void read_qwen_moe(const json& j, const char* experts_key, ModelConfig& c, const std::string& src) {
+  c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
+  c.shape.num_experts = require_int(j, experts_key, src);
+  c.moe_layers = qwen_moe_layers(j, c.num_layers);
+  c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);  // both configs' default (Qwen3-MoE checkpoints set it true)
+}
+
 // The router as transformers runs each DeepSeek type, whatever config.json adds: DeepseekV3TopkRouter
 // always scores with sigmoid and chooses with noaux_tc (its config's defaults: 8 groups, top 4,
 // renormalised, x2.5); DeepseekV2Moe always uses softmax and never renormalises (it ignores
@@ -136,22 +145,14 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.moe_layers = deepseek_moe_layers(j, c.num_layers);
     read_deepseek_router(j, c);
   } else if (j.contains("moe_intermediate_size") && j.contains("num_local_experts") && !j.contains("num_experts")) {
-    // Qwen2/Qwen3-MoE as transformers v5 writes them: the expert count under Mixtral's name, the
-    // experts' size apart from the dense MLP's intermediate_size.
-    c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
-    c.shape.num_experts = require_int(j, "num_local_experts", src);
-    c.moe_layers = qwen_moe_layers(j, c.num_layers);
-    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);
+    read_qwen_moe(j, "num_local_experts", c, src);  // Qwen3-MoE as transformers v5 writes it: Mixtral's name for the count
   } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE
     c.shape.intermediate = require_int(j, "intermediate_size", src);
     c.shape.num_experts = require_int(j, "num_local_experts", src);
     for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
     c.norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalises its top-k
   } else if (j.contains("num_experts")) {  // Qwen2-MoE, Qwen3-MoE
-    c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
-    c.shape.num_experts = require_int(j, "num_experts", src);
-    c.moe_layers = qwen_moe_layers(j, c.num_layers);
-    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);  // both configs' default (Qwen3-MoE checkpoints set it true)
+    read_qwen_moe(j, "num_experts", c, src);
   } else {
     fail(ErrorKind::bad_file, src + ": model_type '" + t +
                                   "' has no routed experts this runtime knows (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
