@@ -1,6 +1,7 @@
 """The stacked forms against transformers v5 and PEFT themselves (an outside oracle; the device
-machine has both, elsewhere this test is SKIPPED): tiny Qwen3-MoE, Qwen2-MoE, DeepSeek-V3 and
-Mixtral models as transformers v5 builds them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]), saved
+machine has both, elsewhere this test is SKIPPED): tiny Qwen3-MoE, Qwen2-MoE, DeepSeek-V3, GLM-4-MoE
+(both with a random e_score_correction_bias) and Mixtral models as transformers v5 builds them
+(experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]), saved
 with save_pretrained in bf16, and a PEFT LoRA on those tensors (target_parameters: PEFT's
 ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. For every MoE layer:
 - tilemoe.torch.MoELoRA on the checkpoint and adapter gives the experts module's output under PEFT
@@ -64,6 +65,10 @@ def tiny_model(kind):
                                                n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
                                                q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
                                                v_head_dim=16, **common)
+    elif kind == "glm4_moe":  # as DeepSeek-V3: sigmoid scores, noaux_tc, layer 0 dense
+        config = transformers.Glm4MoeConfig(intermediate_size=96, moe_intermediate_size=40, n_routed_experts=5,
+                                            n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                                            routed_scaling_factor=1.8, **common)
     else:
         config = transformers.MixtralConfig(intermediate_size=40, num_local_experts=5, **common)
     torch.manual_seed(7)
@@ -71,6 +76,11 @@ def tiny_model(kind):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_((torch.randn(p.shape) / p.shape[-1] ** 0.5).to(torch.bfloat16).float())
+        # noaux_tc chooses with score + bias and weighs with the score alone; transformers starts the
+        # bias at zero, which would not tell the two apart. Large enough to change the choice.
+        for n, b in list(model.named_buffers()) + list(model.named_parameters()):
+            if n.endswith("e_score_correction_bias"):
+                b.copy_((torch.randn(b.shape) * 0.3).to(torch.bfloat16).float())
     return model
 
 
@@ -115,6 +125,12 @@ def routed_by_transformers(kind, layer, x):
     with torch.no_grad():
         block(x[None])
     handle.remove()
+    bias = getattr(block.gate, "e_score_correction_bias", None)
+    expect((bias is not None) == (kind in ("deepseek_v3", "glm4_moe")), f"{kind}: e_score_correction_bias not where expected")
+    if bias is not None:  # the test says nothing of the bias unless it changes what is chosen
+        unbiased = torch.sigmoid(x.float() @ block.gate.weight.float().T).topk(seen["ids"].shape[1], dim=1).indices
+        expect(not torch.equal(unbiased.sort(dim=1).values, seen["ids"].sort(dim=1).values),
+               f"{kind} layer {layer}: e_score_correction_bias changes no token's experts")
     return seen["ids"], seen["weights"]
 
 
@@ -249,11 +265,11 @@ def run(kind, tmp):
         err = rel(mine_out, theirs)
         print(f"{where}: PEFT on the saved adapter {err:.2e}")
         expect(err <= 1e-2, f"{where}: PEFT's output on the module's saved adapter differs by {err:.2e}")
-    expect(moe_layers == (1 if kind == "deepseek_v3" else 2), f"{kind}: {moe_layers} MoE layers found")
+    expect(moe_layers == (1 if kind in ("deepseek_v3", "glm4_moe") else 2), f"{kind}: {moe_layers} MoE layers found")
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "mixtral"):
+    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4_moe", "mixtral"):
         try:
             run(kind, tmp)
         except Exception as e:  # a failure of this test, named, not a crash of the others
