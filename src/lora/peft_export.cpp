@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "src/io/f32_encode.hpp"
 #include "src/io/safetensors_writer.hpp"
 #include "src/lora/lora_file.hpp"
+#include "src/lora/lora_view.hpp"
 #include "src/model/tensor_names.hpp"
 #include "tilemoe/error.hpp"
 
@@ -197,31 +199,51 @@ PeftExtras converted_extras(const io::SafetensorsFile& f) {
 
 namespace {
 
+io::Dtype io_dtype(LoraDType d) { return d == LoraDType::bf16 ? io::Dtype::BF16 : io::Dtype::F32; }
+
+// Element i of a view's A or B, counted from the factor's start, as a float.
+float factor_element(const void* base, LoraDType d, std::size_t i) {
+  return d == LoraDType::bf16 ? bf16_to_float(static_cast<const bf16*>(base)[i]) : static_cast<const float*>(base)[i];
+}
+
+// Whether two projections' A hold the same values for every expert (a stacked A they share).
+bool same_a(const LoraProjectionView& x, const LoraProjectionView& y, int experts) {
+  if (x.rank != y.rank || x.in != y.in) return false;
+  for (int e = 0; e < experts; ++e)
+    for (int j = 0; j < x.rank; ++j)
+      for (int c = 0; c < x.in; ++c) {
+        const std::size_t off = static_cast<std::size_t>(j) * x.lda() + c;
+        const float u = factor_element(x.a_of(e), x.dtype, off), v = factor_element(y.a_of(e), y.dtype, off);
+        if (!(u == v || (std::isnan(u) && std::isnan(v)))) return false;
+      }
+  return true;
+}
+
 // The layer's LoRA on stacked expert tensors, laid out as PEFT stores it (see PeftStackedEntry).
 // Projections that share one stacked A (gate and up of gate_up_proj) must hold the same A.
-bool add_stacked_tensors(int layer, const LoadedLora& lora, ExportDtype dtype, std::vector<OutTensor>& tensors) {
+bool add_stacked_tensors(const PeftLayerOut& l, ExportDtype dtype, std::vector<OutTensor>& tensors) {
   bool any = false;
   for (Projection p : kProjections) {
-    const auto& keys = lora.stacked[static_cast<int>(p)];
+    const int pi = static_cast<int>(p);
+    const auto& keys = l.stacked[pi];
     if (keys.empty()) continue;
     bool first_of_a = true, first_of_b = true;
     for (Projection q : kProjections) {
       if (q == p) break;
-      if (lora.stacked[static_cast<int>(q)].key_a == keys.key_a) first_of_a = false;
-      if (lora.stacked[static_cast<int>(q)].key_b == keys.key_b) first_of_b = false;
+      if (l.stacked[static_cast<int>(q)].key_a == keys.key_a) first_of_a = false;
+      if (l.stacked[static_cast<int>(q)].key_b == keys.key_b) first_of_b = false;
     }
-    const auto& proj = lora.lora[p];
-    const int E = static_cast<int>(proj.present.size()), r = proj.rank;
-    const std::string where = "layer " + std::to_string(layer) + " " + projection_name(p) + " (stacked LoRA '" + keys.key_a + "')";
+    const LoraProjectionView& proj = l.lora[p];
+    const int E = l.num_experts, r = proj.rank;
+    const std::string where = "layer " + std::to_string(l.layer) + " " + projection_name(p) + " (stacked LoRA '" + keys.key_a + "')";
     for (int e = 0; e < E; ++e)
-      if (!proj.active(e) || proj.expert_rank[e] != r)
+      if (!proj.active(e) || (!l.expert_rank[pi].empty() && l.expert_rank[pi][e] != r))
         fail(ErrorKind::invalid_argument, where + ": expert " + std::to_string(e) +
                                               " has no LoRA or another rank; a stacked LoRA has every expert at one rank");
     if (!first_of_a) {
       for (Projection q : kProjections) {  // the projection that writes the shared A
-        const auto& other = lora.lora[q];
-        if (q == p || lora.stacked[static_cast<int>(q)].key_a != keys.key_a) continue;
-        if (other.rank != r || other.in != proj.in || other.a != proj.a)
+        if (q == p || l.stacked[static_cast<int>(q)].key_a != keys.key_a) continue;
+        if (!same_a(l.lora[q], proj, E))
           fail(ErrorKind::invalid_argument, where + ": " + projection_name(q) + " and " + projection_name(p) +
                                                 " share one A in this adapter, but their A differ (a trainer steps the shared A with the sum "
                                                 "of both gradients, which stacked_lora_grads gives)");
@@ -229,30 +251,32 @@ bool add_stacked_tensors(int layer, const LoadedLora& lora, ExportDtype dtype, s
       }
     }
     any = true;
-    const float* a = proj.a.data();
     const int in = proj.in, b_rows = keys.b_rows;
     if (first_of_a) {
       const io::Dtype da = target_dtype(dtype, keys.dtype_a);
-      tensors.push_back({keys.key_a, da, {static_cast<std::int64_t>(r) * E, in}, [a, r, E, in, da](std::byte* dst, std::size_t) {
-                           // the per-expert A [E][r][in] are already the stacked rows e*r + j
-                           copy_matrix(reinterpret_cast<const std::byte*>(a), io::Dtype::F32, in, r * E, in, dst, da);
+      tensors.push_back({keys.key_a, da, {static_cast<std::int64_t>(r) * E, in}, [proj, r, E, in, da](std::byte* dst, std::size_t) {
+                           // expert e's A rows are the stacked rows e*r + j
+                           const std::size_t per_expert = static_cast<std::size_t>(r) * in * io::dtype_size(da);
+                           for (int e = 0; e < E; ++e)
+                             copy_matrix(static_cast<const std::byte*>(proj.a_of(e)), io_dtype(proj.dtype), proj.lda(), r, in,
+                                         dst + e * per_expert, da);
                          }});
     }
     // B: every projection sharing the key writes its rows; the first one creates the tensor.
-    std::vector<std::pair<const LoraProjectionT<float>*, int>> writers;
     if (!first_of_b) continue;
+    std::vector<std::pair<LoraProjectionView, int>> writers;
     for (Projection q : kProjections)
-      if (lora.stacked[static_cast<int>(q)].key_b == keys.key_b) writers.emplace_back(&lora.lora[q], lora.stacked[static_cast<int>(q)].first_row);
+      if (l.stacked[static_cast<int>(q)].key_b == keys.key_b) writers.emplace_back(l.lora[q], l.stacked[static_cast<int>(q)].first_row);
     const io::Dtype db = target_dtype(dtype, keys.dtype_b);
     tensors.push_back({keys.key_b, db, {b_rows, static_cast<std::int64_t>(r) * E}, [writers, r, E, b_rows, db](std::byte* dst, std::size_t) {
                          const std::size_t cols = static_cast<std::size_t>(r) * E;
                          std::vector<float> full(static_cast<std::size_t>(b_rows) * cols, 0.0f);
                          for (const auto& [w, row0] : writers)
                            for (int e = 0; e < E; ++e)
-                             for (int row = 0; row < w->out; ++row)
+                             for (int row = 0; row < w.out; ++row)
                                for (int j = 0; j < r; ++j)
                                  full[peft_stacked_b_index(static_cast<std::size_t>(row0 + row), j, e, r, E)] =
-                                     w->b_of(e)[static_cast<std::size_t>(row) * w->rank + j];
+                                     factor_element(w.b_of(e), w.dtype, static_cast<std::size_t>(row) * w.rank + j);
                          copy_matrix(reinterpret_cast<const std::byte*>(full.data()), io::Dtype::F32, static_cast<int>(cols), b_rows,
                                      static_cast<int>(cols), dst, db);
                        }});
@@ -262,53 +286,103 @@ bool add_stacked_tensors(int layer, const LoadedLora& lora, ExportDtype dtype, s
 
 }  // namespace
 
-PeftExportStats write_peft_adapter(const std::string& out_dir, const PeftConfig& config,
-                                   const std::vector<std::pair<int, const LoadedLora*>>& layers, const PeftExportOptions& options) {
+PeftExportStats write_peft_layers(const std::string& out_dir, const std::string& config_json, const std::vector<PeftLayerOut>& layers,
+                                  const PeftExportOptions& options) {
   std::vector<OutTensor> tensors;
   int layers_written = 0;
-  for (const auto& [layer, lora] : layers) {
-    bool any = add_stacked_tensors(layer, *lora, options.dtype, tensors);
+  for (const PeftLayerOut& l : layers) {
     for (Projection p : kProjections) {
-      const auto& proj = lora->lora[p];
+      const auto pi = static_cast<std::size_t>(p);
+      for (const std::size_t n : {l.expert_rank[pi].size(), l.dtype_a[pi].size(), l.dtype_b[pi].size()})
+        if (l.lora[p].rank > 0 && n != 0 && n != static_cast<std::size_t>(l.num_experts))
+          fail(ErrorKind::invalid_argument, "layer " + std::to_string(l.layer) + " " + projection_name(p) + ": per-expert arrays of " +
+                                                std::to_string(n) + " entries for " + std::to_string(l.num_experts) + " experts");
+    }
+    bool any = false;
+    for (Projection p : kProjections) {
+      const LoraProjectionView& proj = l.lora[p];
       if (proj.rank == 0) continue;
       const int pi = static_cast<int>(p);
-      if (!lora->stacked[pi].empty()) continue;  // added above
-      if (lora->key_template_a[pi].empty() || lora->key_template_b[pi].empty())
-        fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " " + projection_name(p) +
+      const int experts = l.num_experts;
+      if (!l.stacked[pi].empty()) continue;  // added below, with the projections sharing its keys
+      if (l.key_template_a[pi].empty() || l.key_template_b[pi].empty())
+        fail(ErrorKind::invalid_argument, "layer " + std::to_string(l.layer) + " " + projection_name(p) +
                                               ": LoRA without PEFT key names (LoadedLora::key_template_a/b, which load_layer_lora fills)");
-      const int experts = static_cast<int>(proj.present.size());
-      const std::size_t a_size = static_cast<std::size_t>(experts) * proj.rank * proj.in;
-      const std::size_t b_size = static_cast<std::size_t>(experts) * proj.out * proj.rank;
-      if (proj.a.size() != a_size || proj.b.size() != b_size || proj.expert_rank.size() != proj.present.size())
-        fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " " + projection_name(p) + ": A has " +
-                                              std::to_string(proj.a.size()) + " values and B " + std::to_string(proj.b.size()) +
-                                              ", expected " + std::to_string(a_size) + " and " + std::to_string(b_size) +
-                                              " for its experts, rank, in and out");
-      auto original = [&](const std::vector<io::Dtype>& known, int e) {
-        return static_cast<int>(known.size()) == experts ? known[e] : io::Dtype::F32;
+      auto dtype_of = [&](const std::vector<io::Dtype>& known, int e) {
+        return static_cast<int>(known.size()) == experts ? known[e] : io_dtype(proj.dtype);
       };
       for (int e = 0; e < experts; ++e) {
         if (!proj.active(e)) continue;
         any = true;
-        int r = proj.expert_rank[e] > 0 && proj.expert_rank[e] <= proj.rank ? proj.expert_rank[e] : proj.rank;
-        const auto* a = reinterpret_cast<const std::byte*>(proj.a_of(e));
-        const auto* b = reinterpret_cast<const std::byte*>(proj.b_of(e));
-        io::Dtype da = target_dtype(options.dtype, original(lora->dtype_a[pi], e));
-        io::Dtype db = target_dtype(options.dtype, original(lora->dtype_b[pi], e));
-        int in = proj.in, out = proj.out, padded = proj.rank;
-        tensors.push_back({lora->key_a(p, e), da, {r, in}, [a, r, in, da](std::byte* dst, std::size_t) {
-                             copy_matrix(a, io::Dtype::F32, in, r, in, dst, da);
-                           }});
-        tensors.push_back({lora->key_b(p, e), db, {out, r}, [b, r, out, padded, db](std::byte* dst, std::size_t) {
-                             copy_matrix(b, io::Dtype::F32, padded, out, r, dst, db);
-                           }});
+        const int er = l.expert_rank[pi].empty() ? 0 : l.expert_rank[pi][e];
+        const int r = er > 0 && er <= proj.rank ? er : proj.rank;
+        const auto* a = static_cast<const std::byte*>(proj.a_of(e));
+        const auto* b = static_cast<const std::byte*>(proj.b_of(e));
+        const io::Dtype src = io_dtype(proj.dtype);
+        const io::Dtype da = target_dtype(options.dtype, dtype_of(l.dtype_a[pi], e));
+        const io::Dtype db = target_dtype(options.dtype, dtype_of(l.dtype_b[pi], e));
+        const int in = proj.in, out = proj.out, padded = proj.rank;
+        const std::size_t lda = proj.lda();
+        tensors.push_back({expand_expert_key_template(l.key_template_a[pi], e), da, {r, in},
+                           [a, src, lda, r, in, da](std::byte* dst, std::size_t) { copy_matrix(a, src, lda, r, in, dst, da); }});
+        tensors.push_back({expand_expert_key_template(l.key_template_b[pi], e), db, {out, r},
+                           [b, src, r, out, padded, db](std::byte* dst, std::size_t) { copy_matrix(b, src, padded, out, r, dst, db); }});
       }
     }
+    any = add_stacked_tensors(l, options.dtype, tensors) || any;
     layers_written += any ? 1 : 0;
   }
-  PeftExportStats stats = write_tensors(out_dir, config.json_text, tensors, options.extras, options.dtype, options.progress);
+  PeftExportStats stats = write_tensors(out_dir, config_json, tensors, options.extras, options.dtype, options.progress);
   stats.layers = layers_written;
   return stats;
+}
+
+namespace {
+
+// A LoadedLora as written: its f32 factors read in place, the file's dtypes and expert ranks.
+PeftLayerOut layer_out(int layer, const LoadedLora& lora) {
+  PeftLayerOut l;
+  l.layer = layer;
+  l.lora = lora_view(lora.lora);
+  for (const auto& proj : lora.lora.proj)
+    if (proj.rank > 0) l.num_experts = static_cast<int>(proj.present.size());
+  for (Projection p : kProjections) {
+    const int pi = static_cast<int>(p);
+    const auto& proj = lora.lora[p];
+    l.expert_rank[pi] = proj.expert_rank;
+    l.key_template_a[pi] = lora.key_template_a[pi];
+    l.key_template_b[pi] = lora.key_template_b[pi];
+    l.stacked[pi] = lora.stacked[pi];
+    const std::size_t experts = proj.present.size();
+    // Unknown dtypes are written as f32, as the factors are held.
+    l.dtype_a[pi] = lora.dtype_a[pi].size() == experts ? lora.dtype_a[pi] : std::vector<io::Dtype>(experts, io::Dtype::F32);
+    l.dtype_b[pi] = lora.dtype_b[pi].size() == experts ? lora.dtype_b[pi] : std::vector<io::Dtype>(experts, io::Dtype::F32);
+  }
+  return l;
+}
+
+}  // namespace
+
+PeftExportStats write_peft_adapter(const std::string& out_dir, const PeftConfig& config,
+                                   const std::vector<std::pair<int, const LoadedLora*>>& layers, const PeftExportOptions& options) {
+  std::vector<PeftLayerOut> out;
+  for (const auto& [layer, lora] : layers) {
+    for (Projection p : kProjections) {
+      const auto& proj = lora->lora[p];
+      if (proj.rank == 0) continue;
+      const int experts = static_cast<int>(proj.present.size());
+      const std::size_t a_size = static_cast<std::size_t>(experts) * proj.rank * proj.in;
+      const std::size_t b_size = static_cast<std::size_t>(experts) * proj.out * proj.rank;
+      if (proj.a.size() != a_size || proj.b.size() != b_size || proj.expert_rank.size() != proj.present.size() ||
+          proj.scale.size() != proj.present.size())
+        fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " " + projection_name(p) + ": A has " +
+                                              std::to_string(proj.a.size()) + " values and B " + std::to_string(proj.b.size()) +
+                                              ", expected " + std::to_string(a_size) + " and " + std::to_string(b_size) +
+                                              " for its experts, rank, in and out");
+    }
+    out.push_back(layer_out(layer, *lora));
+  }
+  return write_peft_layers(out_dir, config.json_text, out, options);
 }
 
 PeftExportStats export_lora_file(const std::string& lora_file, const std::string& out_dir, ExportDtype dtype, const ProgressFn& progress) {
@@ -362,7 +436,9 @@ PeftExportStats export_lora_file(const std::string& lora_file, const std::string
                            [b, sb, r, out, padded, db](std::byte* dst, std::size_t) { copy_matrix(b, sb, padded, out, r, dst, db); }});
       }
     }
-    if (layer_stacked) add_stacked_tensors(layer, *layer_stacked, dtype, tensors);
+    if (layer_stacked) {
+      add_stacked_tensors(layer_out(layer, *layer_stacked), dtype, tensors);
+    }
   }
   PeftExtras extras = converted_extras(f);
   PeftExportStats stats = write_tensors(out_dir, config->second, tensors, extras, dtype, progress);

@@ -7,6 +7,7 @@
 // The output directory is created if missing (an existing one keeps its other files). Each file
 // is written under a temporary name and renamed into place, adapter_model.safetensors first, so a
 // failure never leaves a partial file, and a directory the export created is removed again.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -19,6 +20,7 @@
 #include "src/io/progress.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/lora/peft_adapter.hpp"
+#include "tilemoe/lora.hpp"
 
 namespace tilemoe {
 
@@ -60,6 +62,27 @@ struct PeftExportStats {
   std::size_t bytes = 0;  // tensor data
   std::vector<std::string> warnings;
 };
+
+// One layer's LoRA as written: factors read in place through `lora` (f32 or bf16, any strides)
+// while the export runs, under per-expert key templates or a projection's stacked keys.
+struct PeftLayerOut {
+  int layer = -1;
+  int num_experts = 0;
+  LayerLoraView lora;
+  // [projection][expert]: the rank an expert is written at (its padding rows and columns dropped);
+  // empty: the view's rank. A stacked projection has every expert at the view's rank.
+  std::array<std::vector<int>, 3> expert_rank;
+  std::array<std::string, 3> key_template_a, key_template_b;  // "{E}" stands for the expert index
+  std::array<LoadedLora::StackedKeys, 3> stacked;             // set for a projection written stacked
+  // [projection][expert]: each tensor's dtype under ExportDtype::same; empty: the view's own.
+  std::array<std::vector<io::Dtype>, 3> dtype_a, dtype_b;
+};
+
+// The layers' routed-expert LoRA under their keys, with `config_json` as adapter_config.json.
+// Throws invalid_argument for a projection without key names, a stacked one whose experts do not
+// all have LoRA at one rank, or projections sharing a stacked A whose A differ.
+PeftExportStats write_peft_layers(const std::string& out_dir, const std::string& config_json, const std::vector<PeftLayerOut>& layers,
+                                  const PeftExportOptions& options = {});
 
 // `config.json_text` becomes adapter_config.json verbatim. Every projection with LoRA needs its
 // PEFT key templates, which load_layer_lora fills; a LoadedLora without dtypes is written as F32
