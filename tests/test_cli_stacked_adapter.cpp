@@ -22,6 +22,7 @@
 #include "test_util.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/moe_layer.hpp"
+#include "tilemoe/peft_save.hpp"
 #include "tilemoe/runtime.hpp"
 
 using namespace tilemoe;
@@ -334,6 +335,89 @@ TEST_CASE("a layer says where its adapter keeps the stacked LoRA", "[api][stacke
   check_stacked(layer.adapter_stacked_keys());
   layer.unload_adapter();
   CHECK(all_empty(layer.adapter_stacked_keys()));
+}
+
+TEST_CASE("save_peft_adapter writes a stacked adapter back under its keys and adapter_config.json", "[api][stacked][save]") {
+  StackedLora l;
+  const std::string model = write_model("save_model", true);
+  const std::string stacked = write_stacked_adapter("save_stacked", l);
+  Runtime rt({"portable", 1});
+  CheckpointLayerOptions o;
+  o.max_tokens = 8;
+  o.adapter = stacked;
+  MoeLayer layer = MoeLayer::from_checkpoint(rt, model, 1, o);
+  const auto fresh_out = [](const std::string& name) {
+    const std::string d = test::temp_dir() + "/" + name;
+    fs::remove_all(d);
+    return d;
+  };
+  const std::vector<std::string> keys{kPrefix + "base_layer.lora_A.weight", kPrefix + "base_layer.lora_B.weight",
+                                      kPrefix + "lora_A.weight", kPrefix + "lora_B.weight"};
+  // The held adapter: its four tensors bit for bit (F32 as held), its config verbatim, nothing else.
+  const std::string out = fresh_out("save_stacked_out");
+  CHECK(save_peft_adapter(out, {{&layer}}).tensors == 4);
+  CHECK(test::file_text(out + "/adapter_config.json") == test::file_text(stacked + "/adapter_config.json"));
+  auto want = io::SafetensorsFile::open(stacked + "/adapter_model.safetensors");
+  auto got = io::SafetensorsFile::open(out + "/adapter_model.safetensors");
+  CHECK(got.tensors().size() == 4);
+  for (const auto& key : keys) {
+    INFO(key);
+    const auto *w = want.find(key), *g = got.find(key);
+    REQUIRE((w && g));
+    CHECK(g->shape == w->shape);
+    CHECK(io::read_as_f32(got, key) == io::read_as_f32(want, key));
+  }
+  // A trainer's copy, stepped with gate's and up's A together: written under the same keys.
+  const LayerLoraView held = layer.lora();
+  std::array<std::vector<float>, 3> a, b;
+  LayerLoraView mine = held;
+  for (int p = 0; p < 3; ++p) {
+    const auto& v = held.proj[p];
+    const auto* av = static_cast<const float*>(v.a);
+    const auto* bv = static_cast<const float*>(v.b);
+    a[p].assign(av, av + static_cast<std::size_t>(kE) * v.rank * v.in);
+    b[p].assign(bv, bv + static_cast<std::size_t>(kE) * v.out * v.rank);
+    mine.proj[p].a = a[p].data();
+    mine.proj[p].b = b[p].data();
+  }
+  a[0][5] += 0.25f, a[1][5] += 0.25f;
+  b[2][7] -= 1.0f;
+  layer.update_lora_weights(mine);
+  const std::string trained = fresh_out("save_stacked_trained");
+  save_peft_adapter(trained, {{&layer}});
+  auto t = io::SafetensorsFile::open(trained + "/adapter_model.safetensors");
+  CHECK(io::read_as_f32(t, keys[0])[5] == a[0][5]);
+  const LoadedLora back = load_layer_lora(trained, config(), 1);
+  for (int p = 0; p < 3; ++p) {
+    CHECK(back.lora.proj[p].a == a[p]);
+    CHECK(back.lora.proj[p].b == b[p]);
+  }
+  // Refused, nothing written: gate's and up's A apart, another scale, another rank.
+  const std::string bad = fresh_out("save_stacked_bad");
+  a[1][6] += 1.0f;
+  CHECK(error_of([&] { save_peft_adapter(bad, {{&layer}}); }).find("gate and up share one A in this adapter, but their A differ") !=
+        std::string::npos);
+  a[1][6] = a[0][6];
+  LayerLoraView scaled = mine;
+  scaled.proj[2].scale = nullptr;
+  scaled.proj[2].uniform_scale = 3.0f;
+  layer.update_lora_weights(scaled);
+  CHECK(error_of([&] { save_peft_adapter(bad, {{&layer}}); }).find("layer 1 down, expert 0: the set in use scales by 3") !=
+        std::string::npos);
+  LayerLoraView narrow = mine;
+  narrow.proj[2].rank = kR - 1;
+  narrow.proj[2].strides.b_expert = static_cast<std::size_t>(kH) * kR;
+  layer.update_lora_weights(narrow);
+  CHECK(error_of([&] { save_peft_adapter(bad, {{&layer}}); }).find("layer 1 down: the set in use has rank 3") != std::string::npos);
+  CHECK_FALSE(fs::exists(bad));
+  // Without the adapter, a stacked checkpoint gives no per-expert names PEFT could load.
+  layer.unload_adapter();
+  LayerLoraView plain = mine;
+  for (auto& p : plain.proj) p.scale = nullptr, p.present = nullptr, p.uniform_scale = 2.0f;
+  layer.update_lora_weights(plain);
+  CHECK(error_of([&] { save_peft_adapter(bad, {{&layer}}); }).find("layer 1 gate: the checkpoint stacks its experts (transformers v5)") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(bad));
 }
 
 TEST_CASE("convert-lora keeps a stacked adapter, and export-peft gives it back stacked", "[convert][stacked][export]") {

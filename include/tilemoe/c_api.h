@@ -178,6 +178,35 @@ TILEMOE_API tilemoe_status tilemoe_layer_submit_backward_typed(tilemoe_layer* la
                                                                tilemoe_dtype dtype, const tilemoe_lora_grads_typed* grads,
                                                                int accumulate, tilemoe_ticket* ticket);
 
+/* The LoRA the layers use now, written as one PEFT adapter directory (adapter_config.json +
+ * adapter_model.safetensors) for PEFT, vLLM or SGLang: tilemoe::save_peft_adapter
+ * (tilemoe/peft_save.hpp) says where the key names come from. index: the layer's index in the
+ * model, or -1 for the one it knows (a checkpoint layer's, or the index its adapter was loaded
+ * at). No layer may change its LoRA set while the call runs. */
+typedef struct tilemoe_peft_layer {
+  const tilemoe_layer* layer;
+  int index;
+} tilemoe_peft_layer;
+typedef enum tilemoe_peft_dtype {
+  TILEMOE_PEFT_AS_HELD = 0, /* as each set stores its factors, f32 or bf16 */
+  TILEMOE_PEFT_F32 = 1,
+  TILEMOE_PEFT_BF16 = 2,
+  TILEMOE_PEFT_DTYPE_RANGE_MIN = -0x7fffffff - 1,
+  TILEMOE_PEFT_DTYPE_RANGE_MAX = 0x7fffffff
+} tilemoe_peft_dtype;
+typedef struct tilemoe_peft_save_options {
+  tilemoe_peft_dtype dtype;
+  /* For layers whose adapter and checkpoint give no names; NULL: the defaults,
+   * "model.layers.{layer}.mlp.experts.{expert}" and gate_proj, up_proj, down_proj. */
+  const char* experts_module;
+  const char* projection_names[3];
+  const char* base_model_name_or_path; /* NULL: none */
+} tilemoe_peft_save_options;
+/* options may be NULL (the defaults). Nothing is written when a status other than TILEMOE_OK
+ * comes back. */
+TILEMOE_API tilemoe_status tilemoe_save_peft_adapter(const char* dir, const tilemoe_peft_layer* layers, int count,
+                                                     const tilemoe_peft_save_options* options);
+
 /* AdamW over the caller's f32 arrays (tilemoe/adamw.hpp): torch.optim.AdamW's update of each
  * segment, with the segment's own step number (1 for the first update), on the runtime's threads
  * after the tasks already submitted. Nothing is updated when a status other than TILEMOE_OK

@@ -125,6 +125,8 @@ struct CheckpointLayerOptions {
   bool backward_weight_copy = false;  // as in MoeLayerConfig
 };
 
+struct LayerPeftState;  // internal (src/api/layer_peft_state.hpp)
+
 class TILEMOE_CXX_API MoeLayer {
  public:
   // Throws invalid_argument for a bad config or null weights, bad_file for non-finite weights
@@ -204,6 +206,7 @@ class TILEMOE_CXX_API MoeLayer {
   struct Impl;
 
  private:
+  friend LayerPeftState layer_peft_state(const MoeLayer& layer);  // save_peft_adapter's reading of the layer
   explicit MoeLayer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -9,6 +9,7 @@
 #include "tilemoe/adamw.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/moe_layer.hpp"
+#include "tilemoe/peft_save.hpp"
 
 struct tilemoe_runtime {
   tilemoe::Runtime rt;
@@ -295,6 +296,32 @@ tilemoe_status tilemoe_layer_load_adapter_as(tilemoe_layer* layer, const char* p
                                       : storage == TILEMOE_ADAPTER_BF16 ? tilemoe::AdapterStorage::bf16
                                                                         : tilemoe::AdapterStorage::as_stored;
     layer->layer.load_adapter(path, layer_index, s);
+  });
+}
+
+tilemoe_status tilemoe_save_peft_adapter(const char* dir, const tilemoe_peft_layer* layers, int count,
+                                        const tilemoe_peft_save_options* options) {
+  return guard([&] {
+    require(dir != nullptr, "tilemoe_save_peft_adapter: dir is NULL");
+    require(count > 0 && layers != nullptr, "tilemoe_save_peft_adapter: count must be positive and layers not NULL");
+    std::vector<tilemoe::PeftSaveLayer> list;
+    for (int i = 0; i < count; ++i) {
+      require(layers[i].layer != nullptr, "tilemoe_save_peft_adapter: layers[" + std::to_string(i) + "].layer is NULL");
+      list.push_back({&layers[i].layer->layer, layers[i].index});
+    }
+    tilemoe::PeftSaveOptions o;
+    if (options) {
+      const tilemoe_peft_dtype d = options->dtype;
+      require(d == TILEMOE_PEFT_AS_HELD || d == TILEMOE_PEFT_F32 || d == TILEMOE_PEFT_BF16,
+              "tilemoe_save_peft_adapter: dtype " + std::to_string(static_cast<long long>(d)) +
+                  " is not TILEMOE_PEFT_AS_HELD, TILEMOE_PEFT_F32 or TILEMOE_PEFT_BF16");
+      o.dtype = d == TILEMOE_PEFT_F32 ? tilemoe::PeftSaveDtype::f32 : d == TILEMOE_PEFT_BF16 ? tilemoe::PeftSaveDtype::bf16 : tilemoe::PeftSaveDtype::as_held;
+      if (options->experts_module) o.experts_module = options->experts_module;
+      for (int p = 0; p < 3; ++p)
+        if (options->projection_names[p]) o.projection_names[static_cast<std::size_t>(p)] = options->projection_names[p];
+      if (options->base_model_name_or_path) o.base_model_name_or_path = options->base_model_name_or_path;
+    }
+    tilemoe::save_peft_adapter(dir, list, o);
   });
 }
 

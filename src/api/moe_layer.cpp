@@ -9,6 +9,7 @@
 
 #include "amx/aligned_vector.hpp"
 #include "amx/kernel_table.hpp"
+#include "src/api/layer_peft_state.hpp"
 #include "src/api/runtime_impl.hpp"
 #include "numa/node_group.hpp"
 #include "src/layer/moe_compute.hpp"
@@ -20,6 +21,7 @@
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
 #include "src/model/finite_check.hpp"
+#include "src/model/tensor_names.hpp"
 #include "src/quant/checkpoint_fingerprint.hpp"
 #include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
@@ -88,6 +90,11 @@ struct MoeLayer::Impl {
   float scale = 0;
   std::unique_ptr<TensorParallelLayer> sft;  // one slice per NUMA node; one node: the plain layer
   std::unique_ptr<HeldAdapter> adapter;  // f32 or bf16, as AdapterStorage asks (held_adapter.hpp)
+  int adapter_layer = -1;                // the model index the adapter was loaded at
+  // A checkpoint layer's expert modules ("model.layers.3.mlp.experts.{E}.gate_proj"), for
+  // save_peft_adapter's key names; checkpoint_stacked: transformers v5's stacked experts.
+  std::array<std::string, 3> checkpoint_modules;
+  bool checkpoint_stacked = false;
   std::vector<float> out_f32, grad_out_f32, grad_in_f32;  // bf16 callers' f32 side, grown on demand
 
   Impl(Runtime::Impl& r, const MoeLayerConfig& c) : rt(r), cfg(c) {}
@@ -200,6 +207,7 @@ struct MoeLayer::Impl {
     // it is loaded, so forward packs it once.
     sft->update_lora_weights(loaded->view(), /*held=*/true);
     adapter = std::move(loaded);
+    adapter_layer = layer;
   }
 };
 
@@ -260,6 +268,26 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   return m;
 }
 
+// The names a checkpoint layer's experts are stored under, which a PEFT adapter for the model
+// builds its keys from; the layer index its adapter was loaded at.
+std::unique_ptr<MoeLayer::Impl> with_checkpoint_names(std::unique_ptr<MoeLayer::Impl> m, const Checkpoint& ckpt, int layer) {
+  const auto refs = ckpt.expert_tensors(layer);
+  for (Projection p : kProjections) {
+    const auto& first = refs[static_cast<int>(p)].front();
+    if (first.stacked()) {
+      m->checkpoint_stacked = true;
+      continue;
+    }
+    std::string module = expert_key_template(first.name, 0);
+    const std::string suffix = ".weight";
+    if (module.size() > suffix.size() && module.compare(module.size() - suffix.size(), suffix.size(), suffix) == 0)
+      module.resize(module.size() - suffix.size());
+    m->checkpoint_modules[static_cast<int>(p)] = module;
+  }
+  if (m->adapter) m->adapter_layer = layer;
+  return m;
+}
+
 }  // namespace
 
 MoeLayer::MoeLayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -313,11 +341,13 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
       fail(ErrorKind::invalid_argument, "MoeLayer::from_checkpoint: " + options.quantized_dir + " has int4 group size " +
                                             std::to_string(q.group) + " but group_size " + std::to_string(options.group_size) +
                                             " was asked for");
-    return MoeLayer(build(runtime, cfg, ExpertWeightsView{model.shape, nullptr, nullptr, nullptr}, model, layer, std::move(adapter),
-                          /*weights_checked=*/true, &q));
+    return MoeLayer(with_checkpoint_names(build(runtime, cfg, ExpertWeightsView{model.shape, nullptr, nullptr, nullptr}, model,
+                                                layer, std::move(adapter), /*weights_checked=*/true, &q),
+                                          ckpt, layer));
   }
   ExpertWeights experts = ckpt.load_layer_experts(layer);
-  return MoeLayer(build(runtime, cfg, experts.view(), model, layer, std::move(adapter), /*weights_checked=*/true));
+  return MoeLayer(
+      with_checkpoint_names(build(runtime, cfg, experts.view(), model, layer, std::move(adapter), /*weights_checked=*/true), ckpt, layer));
 }
 
 MoeLayer::~MoeLayer() {
@@ -442,6 +472,39 @@ Runtime::Ticket MoeLayer::submit_backward(const float* grad_output, float* grad_
 Runtime::Ticket MoeLayer::submit_update_lora_weights(const LayerLoraView& view) {
   Impl* m = impl_.get();
   return m->submit([=] { m->sft->update_lora_weights(view); });
+}
+
+LayerPeftState layer_peft_state(const MoeLayer& layer) {
+  MoeLayer::Impl* m = layer.impl_.get();
+  LayerPeftState st;
+  m->run([m, &st] {  // after the queued tasks, which may swap the set or load an adapter
+    st.view = m->sft->lora();
+    st.num_experts = m->cfg.num_experts;
+    st.index = m->model_layer;
+    st.checkpoint_modules = m->checkpoint_modules;
+    st.checkpoint_stacked = m->checkpoint_stacked;
+    if (m->adapter) {
+      st.has_adapter = true;
+      if (st.index < 0) st.index = m->adapter_layer;
+      const LoadedLora& loaded = m->adapter->loaded();
+      st.adapter.key_template_a = loaded.key_template_a;
+      st.adapter.key_template_b = loaded.key_template_b;
+      st.adapter.dtype_a = loaded.dtype_a;
+      st.adapter.dtype_b = loaded.dtype_b;
+      st.adapter.stacked = loaded.stacked;
+      st.adapter.adapter_config = loaded.adapter_config;
+      const LayerLoraView& held = m->adapter->view();
+      for (Projection p : kProjections) {
+        const int i = static_cast<int>(p);
+        st.adapter_rank[i] = held[p].rank;
+        st.adapter_expert_rank[i] = m->adapter->expert_rank(p);
+        st.adapter_scale[i].assign(static_cast<std::size_t>(m->cfg.num_experts), 0.0f);
+        for (int e = 0; e < m->cfg.num_experts; ++e)
+          if (held[p].active(e)) st.adapter_scale[i][static_cast<std::size_t>(e)] = held[p].scale_of(e);
+      }
+    }
+  });
+  return st;
 }
 
 }  // namespace tilemoe

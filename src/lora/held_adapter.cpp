@@ -63,6 +63,10 @@ LayerPeftStackedKeys HeldAdapter::stacked_keys() const {
   return out;
 }
 
+const std::vector<int>& HeldAdapter::expert_rank(Projection p) const {
+  return dtype() == LoraDType::bf16 ? bf16_[p].expert_rank : loaded_.lora[p].expert_rank;
+}
+
 std::size_t HeldAdapter::factor_bytes() const {
   std::size_t bytes = 0;
   for (int i = 0; i < 3; ++i)

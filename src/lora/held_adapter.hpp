@@ -6,6 +6,7 @@
 // forward reads half the bytes where it reads the factors as they are (experts with few rows,
 // decode above all). AdapterStorage::bf16 rounds other values to nearest even.
 #include <cstddef>
+#include <vector>
 
 #include "src/lora/lora_view.hpp"
 #include "src/lora/peft_adapter.hpp"
@@ -26,6 +27,10 @@ class HeldAdapter {
   std::size_t factor_bytes() const;
   // The PEFT keys of projections the file stacked over the experts.
   LayerPeftStackedKeys stacked_keys() const;
+  // Its PEFT keys, file dtypes and adapter_config.json (the f32 factors are gone when held in bf16).
+  const LoadedLora& loaded() const { return loaded_; }
+  // Each expert's rank in the file ([E], 0 where the adapter does not cover it), before padding.
+  const std::vector<int>& expert_rank(Projection p) const;
 
  private:
   LoadedLora loaded_;  // f32 factors (released when held in bf16), keys, file dtypes, warnings

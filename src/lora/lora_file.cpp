@@ -376,6 +376,7 @@ LoadedLora load_converted_layer(const std::string& path, const ModelConfig& mode
   if (!model.is_moe_layer(layer))
     fail(ErrorKind::invalid_argument, "layer " + std::to_string(layer) + " is not a MoE layer (MoE layers: " + model.moe_layers_string() + ")");
   LoadedLora out;
+  if (auto config = f.metadata().find("adapter_config"); config != f.metadata().end()) out.adapter_config = config->second;
   bool any = false;
   for (Projection p : kProjections) {
     auto c = converted_projection(f, layer, p);

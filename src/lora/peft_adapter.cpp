@@ -367,6 +367,7 @@ std::vector<StackedLoraGrad> stacked_lora_grads(const LoadedLora& lora, const La
 LoadedLora load_peft_layer(const PeftAdapter& adapter, const MoeShape& s, int layer) {
   LoadedLora out;
   out.warnings = adapter.warnings();
+  out.adapter_config = adapter.config().json_text;
   load_stacked_entries(adapter, s, layer, out);
   const auto* entries = adapter.layer_entries(layer);
   if (!entries && !adapter.stacked_entries(layer).empty()) return out;

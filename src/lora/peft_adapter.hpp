@@ -105,6 +105,9 @@ struct LoadedLora {
     bool empty() const { return key_a.empty(); }
   };
   std::array<StackedKeys, 3> stacked;
+  // The adapter's adapter_config.json (a convert-lora file keeps it in its metadata; empty when it
+  // did not), for a save that writes stacked keys back: their target_parameters are said there.
+  std::string adapter_config;
   std::vector<std::string> warnings;
 
   std::string key_a(Projection p, int e) const;

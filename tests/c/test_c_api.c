@@ -313,6 +313,27 @@ static void test_checkpoint_layer(tilemoe_runtime* rt, const char* data) {
     CHECK(strstr(tilemoe_last_error(), "storage 3") != NULL);
     REQUIRE_OK(tilemoe_layer_lora_ranks(layer, ranks));
     CHECK(ranks[0] == 8); /* the refused call kept the adapter loaded before it */
+
+    /* Written back as a PEFT adapter and loaded again: the same output, bit for bit. */
+    char tmp[] = "/tmp/tilemoe_c_api_XXXXXX", saved[1100];
+    REQUIRE_OK(mkdtemp(tmp) ? TILEMOE_OK : TILEMOE_INTERNAL);
+    snprintf(saved, sizeof saved, "%s/adapter", tmp);
+    const tilemoe_peft_layer list[1] = {{layer, -1}};
+    REQUIRE_OK(tilemoe_save_peft_adapter(saved, list, 1, NULL));
+    float again[T * 320];
+    REQUIRE_OK(tilemoe_layer_load_adapter(layer, saved, 1));
+    REQUIRE_OK(tilemoe_layer_forward(layer, T, K, x, ids, w, again, TILEMOE_F32));
+    CHECK(memcmp(out[0], again, sizeof again) == 0);
+    tilemoe_peft_save_options so = {(tilemoe_peft_dtype)7, NULL, {NULL, NULL, NULL}, NULL};
+    CHECK(tilemoe_save_peft_adapter(saved, list, 1, &so) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(strstr(tilemoe_last_error(), "dtype 7") != NULL);
+    CHECK(tilemoe_save_peft_adapter(saved, list, 0, NULL) == TILEMOE_INVALID_ARGUMENT);
+    const tilemoe_peft_layer wrong[1] = {{layer, 3}};
+    CHECK(tilemoe_save_peft_adapter(saved, wrong, 1, NULL) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(strstr(tilemoe_last_error(), "index 3 given, but the layer is layer 1") != NULL);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0);
   }
   tilemoe_layer_destroy(layer);
 
