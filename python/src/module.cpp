@@ -9,4 +9,5 @@ PYBIND11_MODULE(_tilemoe, m) {
   tilemoe::binding::bind_runtime(m);
   tilemoe::binding::bind_layer(m);
   tilemoe::binding::bind_optim(m);
+  tilemoe::binding::bind_save(m);
 }

@@ -75,6 +75,7 @@ class PyLayer {
   double time_forward(py::handle x, py::handle ids, py::handle weights, py::handle out, int iterations);
 
   const MoeLayerConfig& config() const { return layer_->config(); }
+  const MoeLayer& layer() const { return *layer_; }
   double lora_scale() const { return layer_->lora_scale(); }
   std::shared_ptr<PyRuntime> runtime() const { return runtime_; }
   const LayerOrigin& origin() const { return origin_; }

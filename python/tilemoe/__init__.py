@@ -12,9 +12,9 @@ See MoELayer's and MoELoRA's docstrings; `python3 -m tilemoe.train_demo` and `py
 tilemoe.bench` run the demo and the bench.
 """
 from ._tilemoe import (BadFileError, Error, InvalidArgumentError, MoELayer, Runtime, StateError, Task,
-                       UnsupportedError)
+                       UnsupportedError, save_peft_adapter)
 from .bf16 import bf16_to_float32, float32_to_bf16
 from .config import MoEConfig
 
-__all__ = ["MoEConfig", "MoELayer", "Runtime", "Task", "Error", "InvalidArgumentError", "BadFileError",
+__all__ = ["MoEConfig", "MoELayer", "Runtime", "Task", "save_peft_adapter", "Error", "InvalidArgumentError", "BadFileError",
            "UnsupportedError", "StateError", "float32_to_bf16", "bf16_to_float32"]
