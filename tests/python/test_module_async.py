@@ -141,11 +141,16 @@ def gil_released():
     while not done.is_set():
         stamps.append(time.monotonic())
     t.join()
+    # Judged by the best of the three: a machine busy with other work (the suite runs its tests in
+    # parallel) may deschedule the Python thread now and then, while a held GIL pauses it through
+    # every call.
+    ratios = []
     for t0, t1 in window:
         inside = [t0] + [s for s in stamps if t0 < s < t1] + [t1]
         gap = max(b - a for a, b in zip(inside, inside[1:]))
         print(f"GIL: a forward of {1e3 * (t1 - t0):.0f} ms, the other thread's longest pause {1e3 * gap:.1f} ms")
-        expect(gap < 0.5 * (t1 - t0), f"the other thread paused {1e3 * gap:.1f} ms of a {1e3 * (t1 - t0):.0f} ms forward")
+        ratios.append(gap / (t1 - t0))
+    expect(min(ratios) < 0.5, f"the other thread paused through {100 * min(ratios):.0f} % or more of every forward")
 
 
 two_threads()
