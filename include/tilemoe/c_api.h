@@ -155,6 +155,15 @@ TILEMOE_API tilemoe_status tilemoe_layer_cached_forwards(const tilemoe_layer* la
 /* The rank of each projection's current LoRA set (gate, up, down; 0: none): the shapes of grads. */
 TILEMOE_API tilemoe_status tilemoe_layer_lora_ranks(const tilemoe_layer* layer, int ranks[3]);
 
+/* Copies of one projection's LoRA set in use (0 gate, 1 up, 2 down; the caller's arrays or the held
+ * adapter), after the layer's queued tasks: a [E][rank][in] and b [E][out][rank] of `dtype` (rank as
+ * tilemoe_layer_lora_ranks gives it; an expert of a smaller rank in its adapter has zero padding),
+ * scale [E] (0 where an expert has no LoRA) and present [E] (1 or 0). Any of a, b, scale and present
+ * may be NULL (not wanted). A trainer starting from an adapter copies it out with this, then
+ * trains its own arrays (tilemoe_layer_update_lora_weights_typed). */
+TILEMOE_API tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, int projection, tilemoe_dtype dtype, void* a, void* b,
+                                                   float* scale, uint8_t* present);
+
 /* Asynchronous forms: return at once with a ticket; errors come from wait or sync. Pointers must
  * stay valid until the task has finished. */
 TILEMOE_API tilemoe_status tilemoe_layer_submit_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "src/api/layer_peft_state.hpp"
 #include "tilemoe/adamw.hpp"
+#include "tilemoe/bf16.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/moe_layer.hpp"
 #include "tilemoe/peft_save.hpp"
@@ -343,6 +345,40 @@ tilemoe_status tilemoe_layer_lora_ranks(const tilemoe_layer* layer, int ranks[3]
   return guard([&] {
     require(layer && ranks, "tilemoe_layer_lora_ranks: layer and ranks must not be NULL");
     for (int i = 0; i < 3; ++i) ranks[i] = layer->layer.lora().proj[static_cast<std::size_t>(i)].rank;
+  });
+}
+
+tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, int projection, tilemoe_dtype dtype, void* a, void* b,
+                                      float* scale, uint8_t* present) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_copy_lora: layer is NULL");
+    require(projection >= 0 && projection < 3,
+            "tilemoe_layer_copy_lora: projection " + std::to_string(projection) + " is not 0 (gate), 1 (up) or 2 (down)");
+    check_dtype(dtype, "tilemoe_layer_copy_lora");
+    const tilemoe::LayerPeftState st = tilemoe::layer_peft_state(layer->layer);  // after the queued tasks
+    const tilemoe::LoraProjectionView& v = st.view.proj[static_cast<std::size_t>(projection)];
+    const int E = st.num_experts;
+    const std::size_t a_size = static_cast<std::size_t>(v.rank) * v.in, b_size = static_cast<std::size_t>(v.out) * v.rank;
+    auto element = [&](const void* base, std::size_t i) {
+      return v.dtype == tilemoe::LoraDType::bf16 ? tilemoe::bf16_to_float(static_cast<const tilemoe::bf16*>(base)[i])
+                                                 : static_cast<const float*>(base)[i];
+    };
+    auto put = [&](void* dst, std::size_t i, float value) {
+      if (dtype == TILEMOE_F32) static_cast<float*>(dst)[i] = value;
+      else static_cast<uint16_t*>(dst)[i] = tilemoe::float_to_bf16(value);  // exact for bf16 values
+    };
+    for (int e = 0; e < E; ++e) {
+      const bool active = v.active(e);
+      if (present) present[e] = active ? 1 : 0;
+      if (scale) scale[e] = active ? v.scale_of(e) : 0.0f;
+      if (a)
+        for (int j = 0; j < v.rank; ++j)
+          for (int c = 0; c < v.in; ++c)
+            put(a, e * a_size + static_cast<std::size_t>(j) * v.in + c,
+                active ? element(v.a_of(e), static_cast<std::size_t>(j) * v.lda() + c) : 0.0f);
+      if (b)
+        for (std::size_t i = 0; i < b_size; ++i) put(b, e * b_size + i, active ? element(v.b_of(e), i) : 0.0f);
+    }
   });
 }
 

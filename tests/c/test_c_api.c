@@ -94,6 +94,23 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &layer));
   tilemoe_lora_weights lw = {ga, gb, ua, ub, da, db};
   REQUIRE_OK(tilemoe_layer_update_lora_weights(layer, &lw));
+  { /* copied out as the layer reads them: the arrays, the config's scale, every expert */
+    static float ca[E * R * I], cb[E * H * R], cs[E];
+    static uint16_t ca16[E * R * I];
+    uint8_t cp[E];
+    REQUIRE_OK(tilemoe_layer_copy_lora(layer, 2, TILEMOE_F32, ca, cb, cs, cp));
+    CHECK(memcmp(ca, da, sizeof da) == 0 && memcmp(cb, db, sizeof db) == 0);
+    int all = 1;
+    for (int e = 0; e < E; ++e) all = all && cp[e] == 1 && fabsf(cs[e] - (float)(6.0 / R)) < 1e-6f;
+    CHECK(all);
+    REQUIRE_OK(tilemoe_layer_copy_lora(layer, 2, TILEMOE_BF16, ca16, NULL, NULL, NULL));
+    int rounded = 1;
+    for (int i = 0; i < E * R * I; ++i) rounded = rounded && ca16[i] == f32_to_bf16(da[i]);
+    CHECK(rounded);
+    CHECK(tilemoe_layer_copy_lora(layer, 3, TILEMOE_F32, ca, NULL, NULL, NULL) == TILEMOE_INVALID_ARGUMENT);
+    CHECK(strstr(tilemoe_last_error(), "projection 3") != NULL);
+    CHECK(tilemoe_layer_copy_lora(layer, 0, (tilemoe_dtype)4, ca, NULL, NULL, NULL) == TILEMOE_INVALID_ARGUMENT);
+  }
 
   for (int t = 0; t < T; ++t) {
     double v[H], g[I], u[I], h[I], y[H];
@@ -314,6 +331,18 @@ static void test_checkpoint_layer(tilemoe_runtime* rt, const char* data) {
     REQUIRE_OK(tilemoe_layer_lora_ranks(layer, ranks));
     CHECK(ranks[0] == 8); /* the refused call kept the adapter loaded before it */
 
+    /* The held adapter copied out: its bf16 factors exactly in f32 and bf16, every expert covered. */
+    {
+      static float ga32[8 * 8 * 320], scales[8];
+      static uint16_t ga16[8 * 8 * 320];
+      uint8_t covered[8];
+      REQUIRE_OK(tilemoe_layer_copy_lora(layer, 0, TILEMOE_F32, ga32, NULL, scales, covered));
+      REQUIRE_OK(tilemoe_layer_copy_lora(layer, 0, TILEMOE_BF16, ga16, NULL, NULL, NULL));
+      int same = 1, nonzero = 0;
+      for (int i = 0; i < 8 * 8 * 320; ++i) same = same && f32_to_bf16(ga32[i]) == ga16[i] && bf16_to_f32(ga16[i]) == ga32[i], nonzero += ga32[i] != 0;
+      CHECK(same && nonzero > 0);
+      for (int e = 0; e < 8; ++e) CHECK(covered[e] == 1 && scales[e] > 0);
+    }
     /* Written back as a PEFT adapter and loaded again: the same output, bit for bit. */
     char tmp[] = "/tmp/tilemoe_c_api_XXXXXX", saved[1100];
     REQUIRE_OK(mkdtemp(tmp) ? TILEMOE_OK : TILEMOE_INTERNAL);
