@@ -164,6 +164,15 @@ TILEMOE_API tilemoe_status tilemoe_layer_lora_ranks(const tilemoe_layer* layer, 
 TILEMOE_API tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, int projection, tilemoe_dtype dtype, void* a, void* b,
                                                    float* scale, uint8_t* present);
 
+/* Where the held adapter keeps a projection's LoRA when PEFT stacked it over the experts
+ * (PeftStackedKeys in lora.hpp): its A and B keys as NUL-terminated strings in the caller's buffers,
+ * B's rows and this projection's first row among them; empty keys for a projection kept per expert,
+ * without LoRA, or without an adapter. Gate and up with the same key_a share one A: a trainer steps
+ * it with the sum of their gradients. A buffer too small is TILEMOE_INVALID_ARGUMENT naming the size
+ * needed; any output may be NULL. */
+TILEMOE_API tilemoe_status tilemoe_layer_adapter_stacked_keys(const tilemoe_layer* layer, int projection, char* key_a, size_t key_a_size,
+                                                              char* key_b, size_t key_b_size, int* first_row, int* b_rows);
+
 /* Asynchronous forms: return at once with a ticket; errors come from wait or sync. Pointers must
  * stay valid until the task has finished. */
 TILEMOE_API tilemoe_status tilemoe_layer_submit_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,

@@ -2,6 +2,7 @@
 // thread and returns a status, so no exception crosses into C, Python or Rust.
 #include "tilemoe/c_api.h"
 
+#include <cstring>
 #include <new>
 #include <string>
 #include <vector>
@@ -379,6 +380,26 @@ tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, int projectio
       if (b)
         for (std::size_t i = 0; i < b_size; ++i) put(b, e * b_size + i, active ? element(v.b_of(e), i) : 0.0f);
     }
+  });
+}
+
+tilemoe_status tilemoe_layer_adapter_stacked_keys(const tilemoe_layer* layer, int projection, char* key_a, size_t key_a_size,
+                                                 char* key_b, size_t key_b_size, int* first_row, int* b_rows) {
+  return guard([&] {
+    require(layer != nullptr, "tilemoe_layer_adapter_stacked_keys: layer is NULL");
+    require(projection >= 0 && projection < 3,
+            "tilemoe_layer_adapter_stacked_keys: projection " + std::to_string(projection) + " is not 0 (gate), 1 (up) or 2 (down)");
+    const tilemoe::PeftStackedKeys k = layer->layer.adapter_stacked_keys()[static_cast<std::size_t>(projection)];
+    auto fits = [](const char* name, const std::string& key, char* buf, size_t size) {
+      require(!buf || key.size() < size, std::string("tilemoe_layer_adapter_stacked_keys: ") + name + "_size " + std::to_string(size) +
+                                             " is too small for '" + key + "' (" + std::to_string(key.size() + 1) + " bytes with its NUL)");
+    };
+    fits("key_a", k.key_a, key_a, key_a_size);  // both checked before anything is written
+    fits("key_b", k.key_b, key_b, key_b_size);
+    if (key_a) std::memcpy(key_a, k.key_a.c_str(), k.key_a.size() + 1);
+    if (key_b) std::memcpy(key_b, k.key_b.c_str(), k.key_b.size() + 1);
+    if (first_row) *first_row = k.first_row;
+    if (b_rows) *b_rows = k.b_rows;
   });
 }
 

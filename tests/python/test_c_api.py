@@ -169,6 +169,76 @@ except TilemoeError as e:
     print("error as expected:", e)
     expect("expert_ids[2][1]" in str(e), "the message names the slot")
 lib.tilemoe_layer_destroy(layer)
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for key, a in tensors.items():
+        raw = np.ascontiguousarray(a, dtype=np.float32).tobytes()
+        header[key] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+# A PEFT adapter stacked over deepseek_tiny's layer-1 experts (target_parameters): where the layer
+# says it keeps them, its factors copied out, and written back under the same keys.
+import os  # noqa: E402
+import tempfile  # noqa: E402
+
+lib.tilemoe_layer_load_adapter.argtypes = [C.c_void_p, C.c_char_p, C.c_int]
+lib.tilemoe_layer_adapter_stacked_keys.argtypes = [C.c_void_p, C.c_int, C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t,
+                                                   C.POINTER(C.c_int), C.POINTER(C.c_int)]
+lib.tilemoe_layer_copy_lora.argtypes = [C.c_void_p, C.c_int, C.c_int, C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p]
+
+
+class PeftLayer(C.Structure):
+    _fields_ = [("layer", C.c_void_p), ("index", C.c_int)]
+
+
+lib.tilemoe_save_peft_adapter.argtypes = [C.c_char_p, C.POINTER(PeftLayer), C.c_int, C.c_void_p]
+E, H, I, R = 8, 320, 176, 4
+prefix = "base_model.model.model.layers.1.mlp.experts."
+stacked = {prefix + "base_layer.lora_A.weight": rng.normal(0, 0.1, (R * E, H)),
+           prefix + "base_layer.lora_B.weight": rng.normal(0, 0.1, (2 * I, R * E)),
+           prefix + "lora_A.weight": rng.normal(0, 0.1, (R * E, I)), prefix + "lora_B.weight": rng.normal(0, 0.1, (H, R * E))}
+with tempfile.TemporaryDirectory() as tmp:
+    adapter, saved = os.path.join(tmp, "stacked"), os.path.join(tmp, "saved")
+    os.makedirs(adapter)
+    write_safetensors(os.path.join(adapter, "adapter_model.safetensors"), stacked)
+    with open(os.path.join(adapter, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": R, "lora_alpha": 2 * R, "target_modules": [],
+                   "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}, f)
+    opt = CheckpointOptions(8, 0, 0, 0.0, 0, adapter.encode(), 1, 0, 0, None, 0)
+    layer = C.c_void_p()
+    check(lib.tilemoe_layer_from_checkpoint(rt, f"{DATA}/deepseek_tiny/model".encode(), 1, C.byref(opt), C.byref(layer)))
+    keys = []
+    for p in range(3):
+        ka, kb, first, rows = C.create_string_buffer(256), C.create_string_buffer(256), C.c_int(-1), C.c_int(-1)
+        check(lib.tilemoe_layer_adapter_stacked_keys(layer, p, ka, 256, kb, 256, C.byref(first), C.byref(rows)))
+        keys.append((ka.value.decode(), kb.value.decode(), first.value, rows.value))
+    expect(keys[0] == (prefix + "base_layer.lora_A.weight", prefix + "base_layer.lora_B.weight", 0, 2 * I) and
+           keys[1] == (prefix + "base_layer.lora_A.weight", prefix + "base_layer.lora_B.weight", I, 2 * I) and
+           keys[2] == (prefix + "lora_A.weight", prefix + "lora_B.weight", 0, H), f"stacked keys {keys}")
+    try:
+        check(lib.tilemoe_layer_adapter_stacked_keys(layer, 0, C.create_string_buffer(8), 8, None, 0, None, None))
+        expect(False, "a key buffer too small must fail")
+    except TilemoeError as e:
+        expect("key_a_size 8 is too small" in str(e), f"the message names the buffer: {e}")
+    # Expert 3's down A as PEFT stacks it: rows 3*R .. 4*R of the one A.
+    down_a = np.zeros((E, R, I), np.float32)
+    scale = np.zeros(E, np.float32)
+    check(lib.tilemoe_layer_copy_lora(layer, 2, F32, ptr(down_a), None, ptr(scale), None))
+    expect(np.array_equal(down_a[3], stacked[prefix + "lora_A.weight"][3 * R:4 * R].astype(np.float32)), "copied down A")
+    expect(np.allclose(scale, 2.0), f"scales {scale}")
+    check(lib.tilemoe_save_peft_adapter(saved.encode(), (PeftLayer * 1)(PeftLayer(layer, -1)), 1, None))
+    got = read_safetensors(os.path.join(saved, "adapter_model.safetensors"))
+    expect(set(got) == set(stacked), f"saved keys {sorted(got)}")
+    for k, v in stacked.items():
+        expect(k in got and np.array_equal(got[k], v.astype(np.float32)), f"saved {k}")
+    lib.tilemoe_layer_destroy(layer)
 lib.tilemoe_runtime_destroy(rt)
 
 if failures:
