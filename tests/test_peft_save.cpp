@@ -12,6 +12,7 @@
 #include "src/io/safetensors.hpp"
 #include "src/io/safetensors_writer.hpp"
 #include "src/layer/synthetic_layer.hpp"
+#include "src/lora/lora_file.hpp"
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
 #include "test_util.hpp"
@@ -111,6 +112,23 @@ TEST_CASE("fixture adapters saved from the layers holding them load back as the 
           CHECK(got.key_template_a == want.key_template_a);
           CHECK(got.key_template_b == want.key_template_b);
         }
+      }
+      // Held from a convert-lora file: the keys and adapter_config.json its metadata keeps.
+      const std::string converted = test::temp_dir() + "/peft_save_" + c.name + ".lora";
+      convert_peft_to_lora_file(PeftAdapter::open(adapter, model), model, converted);
+      for (auto& l : layers) l.load_adapter(converted, -1, AdapterStorage::f32);
+      const std::string from_file = out_dir(c.name + "_from_file");
+      CHECK(save_peft_adapter(from_file, list, f32).tensors == st.tensors);
+      for (int l : c.layers) {
+        INFO("layer " << l << " from the converted file");
+        const LoadedLora want = load_layer_lora(adapter, model, l), got = load_layer_lora(from_file, model, l);
+        for (Projection p : kProjections) {
+          CHECK(got.lora[p].a == want.lora[p].a);
+          CHECK(got.lora[p].b == want.lora[p].b);
+          CHECK(got.lora[p].scale == want.lora[p].scale);
+          CHECK(got.lora[p].expert_rank == want.lora[p].expert_rank);
+        }
+        CHECK(got.key_template_a == want.key_template_a);
       }
       // The same LoRA given as the caller's arrays to a layer without an adapter: keys from the
       // checkpoint's names (PEFT's own for these models), each expert at the set's rank.
