@@ -4,6 +4,7 @@
 // Bad arguments are refused naming the layer, and nothing is written then.
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "adapter_compare.hpp"
@@ -327,6 +328,14 @@ TEST_CASE("save_peft_adapter refuses bad arguments naming the layer, and writes 
   PeftSaveOptions dotted;
   dotted.projection_names[1] = "mlp.up";
   refused([&] { save_peft_adapter(out, {{&a, 1}}, dotted); }, ErrorKind::invalid_argument, "projection_names");
+  LayerLora diverged = l;
+  diverged[Projection::up].b_of(4)[2 * kRank + 1] = std::numeric_limits<float>::quiet_NaN();
+  a.update_lora_weights(view_of(diverged));
+  refused([&] { save_peft_adapter(out, {{&a, 1}}); }, ErrorKind::invalid_argument, "layer 1 up, expert 4: LoRA B[2][1] is not finite");
+  diverged[Projection::up].b_of(4)[2 * kRank + 1] = 0.5f;
+  diverged[Projection::down].a_of(0)[kShape.intermediate + 3] = std::numeric_limits<float>::infinity();
+  refused([&] { save_peft_adapter(out, {{&a, 1}}); }, ErrorKind::invalid_argument, "layer 1 down, expert 0: LoRA A[1][3] is not finite");
+  a.update_lora_weights(view_of(l));
   MoeLayer bare(rt, config(), ref_of(w));
   refused([&] { save_peft_adapter(out, {{&bare, 1}}); }, ErrorKind::invalid_argument, "no layer has LoRA to save");
   // A checkpoint layer given another index than its own.

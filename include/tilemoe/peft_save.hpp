@@ -62,7 +62,8 @@ struct PeftSaveStats {
 };
 
 // Throws Error(invalid_argument) naming the layer (its position in `layers` and index) for a null
-// layer, an unknown or repeated index, no LoRA anywhere, a projection without key names (a v5
+// layer, an unknown or repeated index, no LoRA anywhere, a factor that is NaN or infinite (the
+// layer, projection, expert and element named), a projection without key names (a v5
 // checkpoint's stacked experts without a held adapter), or stacked keys the set in use does not
 // fit (another rank or scale, gate's and up's A apart, experts without LoRA); Error(bad_file)
 // naming the path when the directory cannot be written. Nothing is written then.

@@ -56,6 +56,23 @@ bool padding_is_zero(const LoraProjectionView& v, int e, int from) {
   return true;
 }
 
+// The first non-finite element of expert e's A or B ("A[1][7]"), or "" when all are finite: a
+// diverged trainer's factors are refused rather than written where no loader takes them back.
+std::string first_non_finite(const LoraProjectionView& v, int e) {
+  auto value = [&](const void* base, std::size_t i) {
+    return v.dtype == LoraDType::bf16 ? bf16_to_float(static_cast<const bf16*>(base)[i]) : static_cast<const float*>(base)[i];
+  };
+  for (int j = 0; j < v.rank; ++j)
+    for (int c = 0; c < v.in; ++c)
+      if (!std::isfinite(value(v.a_of(e), static_cast<std::size_t>(j) * v.lda() + c)))
+        return "A[" + std::to_string(j) + "][" + std::to_string(c) + "]";
+  for (int row = 0; row < v.out; ++row)
+    for (int j = 0; j < v.rank; ++j)
+      if (!std::isfinite(value(v.b_of(e), static_cast<std::size_t>(row) * v.rank + j)))
+        return "B[" + std::to_string(row) + "][" + std::to_string(j) + "]";
+  return "";
+}
+
 io::Dtype dtype_written(PeftSaveDtype choice, LoraDType held) {
   if (choice == PeftSaveDtype::f32) return io::Dtype::F32;
   if (choice == PeftSaveDtype::bf16) return io::Dtype::BF16;
@@ -152,6 +169,11 @@ PeftSaveStats save_peft_adapter(const std::string& dir, const std::vector<PeftSa
       const io::Dtype dt = dtype_written(options.dtype, set.dtype);
       const std::string proj_where = where + " " + projection_name(p);
       const int E = out.num_experts;
+      for (int e = 0; e < E; ++e)
+        if (set.active(e))
+          if (const std::string bad = first_non_finite(set, e); !bad.empty())
+            fail(ErrorKind::invalid_argument, proj_where + ", expert " + std::to_string(e) + ": LoRA " + bad +
+                                                  " is not finite (a diverged step?); PEFT files with it load nowhere");
 
       if (st.has_adapter && !st.adapter.stacked[pi].empty()) {
         // Written under the adapter's stacked keys: its adapter_config.json says their rank and scale.
