@@ -198,6 +198,18 @@ TEST_CASE("a trainer's arrays are saved under the given names, ranks and scales,
     CHECK(io::SafetensorsFile::open(again + "/adapter_model.safetensors").find("base_model.model.model.layers.4.mlp.experts.0.gate_proj.lora_A.weight") != nullptr);
   }
 
+  SECTION("a layer split over NUMA nodes saves its whole set") {
+    MoeLayerConfig split_cfg = config();
+    split_cfg.numa_nodes = 3;  // virtual nodes: each holds a slice of the intermediate dimension
+    MoeLayer split(rt, split_cfg, ref_of(w));
+    split.update_lora_weights(view_of(l));
+    layer.update_lora_weights(view_of(l));
+    const std::string one = out_dir("numa_one"), three = out_dir("numa_three");
+    save_peft_adapter(one, {{&layer, 1}});
+    save_peft_adapter(three, {{&split, 1}});
+    test::check_same_adapter(one, three);
+  }
+
   SECTION("per-expert scales and coverage, bf16 arrays, Mixtral's names") {
     std::vector<float> scales{2.0f, 2.0f, 0.5f, 2.0f, 2.0f};
     std::vector<std::uint8_t> present{1, 1, 1, 0, 1};
