@@ -163,6 +163,19 @@ TEST_CASE("config.json of each model family", "[config]") {
     "num_experts_per_tok":2,"num_hidden_layers":32})", "mixtral");
   CHECK(mx.shape.intermediate == 14336);
   CHECK(mx.moe_layers.size() == 32);
+  // OLMoE: intermediate_size is the experts', every layer MoE, top-k renormalised only when asked;
+  // the count under v4's name or v5's.
+  for (const char* count : {"num_experts", "num_local_experts"}) {
+    INFO(count);
+    auto ol = parse_model_config(std::string(R"({"model_type":"olmoe","hidden_size":2048,"intermediate_size":1024,")") + count +
+                                     R"(":64,"num_experts_per_tok":8,"num_hidden_layers":16,"norm_topk_prob":false})",
+                                 "olmoe");
+    CHECK(ol.shape.intermediate == 1024);
+    CHECK(ol.shape.num_experts == 64);
+    CHECK(ol.moe_layers.size() == 16);
+    CHECK_FALSE(ol.norm_topk_prob);
+    CHECK(ol.scoring_func == "softmax");
+  }
   CHECK(error_of([] { parse_model_config("{", "cfg.json"); }).find("cfg.json: not valid JSON") == 0);
   CHECK(error_of([] { parse_model_config(R"({"model_type":"llama","hidden_size":4,"num_hidden_layers":2,"num_experts_per_tok":1})", "l"); })
             .find("no routed experts") != std::string::npos);

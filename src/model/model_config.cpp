@@ -144,6 +144,14 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.shape.num_experts = require_int(j, "n_routed_experts", src);
     c.moe_layers = deepseek_moe_layers(j, c.num_layers);
     read_deepseek_router(j, c);
+  } else if (t == "olmoe") {
+    // OLMoE: every layer MoE, intermediate_size the experts' own; OlmoeSparseMoeBlock renormalises
+    // its top-k only with norm_topk_prob (default off). The count under either name (v5 may write
+    // num_local_experts, which would otherwise read as Mixtral's, always renormalised).
+    c.shape.intermediate = require_int(j, "intermediate_size", src);
+    c.shape.num_experts = require_int(j, j.contains("num_experts") ? "num_experts" : "num_local_experts", src);
+    for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
+    c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);
   } else if (j.contains("moe_intermediate_size") && j.contains("num_local_experts") && !j.contains("num_experts")) {
     read_qwen_moe(j, "num_local_experts", c, src);  // Qwen3-MoE as transformers v5 writes it: Mixtral's name for the count
   } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE
@@ -155,7 +163,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     read_qwen_moe(j, "num_experts", c, src);
   } else {
     fail(ErrorKind::bad_file, src + ": model_type '" + t +
-                                  "' has no routed experts this runtime knows (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
+                                  "' has no routed experts this runtime knows (DeepSeek-V2/V3, GLM-4-MoE, Qwen2/Qwen3-MoE, Mixtral, OLMoE)");
   }
   if (c.shape.hidden == 0 || c.shape.intermediate == 0 || c.shape.num_experts == 0 || c.shape.top_k == 0)
     fail(ErrorKind::bad_file, src + ": hidden size, expert intermediate size, expert count and top-k must be positive");

@@ -1,6 +1,6 @@
 """The stacked forms against transformers v5 and PEFT themselves (an outside oracle; the device
 machine has both, elsewhere this test is SKIPPED): tiny Qwen3-MoE, Qwen2-MoE, DeepSeek-V3, GLM-4-MoE
-(both with a random e_score_correction_bias) and Mixtral models as transformers v5 builds them
+(both with a random e_score_correction_bias), Mixtral and OLMoE models as transformers v5 builds them
 (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]), saved
 with save_pretrained in bf16, and a PEFT LoRA on those tensors (target_parameters: PEFT's
 ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. For every MoE layer:
@@ -69,6 +69,8 @@ def tiny_model(kind):
         config = transformers.Glm4MoeConfig(intermediate_size=96, moe_intermediate_size=40, n_routed_experts=5,
                                             n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
                                             routed_scaling_factor=1.8, **common)
+    elif kind == "olmoe":  # intermediate_size the experts', top-k not renormalised
+        config = transformers.OlmoeConfig(intermediate_size=40, num_experts=5, norm_topk_prob=False, **common)
     else:
         config = transformers.MixtralConfig(intermediate_size=40, num_local_experts=5, **common)
     torch.manual_seed(7)
@@ -269,7 +271,7 @@ def run(kind, tmp):
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4_moe", "mixtral"):
+    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4_moe", "mixtral", "olmoe"):
         try:
             run(kind, tmp)
         except Exception as e:  # a failure of this test, named, not a crash of the others
