@@ -39,7 +39,8 @@ std::string deepseek_config() {
 
 // A checkpoint with layer 1 and 2 experts under `prefix.layers.L.<block>.experts.E.<names>`.
 std::string make_model(const std::string& name, const std::string& block, const std::array<const char*, 3>& proj_names,
-                       std::vector<bf16>* poison = nullptr, bool skip_one = false, bool with_bias = false) {
+                       std::vector<bf16>* poison = nullptr, bool skip_one = false, bool with_bias = false,
+                       const std::string& correction_bias = "") {
   std::string d = fresh_dir(name);
   write_text(d + "/config.json", deepseek_config());
   static ExpertWeights w = random_expert_weights(kShape, 4);
@@ -60,6 +61,8 @@ std::string make_model(const std::string& name, const std::string& block, const 
   if (with_bias)
     f.add("model.layers.1." + block + ".experts.2." + proj_names[2] + ".bias", io::Dtype::BF16, {kShape.hidden}, router.data());
   f.add("model.layers.1." + block + ".gate.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
+  if (!correction_bias.empty())  // under the block: "gate.e_score_correction_bias" or "e_score_correction_bias"
+    f.add("model.layers.1." + block + "." + correction_bias, io::Dtype::BF16, {kShape.num_experts}, router.data());
   f.add("model.layers.0.self_attn.q_proj.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
   f.write(d + "/model.safetensors");
   return d;
@@ -207,6 +210,14 @@ TEST_CASE("checkpoints load under every naming and reject broken experts", "[che
   CHECK(poisoned.load_layer_experts(2).shape.num_experts == 3);  // the other layer is untouched
 
   // A bias on an expert projection would be read past unseen: refused, naming the file and tensor.
+  // The router's correction bias beside its weight (DeepSeek-V3) or on the MoE block (MiniMax-M2).
+  for (const std::string where : {"gate.e_score_correction_bias", "e_score_correction_bias"}) {
+    auto c = Checkpoint::open(make_model("corr_" + where, "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, false, where));
+    CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.block_sparse_moe.gate.weight",
+                                                               "model.layers.1.block_sparse_moe." + where});
+    CHECK(c.load_router(1).correction_bias == std::vector<float>(kShape.num_experts, 0.25f));
+  }
+  CHECK(mx.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.block_sparse_moe.gate.weight"});
   auto biased = Checkpoint::open(make_model("bias", "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, true));
   err = error_of([&] { biased.load_layer_experts(1); });
   CHECK(err.find("model.safetensors: layer 1 expert 2 down has a bias") != std::string::npos);

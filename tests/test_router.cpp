@@ -165,6 +165,54 @@ TEST_CASE("model types set the router as transformers runs it", "[router][config
     "num_experts_per_tok":2,"num_hidden_layers":2,"norm_topk_prob":false})", "m");
   CHECK(mixtral.norm_topk_prob);
   CHECK(mixtral.routed_scaling_factor == 1.0);
+
+  // DeepSeek-V3's router under other names, with each config class's defaults where config.json
+  // leaves a field out (checked against transformers v5's routers on the device).
+  struct Sigmoid {
+    const char* json;
+    int n_group, topk_group;
+    bool norm;
+    double scale;
+  };
+  const Sigmoid sigmoid_types[] = {
+      {R"({"model_type":"deepseek_v32","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,"num_experts_per_tok":4,
+          "num_hidden_layers":2})", 8, 4, true, 2.5},
+      {R"({"model_type":"glm4_moe_lite","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,"num_experts_per_tok":4,
+          "num_hidden_layers":2})", 1, 1, true, 1.8},
+      {R"({"model_type":"dots1","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,"num_experts_per_tok":4,
+          "num_hidden_layers":2,"scoring_func":"softmax"})", 1, 1, false, 1.0},
+      {R"({"model_type":"exaone_moe","hidden_size":64,"moe_intermediate_size":32,"num_experts":16,"num_experts_per_tok":4,
+          "num_hidden_layers":3,"n_group":2,"topk_group":1,"mlp_layer_types":["dense","sparse","sparse"]})", 2, 1, true, 2.5},
+      {R"({"model_type":"minimax_m2","hidden_size":64,"intermediate_size":32,"num_local_experts":16,"num_experts_per_tok":4,
+          "num_hidden_layers":2,"routed_scaling_factor":3.0})", 1, 1, true, 1.0},
+  };
+  for (const auto& t : sigmoid_types) {
+    auto c = parse_model_config(t.json, "sigmoid");
+    INFO(c.model_type);
+    CHECK(c.scoring_func == "sigmoid");
+    CHECK(c.topk_method == "noaux_tc");
+    CHECK(c.n_group == t.n_group);
+    CHECK(c.topk_group == t.topk_group);
+    CHECK(c.norm_topk_prob == t.norm);
+    CHECK(c.routed_scaling_factor == t.scale);
+    CHECK(c.shape.intermediate == 32);
+    CHECK(c.shape.num_experts == 16);
+    CHECK(c.routing_unsupported.empty());
+  }
+  CHECK(parse_model_config(sigmoid_types[3].json, "exaone").moe_layers == std::vector<int>{1, 2});
+  CHECK(error_of([] {
+          parse_model_config(R"({"model_type":"exaone_moe","hidden_size":64,"moe_intermediate_size":32,"num_experts":16,
+            "num_experts_per_tok":4,"num_hidden_layers":2,"mlp_layer_types":["dense","moe"]})", "e.json");
+        }).find("e.json: mlp_layer_types[1] is \"moe\", not \"sparse\" or \"dense\"") == 0);
+  // Routers it does not compute: the experts load, routing by the router is refused naming the type.
+  auto phi = parse_model_config(R"({"model_type":"phimoe","hidden_size":64,"intermediate_size":32,"num_local_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":2})", "phi");
+  CHECK(phi.shape.num_experts == 8);
+  CHECK(phi.routing_unsupported.find("sparsemixer") != std::string::npos);
+  RouterWeights w;
+  w.weight.assign(8 * 64, 0.1f);
+  std::vector<bf16> x(64, float_to_bf16(0.5f));
+  CHECK(error_of([&] { route_tokens(phi, w, 1, x.data(), 1); }).find("layer 1 router: model_type 'phimoe': PhiMoE routes with sparsemixer") == 0);
 }
 
 TEST_CASE("softmax top-k, renormalised or not", "[router]") {

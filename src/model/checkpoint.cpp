@@ -321,8 +321,13 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
                                            std::to_string(layer) + "...gate.weight' of shape [" + std::to_string(s.num_experts) + ", " +
                                            std::to_string(s.hidden) + "])");
   std::vector<std::string> names{*found};
-  std::string bias = found->substr(0, found->size() - 7) + ".e_score_correction_bias";
-  if (find(bias)) names.push_back(bias);
+  // The correction bias beside the router weight (DeepSeek-V3: "...mlp.gate.e_score_correction_bias"),
+  // or on the MoE block that holds the router (MiniMax-M2: "...block_sparse_moe.e_score_correction_bias").
+  const std::string router_module = found->substr(0, found->size() - 7);
+  const std::string beside = router_module + ".e_score_correction_bias";
+  const std::string on_block = router_module.substr(0, router_module.rfind('.')) + ".e_score_correction_bias";
+  if (find(beside)) names.push_back(beside);
+  else if (find(on_block)) names.push_back(on_block);
   return names;
 }
 

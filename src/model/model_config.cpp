@@ -62,21 +62,52 @@ void read_qwen_moe(const json& j, const char* experts_key, ModelConfig& c, const
   c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);  // both configs' default (Qwen3-MoE checkpoints set it true)
 }
 
-// The router as transformers runs each DeepSeek type, whatever config.json adds: DeepseekV3TopkRouter
-// always scores with sigmoid and chooses with noaux_tc (its config's defaults: 8 groups, top 4,
-// renormalised, x2.5); DeepseekV2Moe always uses softmax and never renormalises (it ignores
-// norm_topk_prob). Glm4MoeTopkRouter routes as DeepSeek-V3 does (sigmoid, noaux_tc) with its own
-// config defaults (1 group, renormalised, x1.0). Other types with n_routed_experts (DeepSeek-MoE,
-// remote-code models) take the fields as written.
+// Types whose transformers router is DeepSeek-V3's whatever config.json says (DeepseekV3TopkRouter
+// and its copies: sigmoid scores, noaux_tc choice by score + e_score_correction_bias, weights from
+// the score alone, renormalised if norm_topk_prob, times routed_scaling_factor), with each config
+// class's defaults for the fields config.json may leave out.
+struct SigmoidRouterDefaults {
+  const char* model_type;
+  int n_group, topk_group;
+  bool norm_topk_prob;
+  double routed_scaling_factor;
+};
+constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
+    {"deepseek_v3", 8, 4, true, 2.5},   {"deepseek_v32", 8, 4, true, 2.5}, {"glm4_moe", 1, 1, true, 1.0},
+    {"glm4v_moe_text", 1, 1, true, 1.0}, {"glm4_moe_lite", 1, 1, true, 1.8}, {"dots1", 1, 1, false, 1.0},
+    {"exaone_moe", 1, 1, true, 2.5},
+    // MiniMaxM2TopKRouter: the same with no groups, always renormalised, not scaled (its bias is
+    // the MoE block's, found beside the router).
+    {"minimax_m2", 1, 1, true, 1.0},
+};
+
+const SigmoidRouterDefaults* sigmoid_router_of(const std::string& model_type) {
+  for (const auto& d : kSigmoidRouters)
+    if (model_type == d.model_type) return &d;
+  return nullptr;
+}
+
+// The router as transformers runs each type, whatever config.json adds: the sigmoid types above;
+// DeepseekV2Moe always uses softmax and never renormalises (it ignores norm_topk_prob). Other
+// types with n_routed_experts (DeepSeek-MoE, remote-code models such as Kimi-K2) take the fields
+// as written.
 void read_deepseek_router(const json& j, ModelConfig& c) {
-  const bool v3 = c.model_type == "deepseek_v3", v2 = c.model_type == "deepseek_v2";
-  const bool glm = c.model_type == "glm4_moe" || c.model_type == "glm4v_moe_text";
-  c.scoring_func = v3 || glm ? "sigmoid" : v2 ? "softmax" : value_or<std::string>(j, "scoring_func", "softmax");
-  c.topk_method = v3 || glm ? "noaux_tc" : value_or<std::string>(j, "topk_method", "greedy");
-  c.norm_topk_prob = v2 ? false : value_or<bool>(j, "norm_topk_prob", v3 || glm);
-  c.routed_scaling_factor = value_or<double>(j, "routed_scaling_factor", v3 ? 2.5 : 1.0);
-  c.n_group = value_or<int>(j, "n_group", v3 ? 8 : 1);
-  c.topk_group = value_or<int>(j, "topk_group", v3 ? 4 : 1);
+  if (const auto* d = sigmoid_router_of(c.model_type)) {
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = c.model_type == "minimax_m2" ? true : value_or<bool>(j, "norm_topk_prob", d->norm_topk_prob);
+    c.routed_scaling_factor = c.model_type == "minimax_m2" ? 1.0 : value_or<double>(j, "routed_scaling_factor", d->routed_scaling_factor);
+    c.n_group = c.model_type == "minimax_m2" ? 1 : value_or<int>(j, "n_group", d->n_group);
+    c.topk_group = c.model_type == "minimax_m2" ? 1 : value_or<int>(j, "topk_group", d->topk_group);
+    return;
+  }
+  const bool v2 = c.model_type == "deepseek_v2";
+  c.scoring_func = v2 ? "softmax" : value_or<std::string>(j, "scoring_func", "softmax");
+  c.topk_method = value_or<std::string>(j, "topk_method", "greedy");
+  c.norm_topk_prob = v2 ? false : value_or<bool>(j, "norm_topk_prob", false);
+  c.routed_scaling_factor = value_or<double>(j, "routed_scaling_factor", 1.0);
+  c.n_group = value_or<int>(j, "n_group", 1);
+  c.topk_group = value_or<int>(j, "topk_group", 1);
 }
 
 // quantization_config: its quant_method, and the weight_block_size of FP8 checkpoints (the edge
@@ -144,6 +175,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.shape.num_experts = require_int(j, "n_routed_experts", src);
     c.moe_layers = deepseek_moe_layers(j, c.num_layers);
     read_deepseek_router(j, c);
+  } else if (t == "exaone_moe") {
+    // EXAONE-MoE: Qwen's names for the experts' size and count, DeepSeek-V3's router, and the MoE
+    // layers said one by one in mlp_layer_types (read below).
+    read_qwen_moe(j, "num_experts", c, src);
+    read_deepseek_router(j, c);
+  } else if (t == "minimax_m2") {
+    // MiniMax-M2: Mixtral's names (intermediate_size the experts'), every layer MoE, a sigmoid router.
+    c.shape.intermediate = require_int(j, "intermediate_size", src);
+    c.shape.num_experts = require_int(j, j.contains("num_local_experts") ? "num_local_experts" : "num_experts", src);
+    for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
+    read_deepseek_router(j, c);
   } else if (t == "olmoe") {
     // OLMoE: every layer MoE, intermediate_size the experts' own; OlmoeSparseMoeBlock renormalises
     // its top-k only with norm_topk_prob (default off). The count under either name (v5 may write
@@ -165,6 +207,25 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     fail(ErrorKind::bad_file, src + ": model_type '" + t +
                                   "' has no routed experts this runtime knows (DeepSeek-V2/V3, GLM-4-MoE, Qwen2/Qwen3-MoE, Mixtral, OLMoE)");
   }
+  // A list of "sparse" / "dense", one per layer (EXAONE-MoE), says which layers are MoE.
+  if (auto types = j.find("mlp_layer_types"); types != j.end() && types->is_array()) {
+    if (static_cast<int>(types->size()) != c.num_layers)
+      fail(ErrorKind::bad_file, src + ": mlp_layer_types has " + std::to_string(types->size()) + " entries for " +
+                                    std::to_string(c.num_layers) + " layers");
+    c.moe_layers.clear();
+    for (int l = 0; l < c.num_layers; ++l) {
+      const json& v = (*types)[static_cast<std::size_t>(l)];
+      if (!v.is_string() || (v != "sparse" && v != "dense"))
+        fail(ErrorKind::bad_file, src + ": mlp_layer_types[" + std::to_string(l) + "] is " + v.dump() + ", not \"sparse\" or \"dense\"");
+      if (v == "sparse") c.moe_layers.push_back(l);
+    }
+  }
+  // Routers tilemoe does not compute: the experts run with ids and weights given to them, and
+  // routing by the checkpoint's router (forward --tokens) is refused naming the type.
+  if (t == "phimoe")
+    c.routing_unsupported = "PhiMoE routes with sparsemixer (a masked softmax per top-k slot), which tilemoe's router does not compute";
+  else if (t == "afmoe")
+    c.routing_unsupported = "AFMoE routes with sigmoid scores plus an expert_bias that tilemoe's router does not read";
   if (c.shape.hidden == 0 || c.shape.intermediate == 0 || c.shape.num_experts == 0 || c.shape.top_k == 0)
     fail(ErrorKind::bad_file, src + ": hidden size, expert intermediate size, expert count and top-k must be positive");
   if (c.shape.top_k > c.shape.num_experts)

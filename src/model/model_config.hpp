@@ -21,6 +21,9 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;    // then multiply them by this (DeepSeek)
   int n_group = 1;                       // group_limited_greedy and noaux_tc only
   int topk_group = 1;
+  // Non-empty for a model_type whose router tilemoe does not compute (PhiMoE's sparsemixer): why.
+  // Its experts still run with the ids and weights a caller gives.
+  std::string routing_unsupported;
   // FP8 expert weights (DeepSeek-V3/R1): one weight_scale_inv per block of this many rows and
   // columns, from quantization_config.weight_block_size (DeepSeek ships [128, 128]).
   int fp8_block_rows = 128;

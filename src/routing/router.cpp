@@ -34,6 +34,9 @@ RouterPlan plan_router(const ModelConfig& c, const RouterWeights& r, int layer) 
   p.hidden = c.shape.hidden;
   p.top_k = c.shape.top_k;
   const std::string at = where(layer);
+  if (!c.routing_unsupported.empty())
+    fail(ErrorKind::unsupported, at + "model_type '" + c.model_type + "': " + c.routing_unsupported +
+                                     "; give the experts ids and weights instead (forward --input, or the API)");
   if (p.experts < 1 || p.hidden < 1 || p.top_k < 1 || p.top_k > p.experts)
     fail(ErrorKind::invalid_argument, at + "needs 1 <= top_k <= experts and a positive hidden size (top_k " + std::to_string(p.top_k) +
                                           ", " + std::to_string(p.experts) + " experts, hidden " + std::to_string(p.hidden) + ")");
