@@ -71,14 +71,15 @@ struct SigmoidRouterDefaults {
   int n_group, topk_group;
   bool norm_topk_prob;
   double routed_scaling_factor;
+  bool reads_config = true;  // false: the router class fixes these, whatever config.json says
 };
 constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
     {"deepseek_v3", 8, 4, true, 2.5},   {"deepseek_v32", 8, 4, true, 2.5}, {"glm4_moe", 1, 1, true, 1.0},
     {"glm4v_moe_text", 1, 1, true, 1.0}, {"glm4_moe_lite", 1, 1, true, 1.8}, {"dots1", 1, 1, false, 1.0},
     {"exaone_moe", 1, 1, true, 2.5},
-    // MiniMaxM2TopKRouter: the same with no groups, always renormalised, not scaled (its bias is
-    // the MoE block's, found beside the router).
-    {"minimax_m2", 1, 1, true, 1.0},
+    // MiniMaxM2TopKRouter: no groups, always renormalised, never scaled; its correction bias sits on
+    // the MoE block (Checkpoint::router_tensor_names finds it there).
+    {"minimax_m2", 1, 1, true, 1.0, /*reads_config=*/false},
 };
 
 const SigmoidRouterDefaults* sigmoid_router_of(const std::string& model_type) {
@@ -93,12 +94,13 @@ const SigmoidRouterDefaults* sigmoid_router_of(const std::string& model_type) {
 // as written.
 void read_deepseek_router(const json& j, ModelConfig& c) {
   if (const auto* d = sigmoid_router_of(c.model_type)) {
+    auto field = [&](const char* key, auto fallback) { return d->reads_config ? value_or<decltype(fallback)>(j, key, fallback) : fallback; };
     c.scoring_func = "sigmoid";
     c.topk_method = "noaux_tc";
-    c.norm_topk_prob = c.model_type == "minimax_m2" ? true : value_or<bool>(j, "norm_topk_prob", d->norm_topk_prob);
-    c.routed_scaling_factor = c.model_type == "minimax_m2" ? 1.0 : value_or<double>(j, "routed_scaling_factor", d->routed_scaling_factor);
-    c.n_group = c.model_type == "minimax_m2" ? 1 : value_or<int>(j, "n_group", d->n_group);
-    c.topk_group = c.model_type == "minimax_m2" ? 1 : value_or<int>(j, "topk_group", d->topk_group);
+    c.norm_topk_prob = field("norm_topk_prob", d->norm_topk_prob);
+    c.routed_scaling_factor = field("routed_scaling_factor", d->routed_scaling_factor);
+    c.n_group = field("n_group", d->n_group);
+    c.topk_group = field("topk_group", d->topk_group);
     return;
   }
   const bool v2 = c.model_type == "deepseek_v2";
