@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "src/api/layer_peft_state.hpp"
+#include "src/lora/lora_view.hpp"
 #include "tilemoe/adamw.hpp"
 #include "tilemoe/bf16.hpp"
 #include "tilemoe/error.hpp"
@@ -360,10 +361,6 @@ tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, int projectio
     const tilemoe::LoraProjectionView& v = st.view.proj[static_cast<std::size_t>(projection)];
     const int E = st.num_experts;
     const std::size_t a_size = static_cast<std::size_t>(v.rank) * v.in, b_size = static_cast<std::size_t>(v.out) * v.rank;
-    auto element = [&](const void* base, std::size_t i) {
-      return v.dtype == tilemoe::LoraDType::bf16 ? tilemoe::bf16_to_float(static_cast<const tilemoe::bf16*>(base)[i])
-                                                 : static_cast<const float*>(base)[i];
-    };
     auto put = [&](void* dst, std::size_t i, float value) {
       if (dtype == TILEMOE_F32) static_cast<float*>(dst)[i] = value;
       else static_cast<uint16_t*>(dst)[i] = tilemoe::float_to_bf16(value);  // exact for bf16 values
@@ -376,9 +373,9 @@ tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, int projectio
         for (int j = 0; j < v.rank; ++j)
           for (int c = 0; c < v.in; ++c)
             put(a, e * a_size + static_cast<std::size_t>(j) * v.in + c,
-                active ? element(v.a_of(e), static_cast<std::size_t>(j) * v.lda() + c) : 0.0f);
+                active ? tilemoe::factor_value(v.a_of(e), v.dtype, static_cast<std::size_t>(j) * v.lda() + c) : 0.0f);
       if (b)
-        for (std::size_t i = 0; i < b_size; ++i) put(b, e * b_size + i, active ? element(v.b_of(e), i) : 0.0f);
+        for (std::size_t i = 0; i < b_size; ++i) put(b, e * b_size + i, active ? tilemoe::factor_value(v.b_of(e), v.dtype, i) : 0.0f);
     }
   });
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/api/layer_peft_state.hpp"
+#include "src/lora/lora_view.hpp"
 #include "src/lora/peft_export.hpp"
 #include "src/model/tensor_names.hpp"
 #include "tilemoe/error.hpp"
@@ -44,9 +45,7 @@ double alpha_of(float scale, int rank) {
 // Whether expert e's A rows and B columns from `from` on are all zero: the padding of an expert
 // whose adapter gave it a smaller rank, which no gradient makes non-zero.
 bool padding_is_zero(const LoraProjectionView& v, int e, int from) {
-  auto zero = [&](const void* base, std::size_t i) {
-    return v.dtype == LoraDType::bf16 ? (static_cast<const bf16*>(base)[i] & 0x7fff) == 0 : static_cast<const float*>(base)[i] == 0.0f;
-  };
+  auto zero = [&](const void* base, std::size_t i) { return factor_value(base, v.dtype, i) == 0.0f; };
   for (int j = from; j < v.rank; ++j)
     for (int c = 0; c < v.in; ++c)
       if (!zero(v.a_of(e), static_cast<std::size_t>(j) * v.lda() + c)) return false;
@@ -59,16 +58,13 @@ bool padding_is_zero(const LoraProjectionView& v, int e, int from) {
 // The first non-finite element of expert e's A or B ("A[1][7]"), or "" when all are finite: a
 // diverged trainer's factors are refused rather than written where no loader takes them back.
 std::string first_non_finite(const LoraProjectionView& v, int e) {
-  auto value = [&](const void* base, std::size_t i) {
-    return v.dtype == LoraDType::bf16 ? bf16_to_float(static_cast<const bf16*>(base)[i]) : static_cast<const float*>(base)[i];
-  };
   for (int j = 0; j < v.rank; ++j)
     for (int c = 0; c < v.in; ++c)
-      if (!std::isfinite(value(v.a_of(e), static_cast<std::size_t>(j) * v.lda() + c)))
+      if (!std::isfinite(factor_value(v.a_of(e), v.dtype, static_cast<std::size_t>(j) * v.lda() + c)))
         return "A[" + std::to_string(j) + "][" + std::to_string(c) + "]";
   for (int row = 0; row < v.out; ++row)
     for (int j = 0; j < v.rank; ++j)
-      if (!std::isfinite(value(v.b_of(e), static_cast<std::size_t>(row) * v.rank + j)))
+      if (!std::isfinite(factor_value(v.b_of(e), v.dtype, static_cast<std::size_t>(row) * v.rank + j)))
         return "B[" + std::to_string(row) + "][" + std::to_string(j) + "]";
   return "";
 }

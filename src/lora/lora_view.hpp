@@ -6,11 +6,18 @@
 #include <type_traits>
 
 #include "src/lora/lora_weights.hpp"
+#include "tilemoe/bf16.hpp"
 #include "tilemoe/config.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/lora.hpp"
 
 namespace tilemoe {
+
+// Element i of a view's A or B (counted from `base`, a_of(e) or b_of(e)) as a float, whichever
+// element type the view holds.
+inline float factor_value(const void* base, LoraDType dtype, std::size_t i) {
+  return dtype == LoraDType::bf16 ? bf16_to_float(static_cast<const bf16*>(base)[i]) : static_cast<const float*>(base)[i];
+}
 
 // Views of owned LoRA sets (loaders, tests): no copy, valid while `l` lives and is not resized.
 template <typename T>

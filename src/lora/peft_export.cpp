@@ -201,11 +201,6 @@ namespace {
 
 io::Dtype io_dtype(LoraDType d) { return d == LoraDType::bf16 ? io::Dtype::BF16 : io::Dtype::F32; }
 
-// Element i of a view's A or B, counted from the factor's start, as a float.
-float factor_element(const void* base, LoraDType d, std::size_t i) {
-  return d == LoraDType::bf16 ? bf16_to_float(static_cast<const bf16*>(base)[i]) : static_cast<const float*>(base)[i];
-}
-
 // Whether two projections' A hold the same values for every expert (a stacked A they share).
 bool same_a(const LoraProjectionView& x, const LoraProjectionView& y, int experts) {
   if (x.rank != y.rank || x.in != y.in) return false;
@@ -213,7 +208,7 @@ bool same_a(const LoraProjectionView& x, const LoraProjectionView& y, int expert
     for (int j = 0; j < x.rank; ++j)
       for (int c = 0; c < x.in; ++c) {
         const std::size_t off = static_cast<std::size_t>(j) * x.lda() + c;
-        const float u = factor_element(x.a_of(e), x.dtype, off), v = factor_element(y.a_of(e), y.dtype, off);
+        const float u = factor_value(x.a_of(e), x.dtype, off), v = factor_value(y.a_of(e), y.dtype, off);
         if (!(u == v || (std::isnan(u) && std::isnan(v)))) return false;
       }
   return true;
@@ -276,7 +271,7 @@ bool add_stacked_tensors(const PeftLayerOut& l, ExportDtype dtype, std::vector<O
                              for (int row = 0; row < w.out; ++row)
                                for (int j = 0; j < r; ++j)
                                  full[peft_stacked_b_index(static_cast<std::size_t>(row0 + row), j, e, r, E)] =
-                                     factor_element(w.b_of(e), w.dtype, static_cast<std::size_t>(row) * w.rank + j);
+                                     factor_value(w.b_of(e), w.dtype, static_cast<std::size_t>(row) * w.rank + j);
                          copy_matrix(reinterpret_cast<const std::byte*>(full.data()), io::Dtype::F32, static_cast<int>(cols), b_rows,
                                      static_cast<int>(cols), dst, db);
                        }});
