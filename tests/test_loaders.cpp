@@ -40,7 +40,7 @@ std::string deepseek_config() {
 // A checkpoint with layer 1 and 2 experts under `prefix.layers.L.<block>.experts.E.<names>`.
 std::string make_model(const std::string& name, const std::string& block, const std::array<const char*, 3>& proj_names,
                        std::vector<bf16>* poison = nullptr, bool skip_one = false, bool with_bias = false,
-                       const std::string& correction_bias = "") {
+                       const std::string& correction_bias = "", const std::string& router_name = "gate.weight") {
   std::string d = fresh_dir(name);
   write_text(d + "/config.json", deepseek_config());
   static ExpertWeights w = random_expert_weights(kShape, 4);
@@ -60,9 +60,13 @@ std::string make_model(const std::string& name, const std::string& block, const 
   static std::vector<bf16> router(static_cast<std::size_t>(kShape.num_experts) * kShape.hidden, float_to_bf16(0.25f));
   if (with_bias)
     f.add("model.layers.1." + block + ".experts.2." + proj_names[2] + ".bias", io::Dtype::BF16, {kShape.hidden}, router.data());
-  f.add("model.layers.1." + block + ".gate.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
-  if (!correction_bias.empty())  // under the block: "gate.e_score_correction_bias" or "e_score_correction_bias"
-    f.add("model.layers.1." + block + "." + correction_bias, io::Dtype::BF16, {kShape.num_experts}, router.data());
+  f.add("model.layers.1." + block + "." + router_name, io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
+  // under the block: "gate.e_score_correction_bias", "e_score_correction_bias" or ERNIE's "moe_statics..." of [1, E]
+  if (!correction_bias.empty()) {
+    std::vector<std::int64_t> shape{kShape.num_experts};
+    if (correction_bias.rfind("moe_statics.", 0) == 0) shape.insert(shape.begin(), 1);
+    f.add("model.layers.1." + block + "." + correction_bias, io::Dtype::BF16, shape, router.data());
+  }
   f.add("model.layers.0.self_attn.q_proj.weight", io::Dtype::BF16, {kShape.num_experts, kShape.hidden}, router.data());
   f.write(d + "/model.safetensors");
   return d;
@@ -179,6 +183,91 @@ TEST_CASE("config.json of each model family", "[config]") {
     CHECK_FALSE(ol.norm_topk_prob);
     CHECK(ol.scoring_func == "softmax");
   }
+  // ERNIE-4.5-MoE: its own names for the count and top-k, MoE layers from a start, to an end, every interval.
+  auto er = parse_model_config(R"({"model_type":"ernie4_5_moe","hidden_size":2560,"intermediate_size":12288,"moe_intermediate_size":1536,
+    "moe_num_experts":64,"moe_k":6,"num_hidden_layers":28,"moe_layer_start_index":1,"moe_layer_end_index":27,"moe_num_shared_experts":2})",
+                               "ernie");
+  CHECK(er.shape.intermediate == 1536);
+  CHECK(er.shape.num_experts == 64);
+  CHECK(er.shape.top_k == 6);
+  CHECK(er.moe_layers.size() == 27);
+  CHECK(er.moe_layers.front() == 1);
+  CHECK(er.scoring_func == "softmax");
+  CHECK(er.topk_method == "noaux_tc");
+  CHECK(er.norm_topk_prob);
+  CHECK(er.routing_unsupported.empty());
+  auto er2 = parse_model_config(R"({"model_type":"ernie4_5_moe","hidden_size":64,"moe_intermediate_size":32,"moe_num_experts":8,
+    "moe_k":2,"num_hidden_layers":6,"moe_layer_start_index":0,"moe_layer_end_index":-1,"moe_layer_interval":2})", "ernie");
+  CHECK(er2.moe_layers == std::vector<int>{1, 3, 5});
+  // Hunyuan-MoE: moe_topk and the experts' size may be one per layer, all equal.
+  auto hy = parse_model_config(R"({"model_type":"hunyuan_v1_moe","hidden_size":4096,"intermediate_size":11008,"num_experts":64,
+    "moe_topk":[8,8,8],"moe_intermediate_size":[3072,3072,3072],"num_hidden_layers":3})", "hunyuan");
+  CHECK(hy.shape.top_k == 8);
+  CHECK(hy.shape.intermediate == 3072);
+  CHECK(hy.shape.num_experts == 64);
+  CHECK(hy.moe_layers.size() == 3);
+  CHECK(hy.norm_topk_prob);
+  CHECK(hy.routing_unsupported.empty());
+  CHECK(parse_model_config(R"({"model_type":"hunyuan_v1_moe","hidden_size":64,"intermediate_size":96,"num_experts":5,"moe_topk":2,
+    "num_hidden_layers":2})", "hunyuan").shape.intermediate == 96);
+  std::string err = error_of([] {
+    parse_model_config(R"({"model_type":"hunyuan_v1_moe","hidden_size":64,"intermediate_size":96,"num_experts":5,"moe_topk":[2,1],
+      "num_hidden_layers":2})", "hy.json");
+  });
+  CHECK(err.find("hy.json: field 'moe_topk' is [2,1]: a value that differs by layer") == 0);
+  // GraniteMoE: Mixtral's fields and router.
+  auto gr = parse_model_config(R"({"model_type":"granitemoe","hidden_size":1024,"intermediate_size":512,"num_local_experts":32,
+    "num_experts_per_tok":8,"num_hidden_layers":24,"hidden_act":"silu"})", "granite");
+  CHECK(gr.shape.intermediate == 512);
+  CHECK(gr.moe_layers.size() == 24);
+  CHECK(gr.norm_topk_prob);
+  CHECK(gr.routing_unsupported.empty());
+  // A named type whose router tilemoe has not checked: the experts read, routing refused, unless it
+  // is remote code stating its router.
+  auto unknown = parse_model_config(R"({"model_type":"laguna","hidden_size":64,"moe_intermediate_size":32,"num_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":2})", "laguna");
+  CHECK(unknown.shape.num_experts == 8);
+  CHECK(unknown.routing_unsupported.find("has not checked this type's router") != std::string::npos);
+  auto fresh = parse_model_config(R"({"model_type":"brand_new_moe","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":2})", "new");
+  CHECK_FALSE(fresh.routing_unsupported.empty());
+  auto kimi = parse_model_config(R"({"model_type":"kimi_k2","auto_map":{"AutoConfig":"configuration_deepseek.DeepseekV3Config"},
+    "hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,"num_experts_per_tok":2,"num_hidden_layers":2,
+    "scoring_func":"sigmoid","topk_method":"noaux_tc","n_group":1,"topk_group":1,"norm_topk_prob":true,"routed_scaling_factor":2.827})",
+                                 "kimi");
+  CHECK(kimi.routing_unsupported.empty());
+  CHECK(kimi.scoring_func == "sigmoid");
+  CHECK(parse_model_config(R"({"hidden_size":64,"moe_intermediate_size":32,"num_experts":8,"num_experts_per_tok":2,
+    "num_hidden_layers":2})", "no type").routing_unsupported.empty());  // hand-written: its fields are all there is
+  // Types added after checking against transformers v5: DeepSeek-V3's router under other names, and
+  // Qwen3.5-MoE's top-k always renormalised.
+  for (const char* type : {"glm_moe_dsa", "solar_open", "mimo_v2_flash"}) {
+    INFO(type);
+    auto c = parse_model_config(std::string(R"({"model_type":")") + type + R"(","hidden_size":64,"moe_intermediate_size":32,
+      "n_routed_experts":8,"num_experts_per_tok":2,"num_hidden_layers":2})", "sigmoid");
+    CHECK(c.scoring_func == "sigmoid");
+    CHECK(c.topk_method == "noaux_tc");
+    CHECK(c.routing_unsupported.empty());
+  }
+  auto q35 = parse_model_config(R"({"model_type":"qwen3_5_moe","text_config":{"model_type":"qwen3_5_moe_text","hidden_size":64,
+    "moe_intermediate_size":32,"num_experts":8,"num_experts_per_tok":2,"num_hidden_layers":2,"norm_topk_prob":false}})", "q35");
+  CHECK(q35.norm_topk_prob);
+  CHECK(q35.routing_unsupported.empty());
+  // Experts that compute something else are refused by name.
+  CHECK(error_of([] {
+          parse_model_config(R"({"model_type":"minimax_m3_vl_text","hidden_size":64,"intermediate_size":32,"num_local_experts":8,
+            "num_experts_per_tok":2,"num_hidden_layers":2})", "m3");
+        }).find("m3: model_type 'minimax_m3_vl_text': its experts' output is not") == 0);
+  err = error_of([] {
+    parse_model_config(R"({"model_type":"qwen3_moe","hidden_size":64,"moe_intermediate_size":32,"num_experts":8,"num_experts_per_tok":2,
+      "num_hidden_layers":2,"hidden_act":"gelu"})", "g.json");
+  });
+  CHECK(err.find("g.json: hidden_act is 'gelu'") == 0);
+  err = error_of([] {
+    parse_model_config(R"({"model_type":"jetmoe","hidden_size":64,"intermediate_size":32,"num_local_experts":8,"num_experts_per_tok":2,
+      "num_hidden_layers":2})", "j.json");
+  });
+  CHECK(err.find("j.json: model_type 'jetmoe'") == 0);
   CHECK(error_of([] { parse_model_config("{", "cfg.json"); }).find("cfg.json: not valid JSON") == 0);
   CHECK(error_of([] { parse_model_config(R"({"model_type":"llama","hidden_size":4,"num_hidden_layers":2,"num_experts_per_tok":1})", "l"); })
             .find("no routed experts") != std::string::npos);
@@ -211,13 +300,19 @@ TEST_CASE("checkpoints load under every naming and reject broken experts", "[che
 
   // A bias on an expert projection would be read past unseen: refused, naming the file and tensor.
   // The router's correction bias beside its weight (DeepSeek-V3) or on the MoE block (MiniMax-M2).
-  for (const std::string where : {"gate.e_score_correction_bias", "e_score_correction_bias"}) {
+  for (const std::string where : {"gate.e_score_correction_bias", "e_score_correction_bias", "moe_statics.e_score_correction_bias"}) {
     auto c = Checkpoint::open(make_model("corr_" + where, "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, false, where));
     CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.block_sparse_moe.gate.weight",
                                                                "model.layers.1.block_sparse_moe." + where});
     CHECK(c.load_router(1).correction_bias == std::vector<float>(kShape.num_experts, 0.25f));
   }
   CHECK(mx.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.block_sparse_moe.gate.weight"});
+  // Hunyuan's and GraniteMoE's router names
+  for (const std::string router : {"gate.wg.weight", "router.layer.weight"}) {
+    auto c = Checkpoint::open(make_model("router_" + router, "mlp", {"gate_proj", "up_proj", "down_proj"}, nullptr, false, false, "", router));
+    CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.mlp." + router});
+    CHECK(c.load_router(1).weight.size() == 3 * 24);
+  }
   auto biased = Checkpoint::open(make_model("bias", "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, true));
   err = error_of([&] { biased.load_layer_experts(1); });
   CHECK(err.find("model.safetensors: layer 1 expert 2 down has a bias") != std::string::npos);

@@ -215,6 +215,24 @@ TEST_CASE("model types set the router as transformers runs it", "[router][config
   CHECK(error_of([&] { route_tokens(phi, w, 1, x.data(), 1); }).find("layer 1 router: model_type 'phimoe': PhiMoE routes with sparsemixer") == 0);
 }
 
+TEST_CASE("ERNIE-4.5: softmax scores, chosen with the moe_statics bias, weighed without it", "[router][config]") {
+  auto ernie = parse_model_config(R"({"model_type":"ernie4_5_moe","hidden_size":4,"moe_intermediate_size":8,"moe_num_experts":4,
+    "moe_k":2,"num_hidden_layers":2})", "ernie");
+  IdentityRouter r(4, 2);
+  r.config.scoring_func = ernie.scoring_func;
+  r.config.topk_method = ernie.topk_method;
+  r.config.norm_topk_prob = ernie.norm_topk_prob;
+  r.config.routed_scaling_factor = ernie.routed_scaling_factor;
+  r.weights.correction_bias = {0.0f, 0.0f, 1.0f, 0.0f};
+  std::vector<float> logits{2.0f, 1.0f, 0.5f, 0.0f};
+  // softmax scores s; expert 2 wins by its bias, then expert 0; weights s2 and s0 renormalised
+  double z = std::exp(2.0) + std::exp(1.0) + std::exp(0.5) + 1.0, s0 = std::exp(2.0) / z, s2 = std::exp(0.5) / z;
+  auto got = r.route(logits);
+  CHECK(got.expert_ids == std::vector<std::int64_t>{2, 0});
+  CHECK(got.weights[0] == Approx(s2 / (s0 + s2)).epsilon(1e-6));
+  CHECK(got.weights[1] == Approx(s0 / (s0 + s2)).epsilon(1e-6));
+}
+
 TEST_CASE("softmax top-k, renormalised or not", "[router]") {
   IdentityRouter r(4, 2);
   std::vector<float> logits{0.5f, 2.0f, -1.0f, 2.0f};  // experts 1 and 3 tie: the lower id comes first

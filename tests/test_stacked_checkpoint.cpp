@@ -27,7 +27,8 @@ namespace {
 
 enum class StackForm {
   gate_up,        // transformers v5: "experts.gate_up_proj" and "experts.down_proj", no ".weight"
-  per_projection  // one stack a projection under the per-expert token, with ".weight" ("experts.w1.weight")
+  per_projection,  // one stack a projection under the per-expert token, with ".weight" ("experts.w1.weight")
+  granite          // GraniteMoE: "block_sparse_moe.input_linear.weight" (gate_up) and "output_linear.weight" (down)
 };
 
 // A copy of `src_dir` with every MoE layer's experts stacked in `form`, in their stored dtype and
@@ -74,6 +75,10 @@ void write_stacked_copy(const std::string& src_dir, const std::string& dst_dir, 
     if (form == StackForm::gate_up) {
       stack({Projection::gate, Projection::up}, prefix + "gate_up_proj");
       stack({Projection::down}, prefix + "down_proj");
+    } else if (form == StackForm::granite) {
+      const std::string block = "model.layers." + std::to_string(layer) + ".block_sparse_moe.";
+      stack({Projection::gate, Projection::up}, block + "input_linear.weight");
+      stack({Projection::down}, block + "output_linear.weight");
     } else {
       for (Projection p : kProjections) {
         const std::string& name = refs[static_cast<int>(p)][0].name;  // "...experts.0.w1.weight"
@@ -153,6 +158,17 @@ TEST_CASE("stacked expert tensor names", "[names][stacked]") {
   CHECK_FALSE(parse_stacked_expert_tensor_name("model.layers.1.mlp.experts.lora_A.weight"));
   CHECK_FALSE(parse_stacked_expert_tensor_name("model.mlp.experts.gate_up_proj"));  // no layer
   CHECK_FALSE(parse_expert_tensor_name("model.layers.1.mlp.experts.gate_up_proj"));
+  // GraniteMoE's names for the same two stacks
+  auto g = parse_stacked_expert_tensor_name("model.layers.3.block_sparse_moe.input_linear.weight");
+  REQUIRE(g);
+  CHECK(g->layer == 3);
+  CHECK(g->kind == StackedExperts::gate_up);
+  CHECK(g->projection_token == "input_linear");
+  CHECK(parse_stacked_expert_tensor_name("model.layers.3.block_sparse_moe.output_linear.weight")->kind == StackedExperts::down);
+  CHECK(parse_stacked_expert_tensor_name("model.layers.3.block_sparse_moe.output_linear.bias")->bias);
+  CHECK_FALSE(parse_stacked_expert_tensor_name("model.layers.3.block_sparse_moe.router.layer.weight"));
+  CHECK_FALSE(parse_stacked_expert_tensor_name("model.layers.3.self_attention.experts.input_linear.weight"));  // JetMoE's MoA
+  CHECK_FALSE(parse_stacked_expert_tensor_name("model.block_sparse_moe.input_linear.weight"));                 // no layer
 }
 
 TEST_CASE("configs of experts tilemoe does not compute are refused by name", "[config][stacked]") {
@@ -173,16 +189,17 @@ TEST_CASE("configs of experts tilemoe does not compute are refused by name", "[c
 TEST_CASE("fixture checkpoints restacked as transformers v5 writes them load the same bytes", "[checkpoint][stacked]") {
   for (const auto& c : test::fixture_cases()) {
     auto original = Checkpoint::open(c.dir + "/model");
-    for (StackForm form : {StackForm::gate_up, StackForm::per_projection}) {
-      const std::string dir = test::temp_dir() + "/stacked_" + c.name + (form == StackForm::gate_up ? "_v5" : "_pp");
+    for (StackForm form : {StackForm::gate_up, StackForm::per_projection, StackForm::granite}) {
+      const char* form_name = form == StackForm::gate_up ? "gate_up_proj" : form == StackForm::granite ? "input_linear" : "per projection";
+      const std::string dir = test::temp_dir() + "/stacked_" + c.name + "_" + std::to_string(static_cast<int>(form));
       write_stacked_copy(c.dir + "/model", dir, form);
       auto stacked = Checkpoint::open(dir);
       for (int layer : c.layers) {
-        INFO(c.name << " layer " << layer << (form == StackForm::gate_up ? " gate_up_proj" : " per projection"));
+        INFO(c.name << " layer " << layer << " " << form_name);
         const auto refs = stacked.expert_tensors(layer);
         CHECK(refs[0][1].stacked());
         CHECK(refs[0][1].stacked_expert == 1);
-        CHECK(refs[1][0].first_row == (form == StackForm::gate_up ? original.config().shape.intermediate : 0));
+        CHECK(refs[1][0].first_row == (form != StackForm::per_projection ? original.config().shape.intermediate : 0));
         CHECK(refs[1][0].bytes == original.expert_tensors(layer)[1][0].bytes);
         const auto want = original.load_layer_experts(layer);
         numa::ThreadPool pool(2, {});
@@ -199,7 +216,10 @@ TEST_CASE("fixture checkpoints restacked as transformers v5 writes them load the
       const int layer = c.layers.front();
       auto spec = quant::spec_for_checkpoint(stacked, WeightType::int8, 0, 1, {layer});
       auto want_spec = quant::spec_for_checkpoint(original, WeightType::int8, 0, 1, {layer});
-      if (form == StackForm::per_projection || c.name != "mixtral_tiny") CHECK(spec.name_templates == want_spec.name_templates);
+      if (form == StackForm::per_projection || (form == StackForm::gate_up && c.name != "mixtral_tiny"))
+        CHECK(spec.name_templates == want_spec.name_templates);
+      if (form == StackForm::granite)
+        CHECK(spec.name_templates[0] == "model.layers.{L}.block_sparse_moe.experts.{E}.gate_proj");
       const std::string out = dir + "_int8";
       fs::remove_all(out);
       {

@@ -149,6 +149,14 @@ std::string projection_tokens(Projection p) {
   return p == Projection::gate ? "gate_proj|w1" : p == Projection::up ? "up_proj|w3" : "down_proj|w2";
 }
 
+// Router weights as stored: "...gate.weight" (DeepSeek, Qwen-MoE, Mixtral, ERNIE), "...gate.wg.weight"
+// (Hunyuan), "...router.layer.weight" (GraniteMoE).
+bool is_router_name(const std::string& name) {
+  for (std::string_view suffix : {".gate.weight", ".gate.wg.weight", ".router.layer.weight"})
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) return true;
+  return false;
+}
+
 std::string bias_refusal(const std::string& where, const std::string& name) {
   return where + " has a bias ('" + name + "'); expert projections with a bias are not supported (tilemoe computes W x, as the "
                                           "experts of DeepSeek, Qwen-MoE and Mixtral do)";
@@ -309,8 +317,7 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
   const std::string* found = nullptr;
   for (const auto& [name, loc] : location_) {
     if (parse_layer_index(name) != layer) continue;
-    bool router = name.size() > 12 && name.compare(name.size() - 12, 12, ".gate.weight") == 0 &&
-                  name.find("experts") == std::string::npos && loc.info->shape.size() == 2 &&
+    bool router = is_router_name(name) && name.find("experts") == std::string::npos && loc.info->shape.size() == 2 &&
                   loc.info->shape[0] == s.num_experts;
     if (router) {
       if (found) fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " has two routers: '" + *found + "' and '" + name + "'");
@@ -318,16 +325,20 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
     }
   }
   if (!found) fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " has no router weight ('...layers." +
-                                           std::to_string(layer) + "...gate.weight' of shape [" + std::to_string(s.num_experts) + ", " +
-                                           std::to_string(s.hidden) + "])");
+                                           std::to_string(layer) + "...gate.weight', '...gate.wg.weight' or '...router.layer.weight' of shape [" +
+                                           std::to_string(s.num_experts) + ", " + std::to_string(s.hidden) + "])");
   std::vector<std::string> names{*found};
   // The correction bias beside the router weight (DeepSeek-V3: "...mlp.gate.e_score_correction_bias"),
-  // or on the MoE block that holds the router (MiniMax-M2: "...block_sparse_moe.e_score_correction_bias").
+  // on the MoE block that holds the router (MiniMax-M2: "...block_sparse_moe.e_score_correction_bias"),
+  // or in the block's moe_statics (ERNIE-4.5: "...mlp.moe_statics.e_score_correction_bias", [1, E]).
   const std::string router_module = found->substr(0, found->size() - 7);
-  const std::string beside = router_module + ".e_score_correction_bias";
-  const std::string on_block = router_module.substr(0, router_module.rfind('.')) + ".e_score_correction_bias";
-  if (find(beside)) names.push_back(beside);
-  else if (find(on_block)) names.push_back(on_block);
+  const std::string block = router_module.substr(0, router_module.rfind('.'));
+  for (const std::string& bias : {router_module + ".e_score_correction_bias", block + ".e_score_correction_bias",
+                                  block + ".moe_statics.e_score_correction_bias"})
+    if (find(bias)) {
+      names.push_back(bias);
+      break;
+    }
   return names;
 }
 
@@ -339,6 +350,7 @@ RouterWeights Checkpoint::load_router(int layer) const {
   r.weight = io::read_as_f32(*file_of(names[0]), names[0], shape);
   if (names.size() > 1) {
     std::vector<std::int64_t> bshape{s.num_experts};
+    if (find(names[1])->info->shape.size() == 2) bshape.insert(bshape.begin(), 1);  // ERNIE-4.5's one group of experts
     r.correction_bias = io::read_as_f32(*file_of(names[1]), names[1], bshape);
   }
   return r;

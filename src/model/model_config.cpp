@@ -22,6 +22,21 @@ int require_int(const json& j, const char* key, const std::string& src) {
   return static_cast<int>(v);
 }
 
+// An int, or a list of one int per layer (Hunyuan writes moe_topk and moe_intermediate_size so)
+// whose entries must all be equal: tilemoe gives every MoE layer of a model one shape.
+int require_uniform_int(const json& j, const char* key, const std::string& src) {
+  auto it = j.find(key);
+  if (it != j.end() && it->is_array() && !it->empty()) {
+    for (const auto& v : *it)
+      if (!v.is_number_integer() || v != it->front())
+        fail(ErrorKind::unsupported, src + ": field '" + key + "' is " + it->dump() +
+                                         ": a value that differs by layer (or is not an integer); tilemoe gives every MoE layer one shape");
+    json one = {{key, it->front()}};
+    return require_int(one, key, src);
+  }
+  return require_int(j, key, src);
+}
+
 template <typename T>
 T value_or(const json& j, const char* key, T fallback) {
   auto it = j.find(key);
@@ -76,11 +91,21 @@ struct SigmoidRouterDefaults {
 constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
     {"deepseek_v3", 8, 4, true, 2.5},   {"deepseek_v32", 8, 4, true, 2.5}, {"glm4_moe", 1, 1, true, 1.0},
     {"glm4v_moe_text", 1, 1, true, 1.0}, {"glm4_moe_lite", 1, 1, true, 1.8}, {"dots1", 1, 1, false, 1.0},
-    {"exaone_moe", 1, 1, true, 2.5},
+    {"exaone_moe", 1, 1, true, 2.5},     {"glm_moe_dsa", 1, 1, true, 1.0},  {"solar_open", 1, 1, true, 1.0},
+    {"mimo_v2_flash", 1, 1, true, 1.0},
     // MiniMaxM2TopKRouter: no groups, always renormalised, never scaled; its correction bias sits on
     // the MoE block (Checkpoint::router_tensor_names finds it there).
     {"minimax_m2", 1, 1, true, 1.0, /*reads_config=*/false},
 };
+
+// Types whose routers tilemoe computes as transformers v5 does (checked by
+// tests/python/test_module_model_types_v5.py), beside the sigmoid ones above. Another named type
+// may route otherwise than its fields suggest (a correction bias, a per-slot softmax, a hash), so
+// routing by its router is refused (its experts still run with ids given to them) unless it is
+// remote code whose config.json states its router, as DeepSeek-MoE's and Kimi-K2's do.
+constexpr const char* kRoutedTypes[] = {"deepseek_v2", "qwen2_moe", "qwen3_moe", "qwen3_next", "mixtral", "minimax", "olmoe", "flex_olmo",
+                                        "ernie4_5_moe", "hunyuan_v1_moe", "granitemoe", "granitemoeshared", "qwen3_5_moe_text",
+                                        "mellum", "qwen4_exp_text"};
 
 const SigmoidRouterDefaults* sigmoid_router_of(const std::string& model_type) {
   for (const auto& d : kSigmoidRouters)
@@ -88,10 +113,36 @@ const SigmoidRouterDefaults* sigmoid_router_of(const std::string& model_type) {
   return nullptr;
 }
 
+bool router_checked(const std::string& model_type) {
+  for (const char* t : kRoutedTypes)
+    if (model_type == t) return true;
+  return sigmoid_router_of(model_type) != nullptr;
+}
+
+std::string routed_types_list() {
+  std::string out;
+  for (const char* t : kRoutedTypes) out += std::string(out.empty() ? "" : ", ") + t;
+  for (const auto& d : kSigmoidRouters) out += std::string(", ") + d.model_type;
+  return out;
+}
+
+// ERNIE-4.5-MoE: MoE from moe_layer_start_index to moe_layer_end_index (-1: the last layer), every
+// moe_layer_interval-th ((l + 1) % interval == 0), as Ernie4_5_MoeDecoderLayer decides.
+std::vector<int> ernie_moe_layers(const json& j, int layers) {
+  const int start = value_or<int>(j, "moe_layer_start_index", 1);
+  int end = value_or<int>(j, "moe_layer_end_index", -1);
+  if (end == -1) end = layers - 1;
+  const int interval = std::max(1, value_or<int>(j, "moe_layer_interval", 1));
+  std::vector<int> out;
+  for (int l = 0; l < layers; ++l)
+    if ((l + 1) % interval == 0 && l >= start && l <= end) out.push_back(l);
+  return out;
+}
+
 // The router as transformers runs each type, whatever config.json adds: the sigmoid types above;
 // DeepseekV2Moe always uses softmax and never renormalises (it ignores norm_topk_prob). Other
 // types with n_routed_experts (DeepSeek-MoE, remote-code models such as Kimi-K2) take the fields
-// as written.
+// as written; their routing is refused unless config.json states it (kRoutedTypes above).
 void read_deepseek_router(const json& j, ModelConfig& c) {
   if (const auto* d = sigmoid_router_of(c.model_type)) {
     auto field = [&](const char* key, auto fallback) { return d->reads_config ? value_or<decltype(fallback)>(j, key, fallback) : fallback; };
@@ -156,13 +207,18 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   if (!j.is_object()) fail(ErrorKind::bad_file, src + ": not a JSON object");
   ModelConfig c;
   read_quantization_config(j, c, src);
+  const bool remote_code = j.contains("auto_map");
   // Multimodal wrappers keep the language model's config under text_config.
   if (!j.contains("hidden_size") && j.contains("text_config") && j["text_config"].is_object()) j = j["text_config"];
 
   c.model_type = value_or<std::string>(j, "model_type", "");
   c.shape.hidden = require_int(j, "hidden_size", src);
   c.num_layers = require_int(j, "num_hidden_layers", src);
-  c.shape.top_k = require_int(j, "num_experts_per_tok", src);
+  // The top-k under transformers' name, or as ERNIE-4.5 (moe_k) and Hunyuan (moe_topk, maybe one per
+  // layer) write it.
+  const char* top_k_key = "num_experts_per_tok";
+  if (!j.contains(top_k_key)) top_k_key = j.contains("moe_k") ? "moe_k" : j.contains("moe_topk") ? "moe_topk" : top_k_key;
+  c.shape.top_k = require_uniform_int(j, top_k_key, src);
   const std::string& t = c.model_type;
   // Routed experts that compute something else than down(silu(gate(x)) * up(x)) weighted by the
   // router: refused by name, as their configs would otherwise pass for Mixtral's.
@@ -172,6 +228,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   if (t == "llama4" || t == "llama4_text")
     fail(ErrorKind::unsupported, src + ": model_type '" + t + "': Llama 4 scales each expert's input by its router score, where "
                                        "tilemoe weights the experts' outputs (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
+  if (t == "minimax_m3_vl" || t == "minimax_m3_vl_text")
+    fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts' output is not down(silu(gate(x)) * up(x)) (as transformers v5 "
+                                       "computes them, checked by tilemoe's tests), which is what tilemoe runs");
+  if (t == "jetmoe")
+    fail(ErrorKind::unsupported, src + ": model_type 'jetmoe': its MoE adds an output bias and its attention has experts of its own, "
+                                       "which tilemoe does not read (it runs down(silu(gate(x)) * up(x)))");
+  // The experts compute silu(gate) * up: another activation would be run as silu unseen.
+  for (const char* key : {"hidden_act", "activation_function"})
+    if (auto a = j.find(key); a != j.end() && a->is_string() && *a != "silu" && *a != "swish")
+      fail(ErrorKind::unsupported, src + ": " + key + " is '" + a->get<std::string>() +
+                                       "'; tilemoe's experts compute down(silu(gate(x)) * up(x))");
   if (t.rfind("deepseek", 0) == 0 || j.contains("n_routed_experts")) {
     c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
     c.shape.num_experts = require_int(j, "n_routed_experts", src);
@@ -188,7 +255,25 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.shape.num_experts = require_int(j, j.contains("num_local_experts") ? "num_local_experts" : "num_experts", src);
     for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
     read_deepseek_router(j, c);
-  } else if (t == "olmoe") {
+  } else if (t == "ernie4_5_moe") {
+    // ERNIE-4.5: Ernie4_5_MoeTopKRouter scores by softmax, chooses by score + the moe_statics
+    // correction bias, weighs by the score alone and renormalises (dividing by the sum clamped to
+    // moe_norm_min, 1e-12: the same as DeepSeek-V3's + 1e-20 for a softmax's top-k).
+    c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
+    c.shape.num_experts = require_int(j, j.contains("moe_num_experts") ? "moe_num_experts" : "num_experts", src);
+    c.moe_layers = ernie_moe_layers(j, c.num_layers);
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+  } else if (t == "hunyuan_v1_moe") {
+    // Hunyuan-MoE: every layer MoE beside a shared MLP; HunYuanMoEV1Gate renormalises its softmax
+    // top-k. The experts' size as moe_intermediate_size where written (one per layer), else
+    // intermediate_size (HunYuanMoEV1Experts).
+    c.shape.intermediate =
+        require_uniform_int(j, j.contains("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size", src);
+    c.shape.num_experts = require_uniform_int(j, "num_experts", src);
+    for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
+    c.norm_topk_prob = true;
+  } else if (t == "olmoe" || t == "flex_olmo") {
     // OLMoE: every layer MoE, intermediate_size the experts' own; OlmoeSparseMoeBlock renormalises
     // its top-k only with norm_topk_prob (default off). The count under either name (v5 may write
     // num_local_experts, which would otherwise read as Mixtral's, always renormalised).
@@ -198,7 +283,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.norm_topk_prob = value_or<bool>(j, "norm_topk_prob", false);
   } else if (j.contains("moe_intermediate_size") && j.contains("num_local_experts") && !j.contains("num_experts")) {
     read_qwen_moe(j, "num_local_experts", c, src);  // Qwen3-MoE as transformers v5 writes it: Mixtral's name for the count
-  } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE
+  } else if (j.contains("num_local_experts")) {  // Mixtral: every layer is MoE (GraniteMoE too: a softmax of the top-k logits is the same)
     c.shape.intermediate = require_int(j, "intermediate_size", src);
     c.shape.num_experts = require_int(j, "num_local_experts", src);
     for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
@@ -207,8 +292,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     read_qwen_moe(j, "num_experts", c, src);
   } else {
     fail(ErrorKind::bad_file, src + ": model_type '" + t +
-                                  "' has no routed experts this runtime knows (DeepSeek-V2/V3, GLM-4-MoE, Qwen2/Qwen3-MoE, Mixtral, OLMoE)");
+                                  "' has no routed experts this runtime knows (DeepSeek-V2/V3, GLM-4-MoE, Qwen2/Qwen3-MoE, Mixtral, OLMoE, ERNIE-4.5, "
+                                  "Hunyuan-MoE, GraniteMoE)");
   }
+  // Qwen3.5-MoE's router renormalises its top-k whatever config.json says (checked against transformers v5).
+  if (t == "qwen3_5_moe_text") c.norm_topk_prob = true;
   // A list of "sparse" / "dense", one per layer (EXAONE-MoE), says which layers are MoE.
   if (auto types = j.find("mlp_layer_types"); types != j.end() && types->is_array()) {
     if (static_cast<int>(types->size()) != c.num_layers)
@@ -228,6 +316,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.routing_unsupported = "PhiMoE routes with sparsemixer (a masked softmax per top-k slot), which tilemoe's router does not compute";
   else if (t == "afmoe")
     c.routing_unsupported = "AFMoE routes with sigmoid scores plus an expert_bias that tilemoe's router does not read";
+  if (!t.empty() && c.routing_unsupported.empty() && !router_checked(t) &&
+      !(remote_code && j.contains("scoring_func") && j.contains("topk_method")))
+    c.routing_unsupported = "tilemoe has not checked this type's router against transformers' (it routes " + routed_types_list() +
+                            ", and remote-code models whose config.json states scoring_func and topk_method)";
   if (c.shape.hidden == 0 || c.shape.intermediate == 0 || c.shape.num_experts == 0 || c.shape.top_k == 0)
     fail(ErrorKind::bad_file, src + ": hidden size, expert intermediate size, expert count and top-k must be positive");
   if (c.shape.top_k > c.shape.num_experts)

@@ -93,6 +93,17 @@ std::optional<StackedExpertTensorName> parse_stacked_expert_tensor_name(std::str
       layer = parse_index(parts[i + 1]);
       continue;
     }
+    // GraniteMoE: "...block_sparse_moe.input_linear.weight" [E, 2I, H] (gate's rows, then up's) and
+    // "...block_sparse_moe.output_linear.weight" [E, H, I].
+    if (layer && i > 0 && parts[i - 1] == "block_sparse_moe" && (parts[i] == "input_linear" || parts[i] == "output_linear")) {
+      if (i + 2 != parts.size() || (parts.back() != "weight" && parts.back() != "bias")) return std::nullopt;
+      StackedExpertTensorName out;
+      out.layer = *layer;
+      out.kind = parts[i] == "input_linear" ? StackedExperts::gate_up : StackedExperts::down;
+      out.bias = parts.back() == "bias";
+      out.projection_token = std::string(parts[i]);
+      return out;
+    }
     if (!layer || parts[i] != "experts") continue;
     const std::size_t remaining = parts.size() - (i + 1);
     if (remaining > 2 || (remaining == 2 && parts.back() != "weight" && parts.back() != "bias")) return std::nullopt;

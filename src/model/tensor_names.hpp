@@ -5,7 +5,8 @@
 // "...layers.L.mlp.original_moe.experts.E...." (wrapped MoE blocks); and the stacked form of
 // transformers v5, one 3-D tensor for every expert of a layer: "...layers.L.mlp.experts.gate_up_proj"
 // [E, 2I, H] (gate's rows, then up's) and "...experts.down_proj" [E, H, I], or one per projection
-// ("...experts.gate_proj" / "w1" [E, I, H]).
+// ("...experts.gate_proj" / "w1" [E, I, H]); GraniteMoE's "...block_sparse_moe.input_linear.weight"
+// [E, 2I, H] and "...output_linear.weight" [E, H, I] are the same two forms under other names.
 #include <optional>
 #include <string>
 #include <string_view>

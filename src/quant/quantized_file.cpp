@@ -118,12 +118,19 @@ std::string stacked_expert_name_template(const std::string& stacked_name, int la
   std::size_t i = 0;
   while (i + 1 < parts.size() && !(parts[i] == "layers" && parts[i + 1] == l)) ++i;
   std::size_t j = i + 2;
-  while (j + 1 < parts.size() && parts[j] != "experts") ++j;
+  while (j + 1 < parts.size() && parts[j] != "experts" && parts[j] != "input_linear" && parts[j] != "output_linear") ++j;
   if (i + 1 >= parts.size() || j + 1 >= parts.size())
     fail(ErrorKind::unsupported, "'" + stacked_name + "': expected 'layers." + l + "' and then 'experts.<projection>' in the name");
   parts[i + 1] = "{L}";
-  const std::string token = parts[j + 1];
-  parts.resize(j + 1);
+  std::string token;
+  if (parts[j] == "experts") {
+    token = parts[j + 1];
+    parts.resize(j + 1);
+  } else {  // GraniteMoE's "block_sparse_moe.input_linear" / "output_linear": named as its experts' projections
+    token = parts[j] == "input_linear" ? "gate_up_proj" : "down_proj";
+    parts.resize(j);
+    parts.push_back("experts");
+  }
   parts.push_back("{E}");
   // gate_up_proj holds two projections; each gets the per-expert name transformers v4 gave it.
   parts.push_back(token == "gate_up_proj" ? (p == Projection::gate ? "gate_proj" : "up_proj") : token);
