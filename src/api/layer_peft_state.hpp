@@ -15,7 +15,7 @@ struct LayerPeftState {
   int index = -1;        // the layer's index in the model when it knows it
   int num_experts = 0;
   LayerLoraView view;    // the set in use, read in place (the caller's arrays or the held adapter)
-  // The adapter the layer holds (keys, stacked keys, dtypes, adapter_config.json; no factors) and
+  // The adapter the layer holds (keys, stacked keys, adapter_config.json; no factors or dtypes) and
   // its own rank, scales and expert ranks per projection: the set in use may be the caller's.
   bool has_adapter = false;
   LoadedLora adapter;

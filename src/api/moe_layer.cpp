@@ -489,8 +489,6 @@ LayerPeftState layer_peft_state(const MoeLayer& layer) {
       const LoadedLora& loaded = m->adapter->loaded();
       st.adapter.key_template_a = loaded.key_template_a;
       st.adapter.key_template_b = loaded.key_template_b;
-      st.adapter.dtype_a = loaded.dtype_a;
-      st.adapter.dtype_b = loaded.dtype_b;
       st.adapter.stacked = loaded.stacked;
       st.adapter.adapter_config = loaded.adapter_config;
       const LayerLoraView& held = m->adapter->view();
