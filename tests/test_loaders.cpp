@@ -253,7 +253,35 @@ TEST_CASE("config.json of each model family", "[config]") {
     "moe_intermediate_size":32,"num_experts":8,"num_experts_per_tok":2,"num_hidden_layers":2,"norm_topk_prob":false}})", "q35");
   CHECK(q35.norm_topk_prob);
   CHECK(q35.routing_unsupported.empty());
+  // Sigmoid routers under their own field names: HY-V3's and AFMoE's scale, always renormalised;
+  // Kimi-Linear's count, top-k, renormalisation and groups.
+  auto hy3 = parse_model_config(R"({"model_type":"hy_v3","hidden_size":64,"moe_intermediate_size":32,"num_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":3,"router_scaling_factor":2.5,"mlp_layer_types":["dense","sparse","sparse"]})", "hy3");
+  CHECK(hy3.scoring_func == "sigmoid");
+  CHECK(hy3.routed_scaling_factor == 2.5);
+  CHECK(hy3.norm_topk_prob);
+  CHECK(hy3.moe_layers == std::vector<int>{1, 2});
+  auto af = parse_model_config(R"({"model_type":"afmoe","hidden_size":64,"moe_intermediate_size":32,"num_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":4,"num_dense_layers":2,"route_scale":1.5,"norm_topk_prob":false})", "afmoe");
+  CHECK(af.routed_scaling_factor == 1.5);
+  CHECK(af.norm_topk_prob);  // AfmoeTokenChoiceRouter always renormalises
+  CHECK(af.moe_layers == std::vector<int>{2, 3});
+  CHECK(af.routing_unsupported.empty());
+  auto kl = parse_model_config(R"({"model_type":"kimi_linear","hidden_size":64,"moe_intermediate_size":32,"num_experts":8,
+    "num_experts_per_token":2,"num_hidden_layers":2,"moe_renormalize":false,"num_expert_group":2,"topk_group":1,
+    "routed_scaling_factor":2.0,"mlp_layer_types":["dense","sparse"]})", "kimi linear");
+  CHECK(kl.shape.top_k == 2);
+  CHECK_FALSE(kl.norm_topk_prob);
+  CHECK(kl.n_group == 2);
+  CHECK(kl.unchosen_groups_neg_inf);
+  CHECK(kl.moe_layers == std::vector<int>{1});
+  CHECK_FALSE(parse_model_config(R"({"model_type":"deepseek_v3","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,
+    "num_experts_per_tok":2,"num_hidden_layers":2})", "v3").unchosen_groups_neg_inf);
   // Experts that compute something else are refused by name.
+  CHECK(error_of([] {
+          parse_model_config(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+            "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":10.0})", "v4");
+        }).find("v4: model_type 'deepseek_v4': its experts clamp gate and up at swiglu_limit 10.0") == 0);
   CHECK(error_of([] {
           parse_model_config(R"({"model_type":"minimax_m3_vl_text","hidden_size":64,"intermediate_size":32,"num_local_experts":8,
             "num_experts_per_tok":2,"num_hidden_layers":2})", "m3");
@@ -300,7 +328,8 @@ TEST_CASE("checkpoints load under every naming and reject broken experts", "[che
 
   // A bias on an expert projection would be read past unseen: refused, naming the file and tensor.
   // The router's correction bias beside its weight (DeepSeek-V3) or on the MoE block (MiniMax-M2).
-  for (const std::string where : {"gate.e_score_correction_bias", "e_score_correction_bias", "moe_statics.e_score_correction_bias"}) {
+  for (const std::string where : {"gate.e_score_correction_bias", "e_score_correction_bias", "moe_statics.e_score_correction_bias",
+                                  "expert_bias"}) {
     auto c = Checkpoint::open(make_model("corr_" + where, "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, false, where));
     CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.block_sparse_moe.gate.weight",
                                                                "model.layers.1.block_sparse_moe." + where});
@@ -308,6 +337,12 @@ TEST_CASE("checkpoints load under every naming and reject broken experts", "[che
   }
   CHECK(mx.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.block_sparse_moe.gate.weight"});
   // Hunyuan's and GraniteMoE's router names
+  // HY-V3 and AFMoE: "mlp.router.gate.weight" with the block's "mlp.expert_bias" two modules up
+  {
+    auto c = Checkpoint::open(make_model("router_gate", "mlp", {"gate_proj", "up_proj", "down_proj"}, nullptr, false, false, "expert_bias",
+                                         "router.gate.weight"));
+    CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.mlp.router.gate.weight", "model.layers.1.mlp.expert_bias"});
+  }
   for (const std::string router : {"gate.wg.weight", "router.layer.weight"}) {
     auto c = Checkpoint::open(make_model("router_" + router, "mlp", {"gate_proj", "up_proj", "down_proj"}, nullptr, false, false, "", router));
     CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.mlp." + router});

@@ -233,6 +233,21 @@ TEST_CASE("ERNIE-4.5: softmax scores, chosen with the moe_statics bias, weighed 
   CHECK(got.weights[1] == Approx(s0 / (s0 + s2)).epsilon(1e-6));
 }
 
+TEST_CASE("Kimi-Linear masks experts outside the chosen groups to -inf, DeepSeek-V3 to 0.0", "[router]") {
+  IdentityRouter r(4, 2);  // 2 groups of 2
+  r.config.scoring_func = "sigmoid";
+  r.config.topk_method = "noaux_tc";
+  r.config.n_group = 2;
+  r.config.topk_group = 1;
+  // Group 0 (experts 0, 1) wins by its best two; its expert 1 is pushed below 0 by the bias, so
+  // DeepSeek-V3's 0.0 lets expert 2 of the other group in, Kimi-Linear's -inf does not.
+  r.weights.correction_bias = {0.0f, -0.8f, -0.9f, -0.9f};
+  std::vector<float> logits{4.0f, -4.0f, 0.0f, 0.0f};
+  CHECK(r.route(logits).expert_ids == std::vector<std::int64_t>{0, 2});
+  r.config.unchosen_groups_neg_inf = true;
+  CHECK(r.route(logits).expert_ids == std::vector<std::int64_t>{0, 1});
+}
+
 TEST_CASE("softmax top-k, renormalised or not", "[router]") {
   IdentityRouter r(4, 2);
   std::vector<float> logits{0.5f, 2.0f, -1.0f, 2.0f};  // experts 1 and 3 tie: the lower id comes first

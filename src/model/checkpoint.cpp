@@ -329,16 +329,23 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
                                            std::to_string(s.num_experts) + ", " + std::to_string(s.hidden) + "])");
   std::vector<std::string> names{*found};
   // The correction bias beside the router weight (DeepSeek-V3: "...mlp.gate.e_score_correction_bias"),
-  // on the MoE block that holds the router (MiniMax-M2: "...block_sparse_moe.e_score_correction_bias"),
-  // or in the block's moe_statics (ERNIE-4.5: "...mlp.moe_statics.e_score_correction_bias", [1, E]).
-  const std::string router_module = found->substr(0, found->size() - 7);
-  const std::string block = router_module.substr(0, router_module.rfind('.'));
-  for (const std::string& bias : {router_module + ".e_score_correction_bias", block + ".e_score_correction_bias",
-                                  block + ".moe_statics.e_score_correction_bias"})
-    if (find(bias)) {
-      names.push_back(bias);
-      break;
-    }
+  // or on a module holding the router: the MoE block (MiniMax-M2: "...block_sparse_moe.e_score_correction_bias";
+  // HY-V3 and AFMoE: "...mlp.expert_bias" beside "...mlp.router.gate.weight"), or the block's
+  // moe_statics (ERNIE-4.5: "...mlp.moe_statics.e_score_correction_bias", [1, E]). The nearest wins.
+  const std::string layer_module = ".layers." + std::to_string(layer);
+  std::string module = found->substr(0, found->size() - 7);  // without ".weight"
+  // up to the layer's own module: a bias above it is not this layer's
+  while (module.size() > layer_module.size() &&
+         module.compare(module.size() - layer_module.size(), layer_module.size(), layer_module) != 0) {
+    for (const char* bias : {".e_score_correction_bias", ".moe_statics.e_score_correction_bias", ".expert_bias"})
+      if (find(module + bias)) {
+        names.push_back(module + bias);
+        return names;
+      }
+    const std::size_t dot = module.rfind('.');
+    if (dot == std::string::npos) break;
+    module.resize(dot);
+  }
   return names;
 }
 

@@ -87,6 +87,11 @@ struct SigmoidRouterDefaults {
   bool norm_topk_prob;
   double routed_scaling_factor;
   bool reads_config = true;  // false: the router class fixes these, whatever config.json says
+  // The config fields read, where a type names them otherwise; a null norm_key: always renormalised.
+  const char* scale_key = "routed_scaling_factor";
+  const char* norm_key = "norm_topk_prob";
+  const char* group_key = "n_group";
+  bool unchosen_groups_neg_inf = false;  // masked_fill(-inf), where DeepSeek-V3 fills 0.0
 };
 constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
     {"deepseek_v3", 8, 4, true, 2.5},   {"deepseek_v32", 8, 4, true, 2.5}, {"glm4_moe", 1, 1, true, 1.0},
@@ -96,6 +101,12 @@ constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
     // MiniMaxM2TopKRouter: no groups, always renormalised, never scaled; its correction bias sits on
     // the MoE block (Checkpoint::router_tensor_names finds it there).
     {"minimax_m2", 1, 1, true, 1.0, /*reads_config=*/false},
+    // HYV3TopKRouter and AfmoeTokenChoiceRouter: no groups, always renormalised, scaled by a field of
+    // their own; the bias is the MoE block's expert_bias.
+    {"hy_v3", 1, 1, true, 2.826, true, "router_scaling_factor", nullptr},
+    {"afmoe", 1, 1, true, 1.0, true, "route_scale", nullptr},
+    // KimiLinearTopkRouter: Kimi's names for the fields, groups outside the chosen ones masked to -inf.
+    {"kimi_linear", 1, 1, true, 2.446, true, "routed_scaling_factor", "moe_renormalize", "num_expert_group", true},
 };
 
 // Types whose routers tilemoe computes as transformers v5 does (checked by
@@ -148,10 +159,11 @@ void read_deepseek_router(const json& j, ModelConfig& c) {
     auto field = [&](const char* key, auto fallback) { return d->reads_config ? value_or<decltype(fallback)>(j, key, fallback) : fallback; };
     c.scoring_func = "sigmoid";
     c.topk_method = "noaux_tc";
-    c.norm_topk_prob = field("norm_topk_prob", d->norm_topk_prob);
-    c.routed_scaling_factor = field("routed_scaling_factor", d->routed_scaling_factor);
-    c.n_group = field("n_group", d->n_group);
+    c.norm_topk_prob = d->norm_key ? field(d->norm_key, d->norm_topk_prob) : d->norm_topk_prob;
+    c.routed_scaling_factor = field(d->scale_key, d->routed_scaling_factor);
+    c.n_group = field(d->group_key, d->n_group);
     c.topk_group = field("topk_group", d->topk_group);
+    c.unchosen_groups_neg_inf = d->unchosen_groups_neg_inf;
     return;
   }
   const bool v2 = c.model_type == "deepseek_v2";
@@ -214,10 +226,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   c.model_type = value_or<std::string>(j, "model_type", "");
   c.shape.hidden = require_int(j, "hidden_size", src);
   c.num_layers = require_int(j, "num_hidden_layers", src);
-  // The top-k under transformers' name, or as ERNIE-4.5 (moe_k) and Hunyuan (moe_topk, maybe one per
-  // layer) write it.
+  // The top-k under transformers' name, or as ERNIE-4.5 (moe_k), Hunyuan (moe_topk, maybe one per
+  // layer) and Kimi-Linear (num_experts_per_token) write it.
   const char* top_k_key = "num_experts_per_tok";
-  if (!j.contains(top_k_key)) top_k_key = j.contains("moe_k") ? "moe_k" : j.contains("moe_topk") ? "moe_topk" : top_k_key;
+  for (const char* alias : {"moe_k", "moe_topk", "num_experts_per_token"})
+    if (!j.contains(top_k_key) && j.contains(alias)) top_k_key = alias;
   c.shape.top_k = require_uniform_int(j, top_k_key, src);
   const std::string& t = c.model_type;
   // Routed experts that compute something else than down(silu(gate(x)) * up(x)) weighted by the
@@ -231,6 +244,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   if (t == "minimax_m3_vl" || t == "minimax_m3_vl_text")
     fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts' output is not down(silu(gate(x)) * up(x)) (as transformers v5 "
                                        "computes them, checked by tilemoe's tests), which is what tilemoe runs");
+  // DeepSeek-V4 and gpt-oss clamp gate and up before the SwiGLU.
+  if (auto limit = j.find("swiglu_limit"); limit != j.end() && !limit->is_null())
+    fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts clamp gate and up at swiglu_limit " + limit->dump() +
+                                     " before silu(gate) * up, which tilemoe does not compute (it runs down(silu(gate(x)) * up(x)))");
   if (t == "jetmoe")
     fail(ErrorKind::unsupported, src + ": model_type 'jetmoe': its MoE adds an output bias and its attention has experts of its own, "
                                        "which tilemoe does not read (it runs down(silu(gate(x)) * up(x)))");
@@ -295,6 +312,13 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
                                   "' has no routed experts this runtime knows (DeepSeek-V2/V3, GLM-4-MoE, Qwen2/Qwen3-MoE, Mixtral, OLMoE, ERNIE-4.5, "
                                   "Hunyuan-MoE, GraniteMoE)");
   }
+  // Sigmoid routers of types read by another branch's names (HY-V3, AFMoE and Kimi-Linear by Qwen's).
+  if (sigmoid_router_of(t)) read_deepseek_router(j, c);
+  // AFMoE: MoE from layer num_dense_layers on (AfmoeDecoderLayer).
+  if (t == "afmoe") {
+    c.moe_layers.clear();
+    for (int l = std::max(0, value_or<int>(j, "num_dense_layers", 1)); l < c.num_layers; ++l) c.moe_layers.push_back(l);
+  }
   // Qwen3.5-MoE's router renormalises its top-k whatever config.json says (checked against transformers v5).
   if (t == "qwen3_5_moe_text") c.norm_topk_prob = true;
   // A list of "sparse" / "dense", one per layer (EXAONE-MoE), says which layers are MoE.
@@ -314,8 +338,6 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   // routing by the checkpoint's router (forward --tokens) is refused naming the type.
   if (t == "phimoe")
     c.routing_unsupported = "PhiMoE routes with sparsemixer (a masked softmax per top-k slot), which tilemoe's router does not compute";
-  else if (t == "afmoe")
-    c.routing_unsupported = "AFMoE routes with sigmoid scores plus an expert_bias that tilemoe's router does not read";
   if (!t.empty() && c.routing_unsupported.empty() && !router_checked(t) &&
       !(remote_code && j.contains("scoring_func") && j.contains("topk_method")))
     c.routing_unsupported = "tilemoe has not checked this type's router against transformers' (it routes " + routed_types_list() +

@@ -21,6 +21,7 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;    // then multiply them by this (DeepSeek)
   int n_group = 1;                       // group_limited_greedy and noaux_tc only
   int topk_group = 1;
+  bool unchosen_groups_neg_inf = false;  // experts outside the chosen groups masked to -inf (Kimi-Linear), not 0.0
   // Non-empty for a model_type whose router tilemoe does not compute (PhiMoE's sparsemixer): why.
   // Its experts still run with the ids and weights a caller gives.
   std::string routing_unsupported;

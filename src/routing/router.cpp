@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -22,6 +23,7 @@ struct RouterPlan {
   int n_group = 1, topk_group = 1, group_size = 0;
   bool normalize = false;
   float scale = 1.0f;
+  float unchosen_group_value = 0.0f;
   const float* weight = nullptr;  // [E][H]
   const float* bias = nullptr;    // [E]; only noaux_tc chooses with it
 };
@@ -85,6 +87,7 @@ RouterPlan plan_router(const ModelConfig& c, const RouterWeights& r, int layer) 
   if (!std::isfinite(c.routed_scaling_factor))
     fail(ErrorKind::invalid_argument, at + "routed_scaling_factor is not finite");
   p.normalize = c.norm_topk_prob;
+  p.unchosen_group_value = c.unchosen_groups_neg_inf ? -std::numeric_limits<float>::infinity() : 0.0f;
   p.scale = static_cast<float>(c.routed_scaling_factor);  // PyTorch multiplies an f32 tensor by the f32 of a Python float
   p.weight = r.weight.data();
   if (p.selection == Selection::noaux_tc && !r.correction_bias.empty()) p.bias = r.correction_bias.data();
@@ -154,10 +157,10 @@ void route_one(const RouterPlan& p, int layer, int token, const bf16* x_bf16, st
     top_indices(group_score.data(), G, p.topk_group, groups.data());
     std::vector<char> keep(static_cast<std::size_t>(G), 0);
     for (int g : groups) keep[g] = 1;
-    // Experts outside the chosen groups get 0.0, not -inf, as transformers' masked_fill does: with
-    // a negative correction bias such an expert can still beat a chosen group's.
+    // Experts outside the chosen groups get 0.0, not -inf, as DeepSeek-V3's masked_fill does: with
+    // a negative correction bias such an expert can still beat a chosen group's (Kimi-Linear: -inf).
     for (int e = 0; e < E; ++e)
-      if (!keep[e / S]) choice[e] = 0.0f;
+      if (!keep[e / S]) choice[e] = p.unchosen_group_value;
   }
 
   std::vector<int> chosen(static_cast<std::size_t>(k));

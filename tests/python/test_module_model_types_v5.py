@@ -38,11 +38,11 @@ E, K, H = 5, 2, 72
 ROUTED = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite", "exaone_moe",
           "flex_olmo", "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "minimax", "minimax_m2", "mixtral", "olmoe", "qwen2_moe",
           "qwen3_moe", "qwen3_next", "glm_moe_dsa", "solar_open", "mimo_v2_flash", "qwen3_5_moe_text", "mellum",
-          "qwen4_exp_text")
+          "qwen4_exp_text", "hy_v3", "afmoe", "kimi_linear")
 # Read, but routing by the router refused (the experts run with ids given to them).
-ROUTING_REFUSED = ("phimoe", "afmoe")
+ROUTING_REFUSED = ("phimoe",)
 # Refused when read: a layout or a config tilemoe does not know.
-REFUSED = ("jetmoe", "longcat_flash", "minimax_m3_vl_text")
+REFUSED = ("jetmoe", "longcat_flash", "minimax_m3_vl_text", "deepseek_v4")
 LISTED = ROUTED + ROUTING_REFUSED + REFUSED
 WANTED = dict(vocab_size=64, hidden_size=H, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=36,
               max_position_embeddings=64, tie_word_embeddings=False, intermediate_size=96, moe_intermediate_size=40,
