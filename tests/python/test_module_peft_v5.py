@@ -1,7 +1,8 @@
 """The stacked forms against transformers v5 and PEFT themselves (an outside oracle; the device
 machine has both, elsewhere this test is SKIPPED): tiny Qwen3-MoE, Qwen2-MoE, DeepSeek-V3, GLM-4-MoE
-(both with a random e_score_correction_bias), Mixtral and OLMoE models as transformers v5 builds them
-(experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]), saved
+(both with a random e_score_correction_bias), Mixtral, OLMoE, ERNIE-4.5-MoE (its moe_statics bias random
+too), Hunyuan-MoE and GraniteMoE models as transformers v5 builds them (experts.gate_up_proj [E, 2I, H],
+experts.down_proj [E, H, I]; saved per expert, or as Granite's input_linear / output_linear), saved
 with save_pretrained in bf16, and a PEFT LoRA on those tensors (target_parameters: PEFT's
 ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. For every MoE layer:
 - tilemoe.torch.MoELoRA on the checkpoint and adapter gives the experts module's output under PEFT
@@ -15,6 +16,7 @@ ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. F
 
 Usage: test_module_peft_v5.py <tests/data> <cmake> <build dir>. Exits 77 (SKIPPED) without torch, transformers >= 5 or peft.
 """
+import inspect
 import os
 import subprocess
 import sys
@@ -71,6 +73,14 @@ def tiny_model(kind):
                                             routed_scaling_factor=1.8, **common)
     elif kind == "olmoe":  # intermediate_size the experts', top-k not renormalised
         config = transformers.OlmoeConfig(intermediate_size=40, num_experts=5, norm_topk_prob=False, **common)
+    elif kind in ("ernie4_5_moe", "hunyuan_v1_moe", "granitemoe"):
+        # ERNIE-4.5 (softmax router with a moe_statics correction bias, layer 0 dense), Hunyuan-MoE
+        # (router gate.wg) and GraniteMoE (experts saved as block_sparse_moe.input_linear / output_linear)
+        fields = dict(common, intermediate_size=96 if kind == "ernie4_5_moe" else 40, moe_intermediate_size=40, moe_num_experts=5,
+                      moe_k=2, moe_layer_start_index=1, moe_num_shared_experts=1, num_experts=5, moe_topk=2, num_local_experts=5)
+        cls = transformers.CONFIG_MAPPING[kind]
+        params = inspect.signature(cls.__init__).parameters
+        config = cls(**{k: v for k, v in fields.items() if k in params})
     else:
         config = transformers.MixtralConfig(intermediate_size=40, num_local_experts=5, **common)
     torch.manual_seed(7)
@@ -127,7 +137,7 @@ def routed_by_transformers(kind, layer, x):
     with torch.no_grad():
         block(x[None])
     handle.remove()
-    bias = getattr(block.gate, "e_score_correction_bias", None)
+    bias = getattr(getattr(block, "gate", None), "e_score_correction_bias", None)
     expect((bias is not None) == (kind in ("deepseek_v3", "glm4_moe")), f"{kind}: e_score_correction_bias not where expected")
     if bias is not None:  # the test says nothing of the bias unless it changes what is chosen
         unbiased = torch.sigmoid(x.float() @ block.gate.weight.float().T).topk(seen["ids"].shape[1], dim=1).indices
@@ -267,11 +277,11 @@ def run(kind, tmp):
         err = rel(mine_out, theirs)
         print(f"{where}: PEFT on the saved adapter {err:.2e}")
         expect(err <= 1e-2, f"{where}: PEFT's output on the module's saved adapter differs by {err:.2e}")
-    expect(moe_layers == (1 if kind in ("deepseek_v3", "glm4_moe") else 2), f"{kind}: {moe_layers} MoE layers found")
+    expect(moe_layers == (1 if kind in ("deepseek_v3", "glm4_moe", "ernie4_5_moe") else 2), f"{kind}: {moe_layers} MoE layers found")
 
 
 with tempfile.TemporaryDirectory() as tmp:
-    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4_moe", "mixtral", "olmoe"):
+    for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4_moe", "mixtral", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe", "granitemoe"):
         try:
             run(kind, tmp)
         except Exception as e:  # a failure of this test, named, not a crash of the others
