@@ -223,6 +223,69 @@ TEST_CASE("info and demo run and succeed", "[cli]") {
   CHECK(bad.err.find("'x' is not a non-negative integer") != std::string::npos);
 }
 
+namespace {
+// The command's standard output and exit status.
+std::pair<int, std::string> cli_stdout(const std::string& args) {
+  std::string cmd = std::string(TILEMOE_CLI) + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+}  // namespace
+
+TEST_CASE("info --model says what tilemoe reads of a checkpoint, and which layers do not read", "[cli][info]") {
+  const std::string ds = test::data_dir() + "/deepseek_tiny/model";
+  auto [status, text] = cli_stdout("info --model " + ds);
+  CHECK(status == 0);
+  CHECK(text.find("model_type 'deepseek_v2'") != std::string::npos);
+  CHECK(text.find("router: softmax scores, greedy top-2, not renormalised, scaled by 1") != std::string::npos);
+  CHECK(text.find("gate   model.layers.{L}.mlp.experts.{E}.gate_proj.weight") != std::string::npos);
+  CHECK(text.find("every MoE layer's experts and router read") != std::string::npos);
+  auto [jstatus, jtext] = cli_stdout("info --json --model " + test::data_dir() + "/mixtral_tiny/model");
+  CHECK(jstatus == 0);
+  auto j = nlohmann::json::parse(jtext);
+  CHECK(j["model_type"] == "mixtral");
+  CHECK(j["router"]["computed"] == true);
+  CHECK(j["router"]["norm_topk_prob"] == true);
+  REQUIRE(j["stored"].size() == 1);
+  CHECK(j["stored"][0]["up"] == "model.layers.{L}.block_sparse_moe.experts.{E}.w3.weight");
+  CHECK(j["stored"][0]["layers"] == j["moe_layers"]);
+  CHECK(j["errors"].empty());
+
+  // A type whose router tilemoe has not checked, and a layer with an expert missing: reported, status 1.
+  const std::string broken = test::temp_dir() + "/info_broken";
+  fs::remove_all(broken);
+  fs::create_directories(broken);
+  {
+    std::ifstream in(ds + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto config = nlohmann::json::parse(ss.str());
+    config["model_type"] = "brand_new_moe";
+    std::ofstream(broken + "/config.json") << config.dump();
+    // the fixture's two shards as one file, less one expert tensor
+    std::vector<io::SafetensorsFile> shards;
+    for (const char* f : {"/model-00001-of-00002.safetensors", "/model-00002-of-00002.safetensors"})
+      shards.push_back(io::SafetensorsFile::open(ds + f));
+    io::SafetensorsWriter w;
+    for (const auto& src : shards)
+      for (const auto& t : src.tensors())
+        if (t.name != "model.layers.2.mlp.experts.1.up_proj.weight") w.add(t.name, t.dtype, t.shape, src.data(t));
+    w.write(broken + "/model.safetensors");
+  }
+  auto [bstatus, btext] = cli_stdout("info --model " + broken);
+  CHECK(bstatus == 1);
+  CHECK(btext.find("router: not computed by tilemoe (tilemoe has not checked this type's router") != std::string::npos);
+  CHECK(btext.find("layers 1, stored as") != std::string::npos);
+  CHECK(btext.find("layer 2: not readable: ") != std::string::npos);
+  CHECK(btext.find("layer 2 expert 1 up weight is missing") != std::string::npos);
+  CHECK(btext.find("1 of 2 MoE layers do not read") != std::string::npos);
+}
+
 TEST_CASE("train-demo's loss falls, on the portable kernels and the fastest", "[cli][train]") {
   for (const char* isa : {"portable", "auto"}) {
     auto r = run_cli(std::string("train-demo --steps 60 --isa ") + isa);

@@ -9,6 +9,7 @@
 #include "src/layer/moe_compute.hpp"
 #include "tools/cli_common.hpp"
 #include "tools/machine_limits.hpp"
+#include "tools/model_report.hpp"
 
 namespace tilemoe::cli {
 namespace {
@@ -96,9 +97,18 @@ void print_json(kernels::Isa chosen, const Measured& m) {
 
 void add_info_command(CLI::App& app, int& status) {
   auto json_out = std::make_shared<bool>(false);
-  auto* cmd = app.add_subcommand("info", "CPU features, the ISA chosen, cores, NUMA nodes, caches, measured read bandwidth and peak");
+  auto model = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("info", "CPU features, the ISA chosen, cores, NUMA nodes, caches, measured read bandwidth and peak; "
+                                         "with --model, what tilemoe reads of a checkpoint");
   cmd->add_flag("--json", *json_out, "One JSON object instead of text");
-  cmd->callback([json_out, &status] {
+  cmd->add_option("--model", *model,
+                  "A Hugging Face checkpoint directory: its MoE shape and layers, where each layer's experts and router are stored, "
+                  "and whether tilemoe computes its router (exit status 1 when some MoE layer does not read)");
+  cmd->callback([json_out, model, &status] {
+    if (!model->empty()) {
+      status = print_model_report(*model, *json_out);
+      return;
+    }
     kernels::Isa chosen = kernels::resolve_isa({});
     Measured m = measure(chosen);
     if (*json_out) print_json(chosen, m);
