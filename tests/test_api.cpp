@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "catch.hpp"
+#include "expect_error.hpp"
 #include "fixture_cases.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/model/checkpoint.hpp"
@@ -21,6 +22,7 @@
 #include "tilemoe/moe_layer.hpp"
 
 using namespace tilemoe;
+using test::expect_error;
 using tilemoe::test::rel_error;
 
 namespace {
@@ -96,18 +98,6 @@ CheckpointLayerOptions checkpoint_options(int max_tokens, const std::string& ada
   o.max_cache_depth = 1;
   o.adapter = adapter;
   return o;
-}
-
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorKind kind, const std::string& must_mention) {
-  try {
-    fn();
-    FAIL("expected an error mentioning '" << must_mention << "'");
-  } catch (const Error& e) {
-    INFO(e.what());
-    CHECK(e.kind() == kind);
-    CHECK(std::string(e.what()).find(must_mention) != std::string::npos);
-  }
 }
 
 }  // namespace

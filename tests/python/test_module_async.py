@@ -20,17 +20,9 @@ except ImportError:
 
 import tilemoe
 from tilemoe.synthetic import random_batch, random_experts, random_lora
+from checks import expect, finish
 
 E, K, H, I, T, R = 8, 2, 128, 64, 16, 4
-failures = []
-lock = threading.Lock()
-
-
-def expect(cond, what):
-    if not cond:
-        with lock:
-            failures.append(what)
-        print("FAILED:", what)
 
 
 def make_layer(seed, depth=2, tokens=T, hidden=H, inter=I):
@@ -158,7 +150,4 @@ dropped_arguments()
 update_as_task()
 gil_released()
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("all async checks passed")
+finish("all async checks passed")

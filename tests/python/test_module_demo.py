@@ -19,14 +19,9 @@ except ImportError:
     print("numpy or torch is not installed (apt install python3-numpy python3-torch): skipped")
     sys.exit(77)
 
+from checks import expect, finish
+
 _, DATA, CMAKE, BUILD, INSTALL_DIR = sys.argv
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 def run(args, **kw):
@@ -72,7 +67,4 @@ with tempfile.TemporaryDirectory() as prefix:
            f"imported from the install tree: {installed.stdout.strip()}")
     print("installed package:", installed.stdout.strip())
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("train_demo, bench and the installed package work")
+finish("train_demo, bench and the installed package work")

@@ -16,16 +16,10 @@ except ImportError:
 import tilemoe
 from tilemoe.synthetic import random_batch, random_experts, random_lora
 from tilemoe.torch import MoELoRA
+from checks import expect, finish
 
 DATA = sys.argv[1]
 E, K, H, I, T, R = 4, 2, 64, 32, 8, 4
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 def raises(kind, words, fn, *args, **kwargs):
@@ -213,7 +207,4 @@ raises(ValueError, ["expert_ids[2][1]"], module, x.float(), torch.where(torch.ar
                                                                       torch.tensor(E), ids), w)
 expect(layer.saved_forwards == 0, "a refused MoELoRA forward saves nothing")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("all bad arguments refused with messages naming them")
+finish("all bad arguments refused with messages naming them")

@@ -23,21 +23,10 @@ import tilemoe
 from tilemoe import safetensors_io
 from tilemoe.naming import naming_of
 from tilemoe.torch import MoELoRA
+from checks import expect, rel, finish
 
 DATA = sys.argv[1]
 PROJ = ("gate", "up", "down")
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
-
-
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
 def check_lora_grads(where, naming, grad_of, ref, num_experts):
@@ -49,7 +38,7 @@ def check_lora_grads(where, naming, grad_of, ref, num_experts):
                 key = "grad." + naming.key(e, i, factor)
                 got = grad_of(e, i, factor)
                 if key in ref:
-                    err = rel_error(got, ref[key])
+                    err = rel(got, ref[key])
                     expect(err <= 2e-2, f"{where}: {key} error {err:.2e}")
                     compared += 1
                 else:
@@ -72,7 +61,7 @@ def through_layer_numpy(case, layer_index, ref, p):
     grads = {f"{n}_{f}": np.full_like(lora[n][f], np.nan) for n in PROJ for f in ("a", "b")}  # all overwritten
     dx = layer.backward(go, None, grads)
     where = f"{case} layer {layer_index} (MoELayer, numpy)"
-    e_out, e_dx = rel_error(out, ref[p + "output"]), rel_error(dx, ref[p + "grad_input"])
+    e_out, e_dx = rel(out, ref[p + "output"]), rel(dx, ref[p + "grad_input"])
     print(f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e}")
     expect(e_out <= 1e-2, f"{where}: output error {e_out:.2e}")
     expect(e_dx <= 1e-2, f"{where}: grad_input error {e_dx:.2e}")
@@ -92,7 +81,7 @@ def through_layer_tasks(case, layer_index, ref, p):
     backward = layer.submit_backward(go)
     out, dx = forward.wait(), backward.wait()
     where = f"{case} layer {layer_index} (MoELayer tasks, torch)"
-    e_out, e_dx = rel_error(out.numpy(), ref[p + "output"]), rel_error(dx.float().numpy(), ref[p + "grad_input"])
+    e_out, e_dx = rel(out.numpy(), ref[p + "output"]), rel(dx.float().numpy(), ref[p + "grad_input"])
     print(f"{where}: output {e_out:.2e}, bf16 grad_input {e_dx:.2e}")
     expect(dx.dtype == torch.bfloat16, f"{where}: grad_input takes grad_output's dtype")
     expect(e_out <= 1e-2, f"{where}: output error {e_out:.2e}")
@@ -120,7 +109,7 @@ def through_moelora(case, layer_index, ref, p):
     ids, w = torch.from_numpy(ref[p + "expert_ids"]), torch.from_numpy(ref[p + "weights"])
     y = m(x, ids, w)
     (y * torch.from_numpy(ref[p + "grad_output"])).sum().backward()
-    e_out, e_dx = rel_error(y.detach().numpy(), ref[p + "output"]), rel_error(x.grad.numpy(), ref[p + "grad_input"])
+    e_out, e_dx = rel(y.detach().numpy(), ref[p + "output"]), rel(x.grad.numpy(), ref[p + "grad_input"])
     print(f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e}")
     expect(e_out <= 1e-2, f"{where}: output error {e_out:.2e}")
     expect(e_dx <= 1e-2, f"{where}: grad_input error {e_dx:.2e}")
@@ -146,7 +135,7 @@ def save_pretrained_round_trip(case, layer_index, m, x, ids, w):
         expect(config["peft_type"] == "LORA", f"{where}: adapter_config.json is PEFT's")
         layer = tilemoe.MoELayer.from_checkpoint(f"{DATA}/{case}/model", layer_index, adapter=tmp, max_tokens=64)
         got = layer.forward(x.to(torch.bfloat16), ids, w, torch.empty(want.shape))
-    err = rel_error(got.numpy(), want.numpy())
+    err = rel(got.numpy(), want.numpy())
     print(f"{where}: the runtime on the saved adapter, difference {err:.2e}")
     expect(err <= 1e-6, f"{where}: outputs differ by {err:.2e}")
 
@@ -170,7 +159,4 @@ expect(names[:2] == ["base_model.model.model.layers.5.mlp.experts.0.gate_proj.lo
                      "base_model.model.model.layers.5.mlp.experts.0.gate_proj.lora_B.weight"] and len(names) == 12,
        f"PEFT names of a layer made from memory: {names[:2]}")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("all fixture cases pass through MoELayer and MoELoRA")
+finish("all fixture cases pass through MoELayer and MoELoRA")

@@ -19,16 +19,10 @@ except ImportError:
 import tilemoe
 from tilemoe.synthetic import random_batch, random_experts, random_lora
 from tilemoe.torch import MoELoRA
+from checks import expect, finish
 
 E, K, H, I, T, R = 4, 2, 32, 32, 4, 2
 CALLS = 10_000
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 def resident_bytes():
@@ -112,7 +106,4 @@ def autograd_step():
 flat("MoELoRA, autograd and SGD", autograd_step, CALLS // 5, [xf, ids, w])
 expect(layer.saved_forwards == 0, "nothing left on the saved-forward stack")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print(f"no leak over {CALLS} forward/backward calls (and {CALLS // 10} to warm up)")
+finish(f"no leak over {CALLS} forward/backward calls (and {CALLS // 10} to warm up)")

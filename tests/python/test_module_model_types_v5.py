@@ -31,6 +31,7 @@ if int(transformers.__version__.split(".")[0]) < 5:
     sys.exit(77)
 
 from tilemoe import safetensors_io
+from checks import expect, rel, finish
 
 CLI = os.path.join(sys.argv[3], "tilemoe")
 E, K, H = 5, 2, 72
@@ -51,17 +52,6 @@ WANTED = dict(vocab_size=64, hidden_size=H, num_hidden_layers=2, num_attention_h
               q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, decoder_sparse_step=1,
               mlp_only_layers=[], moe_topk=K, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
-
-
-def rel(got, want):
-    return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
 
 
 def tiny_model(kind):
@@ -193,7 +183,4 @@ with tempfile.TemporaryDirectory() as tmp:
             traceback.print_exc()
             expect(False, f"{kind}: {type(e).__name__}: {e}")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("every model type is routed as transformers routes it, or refused by name")
+finish("every model type is routed as transformers routes it, or refused by name")

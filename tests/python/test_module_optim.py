@@ -27,14 +27,8 @@ import tilemoe
 from tilemoe.optim import MoEAdamW
 from tilemoe.synthetic import random_batch, random_experts
 from tilemoe.torch import MoELoRA
+from checks import expect, finish
 
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 E, K, H, I, T, R = 6, 2, 72, 40, 10, 4
@@ -154,7 +148,4 @@ try:
 except NotImplementedError:
     pass
 
-if failures:
-    print(f"{len(failures)} failure(s)")
-    sys.exit(1)
-print("all MoEAdamW checks passed")
+finish("all MoEAdamW checks passed")

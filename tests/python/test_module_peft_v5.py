@@ -37,20 +37,9 @@ if int(transformers.__version__.split(".")[0]) < 5:
 import tilemoe
 from tilemoe import safetensors_io
 from tilemoe.torch import MoELoRA
+from checks import expect, rel, finish
 
 CLI = os.path.join(sys.argv[3], "tilemoe") if len(sys.argv) > 3 else None  # the build directory's command line
-
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
-
-
-def rel(got, want):
-    return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
 
 
 def tiny_model(kind):
@@ -289,7 +278,4 @@ with tempfile.TemporaryDirectory() as tmp:
             traceback.print_exc()
             expect(False, f"{kind}: {type(e).__name__}: {e}")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("the stacked forms agree with transformers v5 + PEFT")
+finish("the stacked forms agree with transformers v5 + PEFT")

@@ -17,20 +17,9 @@ except ImportError:
 
 import tilemoe
 from tilemoe import safetensors_io
+from checks import expect, rel, finish
 
 DATA = sys.argv[1]
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
-
-
-def rel_error(got, want):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
 for case in ("deepseek_tiny", "mixtral_tiny"):
@@ -52,13 +41,13 @@ for case in ("deepseek_tiny", "mixtral_tiny"):
             layer.forward_sft(x, ids, w, out)
             dx = layer.backward(go)
             where = f"{case} layer {layer_index} {weights} {nodes} node(s)"
-            e_out, e_dx = rel_error(out, ref[p + "output"]), rel_error(dx, ref[p + "grad_input"])
+            e_out, e_dx = rel(out, ref[p + "output"]), rel(dx, ref[p + "grad_input"])
             print(f"{where}: output {e_out:.2e}, grad_input {e_dx:.2e}")
             expect(e_out <= bar, f"{where}: output error {e_out:.2e}")
             expect(e_dx <= dx_bar, f"{where}: grad_input error {e_dx:.2e}")
             outs[(weights, nodes)] = out
         # Each node quantizes its own slice of h per row: the split differs by that rounding only.
-        e = rel_error(outs[(weights, 2)], outs[(weights, 1)])
+        e = rel(outs[(weights, 2)], outs[(weights, 1)])
         expect(e <= 3e-2, f"{case} {weights}: 2 nodes against 1: {e:.2e}")
 
 # From tensors: MoEConfig(weight_type=...), and a bad group size named.
@@ -75,7 +64,7 @@ for weights, group, bar in (("int8", 128, 3e-2), ("int4", 64, 0.2)):
     cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, weight_type=weights, group_size=group)
     q = tilemoe.MoELayer(cfg, gate, up, down)
     got = q.forward(x, ids, wts, np.zeros((5, H), np.float32))
-    err = rel_error(got, want)
+    err = rel(got, want)
     print(f"from tensors, {weights}: {err:.2e} from bf16")
     expect(err <= bar, f"from tensors, {weights}: {err:.2e} from bf16")
 try:
@@ -85,7 +74,4 @@ try:
 except ValueError as e:
     expect("group_size 48" in str(e), f"group_size 48: {e}")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("int8 / int4 layers and the NUMA split pass through the module")
+finish("int8 / int4 layers and the NUMA split pass through the module")

@@ -23,15 +23,9 @@ except ImportError:
 
 import tilemoe
 from tilemoe import safetensors_io
+from checks import expect, finish
 
 DATA = sys.argv[1]
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 E, K, H, I, T, R = 5, 2, 40, 27, 7, 3  # nothing a multiple of 16
@@ -136,7 +130,4 @@ with tempfile.TemporaryDirectory() as tmp:
             expect(mention in str(e), f"'{mention}' not in: {e}")
     expect(not os.path.exists(bad), "a refused save wrote something")
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("save_peft_adapter writes what the layers use, under the right keys")
+finish("save_peft_adapter writes what the layers use, under the right keys")

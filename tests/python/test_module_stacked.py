@@ -35,16 +35,10 @@ import tilemoe
 from tilemoe import safetensors_io
 from tilemoe.optim import MoEAdamW
 from tilemoe.torch import MoELoRA
+from checks import expect, finish
 
 DATA, BUILD = sys.argv[1], sys.argv[3]
 PROJ = ("gate", "up", "down")
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 def read_model(model_dir):
@@ -292,7 +286,4 @@ for case in ("deepseek_tiny", "mixtral_tiny", "original_moe_tiny"):
     with tempfile.TemporaryDirectory() as tmp:
         run_case(case, spec["layers"][0], ref, tmp)
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("stacked adapters pass through MoELoRA")
+finish("stacked adapters pass through MoELoRA")

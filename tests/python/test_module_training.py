@@ -31,15 +31,9 @@ import tilemoe.optim
 from tilemoe.synthetic import random_batch, random_experts, random_lora
 from tilemoe.torch import MoELoRA
 from tilemoe.torch_reference import ReferenceMoE
+from checks import expect, finish
 
 FACTORS = ("gate_a", "gate_b", "up_a", "up_b", "down_a", "down_b")
-failures = []
-
-
-def expect(cond, what):
-    if not cond:
-        failures.append(what)
-        print("FAILED:", what)
 
 
 def make_layer(E, K, H, I, T, R, gen, depth=1):
@@ -398,7 +392,4 @@ loss_curve(set_to_none=True)
 loss_curve(set_to_none=False)
 grad_semantics()
 
-if failures:
-    print(len(failures), "failure(s)")
-    sys.exit(1)
-print("all MoELoRA training checks passed")
+finish("all MoELoRA training checks passed")
