@@ -195,17 +195,26 @@ TEST_CASE("bad input exits 1 with one clear line and no output file", "[cli][err
   }
 }
 
+namespace {
+// The command's standard output and exit status.
+std::pair<int, std::string> cli_stdout(const std::string& args) {
+  std::string cmd = std::string(TILEMOE_CLI) + " " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
+}
+}  // namespace
+
 TEST_CASE("info and demo run and succeed", "[cli]") {
   auto info = run_cli("info");
   CHECK(info.status == 0);
   {  // --json: one object with the measured limits
-    std::string cmd = std::string(TILEMOE_CLI) + " info --json";
-    FILE* p = popen(cmd.c_str(), "r");
-    REQUIRE(p);
-    std::string text;
-    char buf[4096];
-    for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
-    CHECK(pclose(p) == 0);
+    auto [status, text] = cli_stdout("info --json");
+    CHECK(status == 0);
     auto j = nlohmann::json::parse(text);
     CHECK(j["chosen_isa"] == kernels::isa_name(kernels::resolve_isa({})));
     CHECK(j["cores"].get<int>() >= 1);
@@ -222,20 +231,6 @@ TEST_CASE("info and demo run and succeed", "[cli]") {
   CHECK(bad.status == 1);
   CHECK(bad.err.find("'x' is not a non-negative integer") != std::string::npos);
 }
-
-namespace {
-// The command's standard output and exit status.
-std::pair<int, std::string> cli_stdout(const std::string& args) {
-  std::string cmd = std::string(TILEMOE_CLI) + " " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string text;
-  char buf[4096];
-  for (std::size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) text.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
-}
-}  // namespace
 
 TEST_CASE("info --model says what tilemoe reads of a checkpoint, and which layers do not read", "[cli][info]") {
   const std::string ds = test::data_dir() + "/deepseek_tiny/model";
