@@ -1,6 +1,8 @@
 #pragma once
 // SwiGLU epilogue between the gate/up GEMMs and the down GEMM:
 //   h[i][j] = bf16( silu(gate[i][j]) * up[i][j] ),  silu(g) = g / (1 + exp(-g))
+// With limit > 0 (MoeShape::swiglu_limit) gate is first clamped to at most limit and up to
+// [-limit, limit], as torch.clamp does (NaN stays NaN); limit 0: no clamp.
 // computed in f32 and rounded to nearest even. NaN propagates as in PyTorch; silu(+inf) = +inf
 // and silu(-inf) = -0, the limit (PyTorch's own kernels still give NaN there: pytorch/pytorch
 // issue 160876). All ISAs give the same result up to the last bits of exp and of the reciprocal,
@@ -12,14 +14,14 @@
 namespace tilemoe::kernels {
 
 using SiluMulBf16Fn = void (*)(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m,
-                               int n, bf16* h, std::size_t ldh);
+                               int n, bf16* h, std::size_t ldh, float limit);
 
 void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
-                            bf16* h, std::size_t ldh);
+                            bf16* h, std::size_t ldh, float limit);
 // Only where isa_available(Isa::avx512_bf16). Its exp is accurate to about 2e-7 relative, and an
 // h below the f32 normal range (|h| < 1.2e-38) becomes 0 (VCVTNEPS2BF16).
 void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
-                          bf16* h, std::size_t ldh);
+                          bf16* h, std::size_t ldh, float limit);
 
 // The epilogue's backward, with g, u the forward's gate and up (bf16, as the cache keeps them,
 // row stride ldgu) and dh = dL/dh (f32):
@@ -27,15 +29,17 @@ void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, s
 // written as bf16 at row stride ldo; when h != nullptr also h, the forward's h recomputed for the
 // down projection's LoRA gradient: the same ISA's silu_mul_bf16 of g and u, bit for bit. Same
 // formulas as PyTorch's autograd, so NaN and infinities give what PyTorch gives (g = -inf: s = 0,
-// dgate and dup NaN).
+// dgate and dup NaN). With limit > 0, g and u are the clamped values in those formulas, and dgate
+// (dup) is 0 where the unclamped g (u) lies outside the clamp's bounds, as torch.clamp's gradient
+// (bounds included; NaN outside).
 using SiluMulBackwardFn = void (*)(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
-                                   bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
+                                   bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit);
 
 void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
-                                bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
+                                bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit);
 // Only where isa_available(Isa::avx512_bf16). The sigmoid and the rounding of silu_mul_bf16_avx512:
 // a dgate, dup or h below 1.2e-38 becomes 0.
 void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
-                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh);
+                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit);
 
 }  // namespace tilemoe::kernels

@@ -58,22 +58,45 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
 // 512 tokens 0.1-0.9 %; the sigmoid with to_bf16 was no faster than VDIVPS with to_bf16.
 inline __m256i h_to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
+// A swiglu_limit's clamps (activation.hpp); the limit is the first operand of min / max so that a
+// NaN in v comes through, as in torch.clamp.
+struct SwigluClamp {
+  __m512 limit, minus_limit;
+  explicit SwigluClamp(float l) : limit(_mm512_set1_ps(l)), minus_limit(_mm512_set1_ps(-l)) {}
+  __m512 gate(__m512 g) const { return _mm512_min_ps(limit, g); }
+  __m512 up(__m512 u) const { return _mm512_max_ps(minus_limit, _mm512_min_ps(limit, u)); }
+  // Where torch.clamp passes the gradient: the input within the bounds (NaN is not).
+  __mmask16 gate_passes(__m512 g) const { return _mm512_cmp_ps_mask(g, limit, _CMP_LE_OQ); }
+  __mmask16 up_passes(__m512 u) const {
+    return _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(u, limit, _CMP_LE_OQ), u, minus_limit, _CMP_GE_OQ);
+  }
+};
+
 // One vector of silu_mul_backward; `mask` selects the columns that exist. One sigmoid serves all
 // three outputs, and h is the forward's silu_mul bit for bit (the same sigmoid and rounding): with
 // VDIVPS and the emulated rounding it had differed from the forward's h in its last bits and at
 // g = -inf. On the device (fine-tuning step, r = 16, both forms taking turns, three processes)
 // 512 tokens took -0.4 to +0.1 % and 4096 tokens -1.8 to +0.6 %: the same time.
-inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, const bf16* u16, bf16* dg, bf16* du, bf16* h) {
+template <bool kClamp>
+inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, const bf16* u16, bf16* dg, bf16* du, bf16* h,
+                              const SwigluClamp& clamp) {
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 dh = _mm512_maskz_loadu_ps(mask, d);
-  const __m512 g = bf16_to_f32(_mm256_maskz_loadu_epi16(mask, g16));
-  const __m512 u = bf16_to_f32(_mm256_maskz_loadu_epi16(mask, u16));
+  __m512 g = bf16_to_f32(_mm256_maskz_loadu_epi16(mask, g16));
+  __m512 u = bf16_to_f32(_mm256_maskz_loadu_epi16(mask, u16));
+  __mmask16 g_passes = mask, u_passes = mask;
+  if constexpr (kClamp) {
+    g_passes = clamp.gate_passes(g);
+    u_passes = clamp.up_passes(u);
+    g = clamp.gate(g);
+    u = clamp.up(u);
+  }
   // At g = -inf, s = 0 (e^-104 rounds to 0): g s and silu' are NaN there, as in PyTorch's autograd.
   const __m512 s = sigmoid_avx512(g);
   const __m512 silu = _mm512_mul_ps(g, s);
-  _mm256_mask_storeu_epi16(du, mask, h_to_bf16(_mm512_mul_ps(dh, silu)));
+  _mm256_mask_storeu_epi16(du, mask, h_to_bf16(_mm512_maskz_mov_ps(u_passes, _mm512_mul_ps(dh, silu))));
   const __m512 dsilu = _mm512_mul_ps(s, _mm512_fmadd_ps(g, _mm512_sub_ps(one, s), one));
-  _mm256_mask_storeu_epi16(dg, mask, h_to_bf16(_mm512_mul_ps(_mm512_mul_ps(dh, u), dsilu)));
+  _mm256_mask_storeu_epi16(dg, mask, h_to_bf16(_mm512_maskz_mov_ps(g_passes, _mm512_mul_ps(_mm512_mul_ps(dh, u), dsilu))));
   if (h) {
     // silu_mul's limit at -inf.
     const __mmask16 minus_inf = _mm512_cmp_ps_mask(g, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
@@ -82,8 +105,6 @@ inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, c
   }
 }
 
-}  // namespace
-
 // silu_mul_backward asks for the rows kPrefetchRowsAhead on: the saved gate and up (read) and
 // the dG and dU they become (written). In the backward each row of these is a few hundred bytes
 // of a 2.8-5.6 KB row in memory, a stride the hardware prefetchers do not follow, and the
@@ -91,8 +112,10 @@ inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, c
 // On the device (512 tokens of DeepSeek-V2-Lite, r=16), with the gradient blocks asked for
 // likewise (moe_backward.cpp), the dh phase went from 0.45 to 0.39 times the forward_sft and the
 // whole backward from 1.11 to 1.08 (means of four rounds each; docs/perf.md, session 30).
-void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
-                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh) {
+template <bool kClamp>
+void silu_mul_backward_rows(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                            bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit) {
+  const SwigluClamp clamp(limit);
   const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(bf16);
   for (int i = 0; i < m; ++i) {
     if (i + kPrefetchRowsAhead < m) {
@@ -110,28 +133,52 @@ void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate
     bf16* hi = h ? h + i * ldh : nullptr;
     for (int j = 0; j < n; j += 16) {
       const __mmask16 mask = lanes16(n - j);
-      silu_backward_vec(mask, di + j, gi + j, ui + j, dgi + j, dui + j, hi ? hi + j : nullptr);
+      silu_backward_vec<kClamp>(mask, di + j, gi + j, ui + j, dgi + j, dui + j, hi ? hi + j : nullptr, clamp);
     }
   }
 }
 
-void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
-                          bf16* h, std::size_t ldh) {
+template <bool kClamp>
+void silu_mul_rows(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n, bf16* h, std::size_t ldh,
+                   float limit) {
+  const SwigluClamp clamp(limit);
+  auto product = [&](__m512 g, __m512 u) {
+    if constexpr (kClamp) return silu_mul(clamp.gate(g), clamp.up(u));
+    return silu_mul(g, u);
+  };
   for (int i = 0; i < m; ++i) {
     const float* gi = gate + i * ldg;
     const float* ui = up + i * ldu;
     bf16* hi = h + i * ldh;
     int j = 0;
     for (; j + 16 <= n; j += 16) {
-      const __m512 v = silu_mul(_mm512_loadu_ps(gi + j), _mm512_loadu_ps(ui + j));
+      const __m512 v = product(_mm512_loadu_ps(gi + j), _mm512_loadu_ps(ui + j));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j), h_to_bf16(v));
     }
     if (j < n) {
       const __mmask16 mask = lanes16(n - j);
-      const __m512 v = silu_mul(_mm512_maskz_loadu_ps(mask, gi + j), _mm512_maskz_loadu_ps(mask, ui + j));
+      const __m512 v = product(_mm512_maskz_loadu_ps(mask, gi + j), _mm512_maskz_loadu_ps(mask, ui + j));
       _mm256_mask_storeu_epi16(hi + j, mask, h_to_bf16(v));
     }
   }
+}
+
+}  // namespace
+
+void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit) {
+  if (limit > 0.0f)
+    silu_mul_backward_rows<true>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, limit);
+  else
+    silu_mul_backward_rows<false>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, limit);
+}
+
+void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
+                          bf16* h, std::size_t ldh, float limit) {
+  if (limit > 0.0f)
+    silu_mul_rows<true>(gate, ldg, up, ldu, m, n, h, ldh, limit);
+  else
+    silu_mul_rows<false>(gate, ldg, up, ldu, m, n, h, ldh, limit);
 }
 
 }  // namespace tilemoe::kernels

@@ -34,7 +34,12 @@ inline QuantSftErrors quantized_sft_errors(kernels::Isa isa, const QuantCase& qc
   std::vector<float> want_out(x.size()), want_dx(x.size());
   LayerLora want_grads = lora.zeros_like();
   reference_forward(dq.view(), lora, batch, want_out.data());
-  reference_backward(dq.view(), lora, batch, go.data(), want_dx.data(), &want_grads);
+  // The forward's gate and up are W8A8's products of the codes (the clamp's gradient masks are
+  // decided on them).
+  ReferenceOptions backward_options = swiglu_masks_from_bf16();
+  backward_options.int8_activations = true;
+  backward_options.quantized = &q;
+  reference_backward(dq.view(), lora, batch, go.data(), want_dx.data(), &want_grads, backward_options);
 
   auto packed = PackedExpertWeights::pack_quantized(q, pool);
   MoeSftLayer layer(packed, isa, pool, {std::max(tokens, 1), 1, std::max(rank, 1), s.top_k}, lora_view(lora));
@@ -76,7 +81,7 @@ inline void run_quantized_backward_grid(kernels::Isa isa) {
     for (const auto& c : awkward_shape_grid()) {
       if (c.tokens > 256) continue;
       INFO(weight_type_name(qc.type) << " group " << qc.group << " hidden " << c.shape.hidden << " inter " << c.shape.intermediate
-                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " tokens " << c.tokens
+                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " swiglu_limit " << c.shape.swiglu_limit << " tokens " << c.tokens
                                      << " rank " << c.rank << " lora on every " << c.lora_every);
       const QuantSftErrors e = quantized_sft_errors(isa, qc, c.shape, c.tokens, c.rank, c.lora_every, pool, 57 + c.tokens);
       if (std::getenv("TILEMOE_PRINT_ERRORS"))

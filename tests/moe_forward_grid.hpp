@@ -65,7 +65,7 @@ inline void run_forward_grid(kernels::Isa isa) {
   numa::ThreadPool& pool = pool_for_threads(0);
   for (const auto& c : awkward_shape_grid()) {
     INFO("hidden " << c.shape.hidden << " inter " << c.shape.intermediate << " experts " << c.shape.num_experts << " top-"
-                   << c.shape.top_k << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.lora_every);
+                   << c.shape.top_k << " swiglu_limit " << c.shape.swiglu_limit << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.lora_every);
     CHECK(forward_error(isa, c.shape, c.tokens, c.rank, c.lora_every, pool, 17 + c.tokens) <= 1e-2);
     // x and h in tile order for every expert, whatever the ISA's own choice (both LoRA forms
     // then read their rows from tiles).

@@ -125,7 +125,7 @@ inline void run_quantized_forward_grid(kernels::Isa isa) {
       // Every other case holds every expert's codes in tile order, whatever the ISA.
       const int tile_order = index++ % 2 ? 1 : -1;
       INFO(weight_type_name(qc.type) << " group " << qc.group << " hidden " << c.shape.hidden << " inter " << c.shape.intermediate
-                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " tokens " << c.tokens
+                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " swiglu_limit " << c.shape.swiglu_limit << " tokens " << c.tokens
                                      << " rank " << c.rank << " lora on every " << c.lora_every << " tile order from " << tile_order);
       CHECK(quantized_forward_error(isa, qc, c.shape, c.tokens, c.rank, c.lora_every, pool, 31 + c.tokens, tile_order) <= 1e-2);
     }

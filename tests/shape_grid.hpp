@@ -2,11 +2,12 @@
 // The awkward shapes every fast path is checked on against the reference: hidden and
 // intermediate sizes off every tile multiple, 1 to 1024 tokens, top-k 1 to 8, LoRA rank 0 to 64,
 // LoRA on only some experts, experts with no tokens, and decode-sized experts (1 to 3 rows)
-// next to larger ones.
+// next to larger ones; some with a swiglu_limit.
 #include <algorithm>
 #include <vector>
 
 #include "src/layer/synthetic_layer.hpp"
+#include "src/reference/moe_reference.hpp"
 #include "tilemoe/config.hpp"
 
 namespace tilemoe::test {
@@ -23,8 +24,19 @@ inline const std::vector<GridCase>& awkward_shape_grid() {
       {{320, 176, 8, 2}, 13, 8, 1},  {{256, 320, 4, 2}, 129, 16, 1}, {{31, 15, 2, 2}, 2, 2, 1},
       {{128, 96, 12, 8}, 40, 0, 1},  {{80, 48, 4, 2}, 70, 17, 1},    {{300, 200, 8, 2}, 3, 16, 1},
       {{300, 200, 8, 2}, 30, 16, 2},
+      // A swiglu_limit (DeepSeek-V4's clamped SwiGLU) that clamps about a third of the gates and
+      // ups of these random layers: few-row experts, tile-sized ones, and decode.
+      {{33, 47, 5, 3, 0.5f}, 17, 5, 2},  {{100, 33, 6, 4, 0.5f}, 200, 16, 2}, {{48, 31, 16, 6, 0.3f}, 1, 8, 1},
   };
   return cases;
+}
+
+// Options of the backward reference that fast backwards are checked against: the swiglu_limit's
+// gradient masks from gate and up in bf16, as the forward cache keeps them.
+inline ReferenceOptions swiglu_masks_from_bf16() {
+  ReferenceOptions o;
+  o.swiglu_masks_from_bf16 = true;
+  return o;
 }
 
 // Ranks of their own for gate, up and down (PEFT's rank_pattern), some with no LoRA on one of gate

@@ -98,7 +98,11 @@ double loss(const ExpertWeightsView& w, const LayerLoraT<double>& lora, MoeBatch
 
 TEST_CASE("reference backward equals finite differences in float64", "[reference][backward]") {
   // Tiny and awkward: expert 1 has no LoRA, expert 3 gets no token, one slot is routed elsewhere.
+  // Without a swiglu_limit, and with one that clamps some gates and ups (DeepSeek-V4's SwiGLU).
+  const float limit = GENERATE(0.0f, 0.4f);
+  INFO("swiglu_limit " << limit);
   MoeShape s{5, 7, 4, 2};
+  s.swiglu_limit = limit;
   auto w = random_expert_weights(s, 3);
   LayerLoraT<double> lora = random_lora(s, 3, 6.0f, 5).cast<double>();
   for (auto& p : lora.proj) {
@@ -116,6 +120,17 @@ TEST_CASE("reference backward equals finite differences in float64", "[reference
   std::vector<double> dx(x.size());
   auto grads = lora.zeros_like();
   reference_backward(w.view(), lora, b, dy.data(), dx.data(), &grads);
+  if (limit > 0) {
+    // The limit must clamp something here, or this case checks nothing the first does not.
+    ExpertWeightsView plain = w.view();
+    plain.shape.swiglu_limit = 0;
+    std::vector<double> y_clamped(x.size()), y_plain(x.size());
+    reference_forward(w.view(), lora, b, y_clamped.data());
+    reference_forward(plain, lora, b, y_plain.data());
+    double most = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) most = std::max(most, std::abs(y_clamped[i] - y_plain[i]));
+    REQUIRE(most > 1e-2);
+  }
 
   const double h = 1e-6;
   auto fd = [&](double& v) {

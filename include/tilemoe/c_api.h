@@ -72,6 +72,8 @@ typedef struct tilemoe_layer_config {
   int numa_nodes;      /* split over NUMA nodes: 0 or 1 none, N > 1 real or virtual nodes, -1 the machine's */
   int group_size;      /* int4: 32, 64 or 128 (0: 128) */
   int backward_weight_copy; /* 1: backward reads a Wᵀ copy of the bf16 weights (twice their memory, faster) */
+  double swiglu_limit;      /* > 0: the experts clamp gate to <= it and up to [-it, it] before SwiGLU
+                               (DeepSeek-V4); 0: none. A checkpoint layer reports its config.json's. */
 } tilemoe_layer_config;
 
 /* gate, up: bf16 [E][I][H]; down: bf16 [E][H][I]. Packed here; the caller may free them after. */

@@ -2,6 +2,7 @@
 // Shapes and names shared by every layer of the runtime.
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace tilemoe {
@@ -13,7 +14,16 @@ struct MoeShape {
   int intermediate = 0;
   int num_experts = 0;
   int top_k = 0;
+  // > 0: the clamped SwiGLU of DeepSeek-V4 (its config's swiglu_limit): each expert computes
+  // silu(min(g, limit)) * clamp(u, -limit, limit) from g = gate(x), u = up(x), LoRA included.
+  // 0: plain silu(g) * u.
+  float swiglu_limit = 0.0f;
 };
+
+// Whether `limit` is a swiglu_limit a layer accepts: 0 (none), or > 0 and a finite float.
+inline bool valid_swiglu_limit(double limit) {
+  return limit == 0.0 || (limit > 0.0 && limit <= static_cast<double>(std::numeric_limits<float>::max()));
+}
 
 // How the base weights of the routed experts are stored and multiplied (LoRA is always f32/bf16):
 // bf16; int8 with one scale per output channel (activations quantized per token at run time);

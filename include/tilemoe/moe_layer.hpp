@@ -62,6 +62,10 @@ struct MoeLayerConfig {
   // kt-kernel's SFT layer keeps) instead of repacking the columns it needs on every call: a
   // faster fine-tuning step for those with the memory. bf16 weights and max_cache_depth > 0 only.
   bool backward_weight_copy = false;
+  // > 0: the experts' SwiGLU clamps gate to at most this and up to [-it, it] first, LoRA terms
+  // included (DeepSeek-V4's swiglu_limit; MoeShape::swiglu_limit); 0: none. A checkpoint layer
+  // takes its config.json's.
+  double swiglu_limit = 0;
 };
 
 // The caller's bf16 expert weights in Hugging Face orientation: gate, up [E][I][H], down [E][H][I],

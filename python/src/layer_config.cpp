@@ -66,6 +66,7 @@ LayerSetup layer_setup_from_py(py::handle config) {
   c.group_size = int_field(config, "group_size");
   c.numa_nodes = int_field(config, "numa_nodes");
   c.backward_weight_copy = py::bool_(field(config, "backward_weight_copy"));
+  c.swiglu_limit = field(config, "swiglu_limit").cast<double>();  // typed by MoEConfig, ranged by the runtime
   py::object threads = field(config, "threads");
   s.threads = threads.is_none() ? 0 : int_field(config, "threads");
   return s;
@@ -78,7 +79,7 @@ py::object config_to_py(const MoeLayerConfig& c, int threads) {
              py::arg("lora_alpha") = c.lora_alpha, py::arg("use_rslora") = c.use_rslora,
              py::arg("max_cache_depth") = c.max_cache_depth, py::arg("weight_type") = weight_type_str(c.weight_type), py::arg("group_size") = c.group_size,
              py::arg("numa_nodes") = c.numa_nodes, py::arg("threads") = threads,
-             py::arg("backward_weight_copy") = c.backward_weight_copy);
+             py::arg("backward_weight_copy") = c.backward_weight_copy, py::arg("swiglu_limit") = c.swiglu_limit);
 }
 
 }  // namespace tilemoe::binding

@@ -19,6 +19,8 @@ class MoEConfig:
     machine's, more than it has: virtual nodes). threads: the runtime's worker threads, None or 0 for one per core.
     backward_weight_copy: backward reads a second copy of the bf16 weights packed transposed (twice
     the weight memory, a faster fine-tuning step) instead of repacking what it needs on every call.
+    swiglu_limit: > 0, the experts clamp gate to at most it and up to [-it, it] before silu(gate) * up,
+    LoRA included (DeepSeek-V4's clamped SwiGLU); 0: no clamp. A layer from a checkpoint takes its config.json's.
     """
 
     num_experts: int
@@ -35,6 +37,7 @@ class MoEConfig:
     numa_nodes: int = 1
     threads: Optional[int] = None
     backward_weight_copy: bool = False
+    swiglu_limit: float = 0.0
 
     def __post_init__(self):
         # Types here, ranges in the runtime: both name the field.
@@ -49,6 +52,8 @@ class MoEConfig:
         for name in ("use_rslora", "backward_weight_copy"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"MoEConfig.{name}: expected a bool, got {type(getattr(self, name)).__name__}")
+        if isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float)):
+            raise TypeError(f"MoEConfig.swiglu_limit: expected a float, got {type(self.swiglu_limit).__name__}")
         if self.weight_type not in _WEIGHT_TYPES:
             raise ValueError(f"MoEConfig.weight_type: {self.weight_type!r}; expected one of {', '.join(_WEIGHT_TYPES)}")
 

@@ -159,6 +159,7 @@ tilemoe_status tilemoe_layer_create_strided(tilemoe_runtime* runtime, const tile
     c.group_size = config->group_size == 0 ? 128 : config->group_size;
     c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes == -1 ? 0 : config->numa_nodes;  // -1: the machine's
     c.backward_weight_copy = config->backward_weight_copy != 0;
+    c.swiglu_limit = config->swiglu_limit;
     *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down, gate_stride, up_stride, down_stride})};
   });
 }
@@ -193,7 +194,7 @@ tilemoe_status tilemoe_layer_get_config(const tilemoe_layer* layer, tilemoe_laye
     const tilemoe::MoeLayerConfig& c = layer->layer.config();
     *config = {c.num_experts, c.top_k, c.hidden, c.intermediate, c.max_tokens, c.lora_rank, c.lora_alpha,
                c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes, c.group_size,
-               c.backward_weight_copy ? 1 : 0};
+               c.backward_weight_copy ? 1 : 0, c.swiglu_limit};
   });
 }
 

@@ -58,6 +58,8 @@ void check_config(const MoeLayerConfig& c) {
   if (c.backward_weight_copy && c.weight_type != WeightType::bf16)
     bad(std::string("backward_weight_copy needs bf16 weights, not ") + weight_type_name(c.weight_type) +
         " (training through int8/int4 weights dequantizes them per k-block instead)");
+  if (!valid_swiglu_limit(c.swiglu_limit))
+    bad("swiglu_limit " + std::to_string(c.swiglu_limit) + " must be 0 (no clamp) or a finite value > 0");
 }
 
 // Non-finite weights would poison every token routed to that expert: refuse them, naming the
@@ -215,7 +217,7 @@ namespace {
 
 ModelConfig model_of(const MoeLayerConfig& c) {
   ModelConfig m;
-  m.shape = {c.hidden, c.intermediate, c.num_experts, c.top_k};
+  m.shape = {c.hidden, c.intermediate, c.num_experts, c.top_k, static_cast<float>(c.swiglu_limit)};
   // A layer built from memory does not know the model's depth: every index up to a generous
   // bound is taken as a MoE layer, so that an adapter covering many layers opens for any one.
   m.num_layers = 1024;
@@ -227,10 +229,13 @@ ModelConfig model_of(const MoeLayerConfig& c) {
 // tensor by tensor as they read, so only the caller's memory is scanned here. `quantized`, when
 // given, holds the experts already quantized (w is then not read); otherwise int8/int4 layers
 // quantize w here.
-std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, const ExpertWeightsView& w, ModelConfig model,
+std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, ExpertWeightsView w, ModelConfig model,
                                       int model_layer, std::unique_ptr<HeldAdapter> adapter, bool weights_checked,
                                       const quant::QuantizedExperts* quantized = nullptr) {
   Runtime::Impl& rt = runtime.impl();
+  // The config says what the experts compute; `quantized` carries the same limit (quantized from
+  // w, or load_quantized_layer given the model's shape).
+  w.shape.swiglu_limit = static_cast<float>(cfg.swiglu_limit);
   if (!weights_checked && !quantized) check_finite_weights(w, *rt.pool);
   quant::QuantizedExperts made;
   if (!quantized && cfg.weight_type != WeightType::bf16) {
@@ -303,7 +308,8 @@ MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertW
       fail(ErrorKind::invalid_argument, std::string("MoeLayer: ") + projection_name(p) + "_stride is " + std::to_string(st) +
                                             " elements, less than one expert's matrix (hidden x intermediate = " + std::to_string(per) +
                                             "), so experts would overlap; 0 means dense");
-  ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k}, weights.gate, weights.up, weights.down,
+  ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k, static_cast<float>(config.swiglu_limit)},
+                      weights.gate, weights.up, weights.down,
                       weights.gate_stride, weights.up_stride, weights.down_stride};
   impl_ = build(runtime, config, w, model_of(config), -1, nullptr, /*weights_checked=*/false);
 }
@@ -328,6 +334,7 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.weight_type = options.weight_type;
   cfg.group_size = options.group_size;
   cfg.backward_weight_copy = options.backward_weight_copy;
+  cfg.swiglu_limit = model.shape.swiglu_limit;
   check_config(cfg);
   if (!options.quantized_dir.empty()) {
     // Checked against this checkpoint (shape and fingerprint), never re-quantized; the bf16

@@ -272,7 +272,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         prefetch_range(gu_db[p].data, static_cast<std::size_t>(n) * r * grads[p].element_bytes());
       }
     kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
-                          gu + ik, gu_ld, h, static_cast<std::size_t>(n));
+                          gu + ik, gu_ld, h, static_cast<std::size_t>(n), s.swiglu_limit);
     if (h)
       kt_.lora_grad_outer(h, static_cast<std::size_t>(n), nullptr, dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
                           down_da, da_ld, true, overwrite);

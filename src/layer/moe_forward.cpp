@@ -17,17 +17,17 @@ namespace {
 constexpr int kTileOrderMinRows = 16;
 int tile_order_min_rows(const kernels::KernelTable& kt) { return std::max(kt.amx_min_rows, kTileOrderMinRows); }
 
-// h = silu(g) * u for m rows × columns [col0, col0 + n) of an expert's h held in tile order
-// (row length k_padded); g and u have their column col0 at index 0, row stride ldgu.
+// h = silu(g) * u (clamped at swiglu_limit) for m rows × columns [col0, col0 + n) of an expert's h
+// held in tile order (row length k_padded); g and u have their column col0 at index 0, row stride ldgu.
 void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const float* u, std::size_t ldgu, int m, int col0, int n,
-                         bf16* tiles, int k_padded) {
+                         bf16* tiles, int k_padded, float swiglu_limit) {
   for (int c = col0; c < col0 + n;) {
     const int kb = c / kernels::kBlockK;
     const int end = std::min(col0 + n, (kb + 1) * kernels::kBlockK);
     for (int r = 0; r < m; r += kernels::kATileRows) {
       const std::size_t at = static_cast<std::size_t>(r) * ldgu + static_cast<std::size_t>(c - col0);
       kt.silu_mul_bf16(g + at, ldgu, u + at, ldgu, std::min(kernels::kATileRows, m - r), end - c,
-                       kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK, kernels::kBlockK);
+                       kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK, kernels::kBlockK, swiglu_limit);
     }
     c = end;
   }
@@ -604,9 +604,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     }
     const ExpertRows he = expert_rows(h_, e, ik);
     if (he.tiles) {
-      silu_mul_into_tiles(kt_, cg, cu, static_cast<std::size_t>(cols), m, col0, n, he.p, static_cast<int>(ik));
+      silu_mul_into_tiles(kt_, cg, cu, static_cast<std::size_t>(cols), m, col0, n, he.p, static_cast<int>(ik), s.swiglu_limit);
     } else {
-      kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik);
+      kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik, s.swiglu_limit);
     }
     // acq_rel: the item that takes the count to zero sees every other item's h, and hands it on to
     // the down items with h_done.

@@ -87,7 +87,8 @@ QuantizedModelInfo read_quantized_info(const std::string& dir);
 // caller runs (checkpoint_fingerprint); then every file's metadata, every tensor's presence,
 // dtype and shape, int8 codes (-128 is refused), int4 padding, and scales (finite, >= 0). The
 // first problem found is a tilemoe::Error naming the file and the tensor or field: invalid_argument
-// for a directory that does not fit the model, bad_file for a damaged or inconsistent one.
+// for a directory that does not fit the model, bad_file for a damaged or inconsistent one. The
+// experts' swiglu_limit is `expected`'s (an activation, which the files do not store).
 QuantizedExperts load_quantized_layer(const std::string& dir, int layer, const MoeShape& expected,
                                       const std::string& source_hash = {});
 // Node `node`'s slice only (slice_experts' form: intermediate = the slice's width), reading only

@@ -162,6 +162,8 @@ QuantizedExperts load_quantized_layer(const std::string& dir, int layer, const M
   const QuantizedModelInfo info = read_quantized_info(dir);
   check_fits_model(info, dir, layer, expected, source_hash);
   QuantizedExperts q = allocate_experts(info, info.shape);
+  // The file stores the experts' weights, not their activation: that is the model's.
+  q.shape.swiglu_limit = expected.swiglu_limit;
   for (int node = 0; node < info.numa_nodes(); ++node) read_node(dir, info, layer, node, q, info.slices[node].begin, node == 0);
   return q;
 }
@@ -174,6 +176,7 @@ QuantizedExperts load_quantized_layer_slice(const std::string& dir, int layer, i
     fail(ErrorKind::invalid_argument, dir + "/" + kQuantizedIndexFile + ": node " + std::to_string(node) + " does not exist (numa_nodes " +
                                           std::to_string(info.numa_nodes()) + ")");
   QuantizedExperts q = allocate_experts(info, format::slice_shape(info.shape, info.slices[node]));
+  q.shape.swiglu_limit = expected.swiglu_limit;
   read_node(dir, info, layer, node, q, 0, true);
   return q;
 }

@@ -92,6 +92,34 @@ S sigmoid(S g) {
   return S(1) / (S(1) + std::exp(-g));
 }
 
+// The SwiGLU of MoeShape: silu(min(g, L)) * clamp(u, -L, L) with L = swiglu_limit > 0, else
+// silu(g) * u; and its gradients, where the clamp passes a gradient only where its input lies within
+// the bounds (bounds included), as torch.clamp's.
+template <typename S>
+struct Swiglu {
+  S limit;
+  bool masks_from_bf16 = false;  // ReferenceOptions::swiglu_masks_from_bf16
+  bool clamped() const { return limit > S(0); }
+  S masked(S v) const { return masks_from_bf16 ? static_cast<S>(bf16_to_float(float_to_bf16(static_cast<float>(v)))) : v; }
+  S gate(S g) const { return clamped() && g > limit ? limit : g; }
+  S up(S u) const { return clamped() ? (u > limit ? limit : u < -limit ? -limit : u) : u; }
+  S h(S g, S u) const {
+    const S gc = gate(g);
+    return gc * sigmoid(gc) * up(u);
+  }
+  // dL/dg and dL/du from dL/dh.
+  S dgate(S dh, S g, S u) const {
+    if (clamped() && !(masked(g) <= limit)) return S(0);
+    const S gc = gate(g), sg = sigmoid(gc);
+    return dh * up(u) * sg * (S(1) + gc * (S(1) - sg));  // silu'(g), exact
+  }
+  S dup(S dh, S g, S u) const {
+    if (clamped() && !(masked(u) <= limit && masked(u) >= -limit)) return S(0);
+    const S gc = gate(g);
+    return dh * gc * sigmoid(gc);
+  }
+};
+
 template <typename S>
 Mat<S> gather_rows(const S* src, int cols, const TokenGroups& g, int e) {
   Mat<S> m(g.count(e), cols);
@@ -107,6 +135,7 @@ void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, co
                        const ReferenceOptions& options) {
   const bool q = options.int8_activations;
   const MoeShape& s = w.shape;
+  const Swiglu<S> act{static_cast<S>(s.swiglu_limit)};
   TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
   MutMap<S> out(output, batch.tokens, s.hidden);
   out.setZero();
@@ -115,7 +144,7 @@ void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, co
     Mat<S> x = gather_rows(batch.input, s.hidden, groups, e);
     Mat<S> gate = Proj<S>(w, lora, Projection::gate, e, options.quantized).apply(x, q);
     Mat<S> up = Proj<S>(w, lora, Projection::up, e, options.quantized).apply(x, q);
-    Mat<S> h = gate.binaryExpr(up, [](S g, S u) { return g * sigmoid(g) * u; });
+    Mat<S> h = gate.binaryExpr(up, [act](S g, S u) { return act.h(g, u); });
     // The integer path keeps h in bf16 (as the kernels do) before quantizing it: the same codes.
     if (q) h = h.unaryExpr([](S v) { return static_cast<S>(bf16_to_float(float_to_bf16(static_cast<float>(v)))); });
     Mat<S> y = Proj<S>(w, lora, Projection::down, e, options.quantized).apply(h, q);
@@ -128,8 +157,9 @@ void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, co
 
 template <typename S>
 void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, const S* grad_output,
-                        S* grad_input, LayerLoraT<S>* lora_grad) {
+                        S* grad_input, LayerLoraT<S>* lora_grad, const ReferenceOptions& options) {
   const MoeShape& s = w.shape;
+  const Swiglu<S> act{static_cast<S>(s.swiglu_limit), options.swiglu_masks_from_bf16};
   TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
   MutMap<S> dx_all(grad_input, batch.tokens, s.hidden);
   dx_all.setZero();
@@ -143,10 +173,13 @@ void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, c
   for (int e = 0; e < s.num_experts; ++e) {
     int n = groups.count(e);
     if (n == 0) continue;
-    Proj<S> gate_p(w, lora, Projection::gate, e), up_p(w, lora, Projection::up, e), down_p(w, lora, Projection::down, e);
+    Proj<S> gate_p(w, lora, Projection::gate, e, options.quantized), up_p(w, lora, Projection::up, e, options.quantized),
+        down_p(w, lora, Projection::down, e, options.quantized);
     Mat<S> x = gather_rows(batch.input, s.hidden, groups, e);
-    Mat<S> gate = gate_p.apply(x), up = up_p.apply(x);
-    Mat<S> h = gate.binaryExpr(up, [](S g, S u) { return g * sigmoid(g) * u; });
+    // gate and up as the forward made them (with int8 activations, the integer kernels' x); the
+    // gradients then pass through the weights as they are (straight through the quantization).
+    Mat<S> gate = gate_p.apply(x, options.int8_activations), up = up_p.apply(x, options.int8_activations);
+    Mat<S> h = gate.binaryExpr(up, [act](S g, S u) { return act.h(g, u); });
     Mat<S> dy(n, s.hidden);
     for (int i = 0; i < n; ++i) {
       int pos = groups.offsets[e] + i;
@@ -155,9 +188,8 @@ void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, c
     Mat<S> dh = down_p.apply_backward(h, dy, grad_of(Projection::down));
     Mat<S> dgate(n, s.intermediate), dup(n, s.intermediate);
     for (Eigen::Index i = 0; i < dh.size(); ++i) {
-      S g = gate.data()[i], sg = sigmoid(g);
-      dup.data()[i] = dh.data()[i] * g * sg;
-      dgate.data()[i] = dh.data()[i] * up.data()[i] * sg * (S(1) + g * (S(1) - sg));  // silu'(g), exact
+      dup.data()[i] = act.dup(dh.data()[i], gate.data()[i], up.data()[i]);
+      dgate.data()[i] = act.dgate(dh.data()[i], gate.data()[i], up.data()[i]);
     }
     Mat<S> dx = gate_p.apply_backward(x, dgate, grad_of(Projection::gate));
     dx += up_p.apply_backward(x, dup, grad_of(Projection::up));
@@ -170,8 +202,8 @@ template void reference_forward<float>(const ExpertWeightsView&, const LayerLora
 template void reference_forward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&, double*,
                                         const ReferenceOptions&);
 template void reference_backward<float>(const ExpertWeightsView&, const LayerLoraT<float>&, const MoeBatch<float>&, const float*,
-                                        float*, LayerLoraT<float>*);
+                                        float*, LayerLoraT<float>*, const ReferenceOptions&);
 template void reference_backward<double>(const ExpertWeightsView&, const LayerLoraT<double>&, const MoeBatch<double>&,
-                                         const double*, double*, LayerLoraT<double>*);
+                                         const double*, double*, LayerLoraT<double>*, const ReferenceOptions&);
 
 }  // namespace tilemoe

@@ -4,6 +4,7 @@
 // (finite-difference checks of the backward).
 //
 //   out[t] = sum_j w[t,j] * down(silu(gate(x_t)) * up(x_t)),  expert = ids[t,j] (skipped if < 0)
+//   (gate and up clamped first where the shape has a swiglu_limit)
 //   each projection: W v + scale_e * B_e (A_e v)
 #include <cstdint>
 
@@ -25,12 +26,17 @@ struct MoeBatch {
 // How the base products see their inputs. int8_activations: as the int8/int4 weight kernels do,
 // each row of x (gate, up) and h (down) goes through per-row int8 quantization
 // (quant::quantize_activation_row) before it meets W, h rounded to bf16 first as the kernels
-// keep it; LoRA terms see x exactly.
+// keep it; LoRA terms see x exactly. In the backward, the gate and up it recomputes see x so too.
 // quantized: the base weights are these codes and scales, dequantized exactly in f32 (the
 // ExpertWeightsView then gives only the shape), rather than the bf16 view.
+// swiglu_masks_from_bf16 (backward): where a swiglu_limit's clamp passes a gradient is decided on
+// gate and up rounded to bf16, as the fast path's cache keeps them (and PyTorch's bf16 autograd
+// saves them). The gradient jumps at the limit, so a value within half a bf16 step of it would
+// otherwise flip an element's whole gradient between the paths.
 struct ReferenceOptions {
   bool int8_activations = false;
   const quant::QuantizedExperts* quantized = nullptr;
+  bool swiglu_masks_from_bf16 = false;
 };
 
 // output: [T][H], overwritten. Throws invalid_argument for an expert id >= E.
@@ -43,6 +49,6 @@ void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, co
 // that receive no token get zero gradient.
 template <typename S>
 void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, const S* grad_output,
-                        S* grad_input, LayerLoraT<S>* lora_grad);
+                        S* grad_input, LayerLoraT<S>* lora_grad, const ReferenceOptions& options = {});
 
 }  // namespace tilemoe

@@ -89,7 +89,7 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   }
   const double alpha = 6.0, s = alpha / R;
 
-  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1, 0, 0};
+  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1, 0, 0, /*swiglu_limit*/ 0.0};
   tilemoe_layer* layer = NULL;
   REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &layer));
   tilemoe_lora_weights lw = {ga, gb, ua, ub, da, db};
@@ -234,6 +234,35 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   CHECK(strstr(tilemoe_last_error(), "group_size 48") != NULL);
   bad.weight_type = 7;
   CHECK(tilemoe_layer_create(rt, &bad, gate, up, down, &none) == TILEMOE_INVALID_ARGUMENT && none == NULL);
+  bad = cfg;
+  bad.swiglu_limit = -1.0;
+  CHECK(tilemoe_layer_create(rt, &bad, gate, up, down, &none) == TILEMOE_INVALID_ARGUMENT && none == NULL);
+  CHECK(strstr(tilemoe_last_error(), "swiglu_limit") != NULL);
+  /* A clamped SwiGLU (DeepSeek-V4's swiglu_limit): reported back, and a small limit changes the output. */
+  {
+    tilemoe_layer_config cc = cfg;
+    cc.swiglu_limit = 0.05;
+    tilemoe_layer* cl = NULL;
+    REQUIRE_OK(tilemoe_layer_create(rt, &cc, gate, up, down, &cl));
+    tilemoe_layer_config got;
+    REQUIRE_OK(tilemoe_layer_get_config(cl, &got));
+    CHECK(got.swiglu_limit == 0.05);
+    float* clamped = (float*)malloc(sizeof(float) * T * H);
+    float* plain = (float*)malloc(sizeof(float) * T * H);
+    REQUIRE_OK(tilemoe_layer_forward(cl, T, K, x, ids, w, clamped, TILEMOE_F32));
+    tilemoe_layer* pl = NULL;
+    REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &pl));
+    REQUIRE_OK(tilemoe_layer_get_config(pl, &got));
+    CHECK(got.swiglu_limit == 0.0);
+    REQUIRE_OK(tilemoe_layer_forward(pl, T, K, x, ids, w, plain, TILEMOE_F32));
+    double most = 0;
+    for (int i = 0; i < T * H; ++i) most = fabs(clamped[i] - plain[i]) > most ? fabs(clamped[i] - plain[i]) : most;
+    CHECK(most > 1e-3);
+    free(clamped);
+    free(plain);
+    tilemoe_layer_destroy(pl);
+    tilemoe_layer_destroy(cl);
+  }
   /* int8 and int4 layers from the same weights: quantized here, reported by get_config. */
   for (int type = 1; type <= 2; ++type) {
     tilemoe_layer_config qc = cfg;

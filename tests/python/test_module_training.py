@@ -161,6 +161,52 @@ def loss_curve(set_to_none):
     expect(last < 0.7 * first, "the loss falls over the 50 steps")
 
 
+def clamped_swiglu():
+    """A swiglu_limit (DeepSeek-V4): forward, grad_input and every LoRA gradient against PyTorch's
+    autograd through torch.clamp-like clamps (decided on bf16 values, as a bf16 model's)."""
+    gen = torch.Generator().manual_seed(9)
+    E, K, H, I, T, R = 4, 2, 64, 40, 24, 4
+    gate, up, down = random_experts(E, H, I, generator=gen)
+    lora = random_lora(E, H, I, R, std=0.2, generator=gen)
+    x, ids, w = random_batch(T, H, E, K, generator=gen)
+    x = x.float()
+    # A limit about 0.7 standard deviations of the gates and ups: many values on either side of it.
+    spread = torch.cat([torch.einsum("th,eih->tei", x, gate.float()), torch.einsum("th,eih->tei", x, up.float())]).std().item()
+    limit = torch.tensor(0.7 * spread).to(torch.bfloat16).item()
+    cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, lora_rank=R, lora_alpha=2.0 * R,
+                            swiglu_limit=limit)
+    layer = tilemoe.MoELayer(cfg, gate, up, down)
+    expect(layer.config.swiglu_limit == limit, f"MoELayer.config.swiglu_limit is {layer.config.swiglu_limit}, not {limit}")
+    m = MoELoRA(layer)
+    with torch.no_grad():
+        for name, p in m.flat_lora().items():
+            p.copy_(lora[name])
+    ref = ReferenceMoE(gate, up, down, {k: v.clone() for k, v in lora.items()}, layer.lora_scale, naming=m.naming, swiglu_limit=limit)
+    plain = ReferenceMoE(gate, up, down, {k: v.clone() for k, v in lora.items()}, layer.lora_scale, naming=m.naming)
+    go = torch.randn(T, H, generator=gen)
+    xm, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_m, out_r = m(xm, ids, w), ref(xr, ids, w)
+    (out_m * go).sum().backward()
+    (out_r * go).sum().backward()
+    with torch.no_grad():
+        moved = rel_err(plain(x, ids, w), out_r)
+    expect(moved > 0.05, f"clamped SwiGLU: the limit {limit} changes the output by only {moved:.2e}")
+    e_out, e_dx = rel_err(out_m.detach(), out_r.detach()), rel_err(xm.grad, xr.grad)
+    expect(e_out <= 1e-2 and e_dx <= 1e-2, f"clamped SwiGLU: output {e_out:.2e}, grad_input {e_dx:.2e} against PyTorch")
+    ref_params = dict(ref.named_parameters())
+    worst = 0.0
+    for n, p in m.named_parameters():
+        err = rel_err(p.grad, ref_params[n].grad)
+        worst = max(worst, err)
+        expect(err <= 2e-2, f"clamped SwiGLU: the gradient of {n} differs from PyTorch's by {err:.2e}")
+    print(f"clamped SwiGLU (limit {limit:.4g}, output moved {moved:.2f} by it): output {e_out:.2e}, grad_input {e_dx:.2e}, "
+          f"LoRA gradients within {worst:.2e} of PyTorch's")
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
 def grad_semantics():
     gen = torch.Generator().manual_seed(6)
     E, K, H, I, T, R = 4, 2, 64, 32, 8, 4
@@ -391,5 +437,6 @@ zero_copy_through_adamw()
 loss_curve(set_to_none=True)
 loss_curve(set_to_none=False)
 grad_semantics()
+clamped_swiglu()
 
 finish("all MoELoRA training checks passed")
