@@ -11,8 +11,11 @@
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
 #include "src/model/tensor_names.hpp"
+#include "src/reference/moe_reference.hpp"
 #include "test_util.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/moe_layer.hpp"
+#include "tilemoe/runtime.hpp"
 
 using namespace tilemoe;
 namespace fs = std::filesystem;
@@ -277,11 +280,32 @@ TEST_CASE("config.json of each model family", "[config]") {
   CHECK(kl.moe_layers == std::vector<int>{1});
   CHECK_FALSE(parse_model_config(R"({"model_type":"deepseek_v3","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,
     "num_experts_per_tok":2,"num_hidden_layers":2})", "v3").unchosen_groups_neg_inf);
-  // Experts that compute something else are refused by name.
+  // DeepSeek-V4: a clamped SwiGLU, a sqrt(softplus) router, the first num_hash_layers hash-routed by default.
+  auto v4 = parse_model_config(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":5,"swiglu_limit":10.0,"scoring_func":"sqrtsoftplus"})", "v4");
+  CHECK(v4.shape.swiglu_limit == 10.0f);
+  CHECK(v4.scoring_func == "sqrtsoftplus");
+  CHECK(v4.topk_method == "noaux_tc");
+  CHECK(v4.norm_topk_prob);
+  CHECK(v4.routed_scaling_factor == 1.5);
+  CHECK(v4.moe_layers == std::vector<int>{0, 1, 2, 3, 4});
+  CHECK(v4.hash_routed_layers == std::vector<int>{0, 1, 2});
+  CHECK(v4.routing_unsupported.empty());
+  auto v4_listed = parse_model_config(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+    "num_experts_per_tok":2,"num_hidden_layers":3,"mlp_layer_types":["hash_moe","moe","moe"]})", "v4");
+  CHECK(v4_listed.moe_layers == std::vector<int>{0, 1, 2});
+  CHECK(v4_listed.hash_routed_layers == std::vector<int>{0});
+  CHECK(v4_listed.shape.swiglu_limit == 0.0f);  // absent: no clamp
   CHECK(error_of([] {
           parse_model_config(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
-            "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":10.0})", "v4");
-        }).find("v4: model_type 'deepseek_v4': its experts clamp gate and up at swiglu_limit 10.0") == 0);
+            "num_experts_per_tok":2,"num_hidden_layers":2,"mlp_layer_types":["moe","dense"]})", "v4");
+        }).find("v4: mlp_layer_types[1] is \"dense\", not \"moe\" or \"hash_moe\"") == 0);
+  for (const char* bad : {"-1.0", "0", "\"10\"", "1e40"})
+    CHECK(error_of([bad] {
+            parse_model_config(std::string(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+              "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":)") + bad + "}", "v4");
+          }).find("v4: swiglu_limit is ") == 0);
+  // Experts that compute something else are refused by name.
   CHECK(error_of([] {
           parse_model_config(R"({"model_type":"minimax_m3_vl_text","hidden_size":64,"intermediate_size":32,"num_local_experts":8,
             "num_experts_per_tok":2,"num_hidden_layers":2})", "m3");
@@ -347,6 +371,41 @@ TEST_CASE("checkpoints load under every naming and reject broken experts", "[che
     auto c = Checkpoint::open(make_model("router_" + router, "mlp", {"gate_proj", "up_proj", "down_proj"}, nullptr, false, false, "", router));
     CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.mlp." + router});
     CHECK(c.load_router(1).weight.size() == 3 * 24);
+  }
+  // DeepSeek-V4 as transformers saves it, in DeepSeek's names: ffn.experts.E.w1 / w3 / w2, the
+  // correction bias as the router's own "ffn.gate.bias"; the swiglu_limit of its config.json is
+  // the experts' (read with them, and by a layer built from the checkpoint).
+  {
+    const std::string d = make_model("v4", "ffn", {"w1", "w3", "w2"}, nullptr, false, false, "gate.bias");
+    write_text(d + "/config.json", R"({"model_type": "deepseek_v4", "hidden_size": 24, "moe_intermediate_size": 17,
+      "n_routed_experts": 3, "num_experts_per_tok": 2, "num_hidden_layers": 3, "swiglu_limit": 0.05,
+      "mlp_layer_types": ["moe", "hash_moe", "moe"]})");
+    auto c = Checkpoint::open(d);
+    CHECK(c.router_tensor_names(1) == std::vector<std::string>{"model.layers.1.ffn.gate.weight", "model.layers.1.ffn.gate.bias"});
+    auto experts = c.load_layer_experts(1);
+    CHECK(experts.shape.swiglu_limit == 0.05f);
+    CHECK(experts.gate == ds.load_layer_experts(1).gate);
+    Runtime rt(RuntimeOptions{"portable", 1});
+    CheckpointLayerOptions options;
+    options.max_tokens = 4;
+    MoeLayer layer = MoeLayer::from_checkpoint(rt, d, 1, options);
+    CHECK(layer.config().swiglu_limit == Approx(0.05));
+    const std::vector<float> xf = test_values(2 * 24, 3);
+    std::vector<bf16> x;
+    for (float v : xf) x.push_back(float_to_bf16(v));
+    const std::vector<std::int64_t> ids = {0, 2, 1, -1};
+    const std::vector<float> wts = {0.6f, 0.4f, 1.0f, 0.5f};
+    std::vector<float> got(2 * 24), want(got.size()), unclamped(got.size());
+    layer.forward(2, 2, x.data(), ids.data(), wts.data(), got.data());
+    std::vector<float> xr(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) xr[i] = bf16_to_float(x[i]);
+    MoeBatch<float> batch{2, 2, xr.data(), ids.data(), wts.data()};
+    reference_forward(experts.view(), LayerLora{}, batch, want.data());
+    ExpertWeightsView plain = experts.view();
+    plain.shape.swiglu_limit = 0;
+    reference_forward(plain, LayerLora{}, batch, unclamped.data());
+    CHECK(test::rel_error(got, want) <= 1e-2);
+    CHECK(test::rel_error(unclamped, want) > 0.1);  // the limit is met by these values
   }
   auto biased = Checkpoint::open(make_model("bias", "block_sparse_moe", {"w1", "w3", "w2"}, nullptr, false, true));
   err = error_of([&] { biased.load_layer_experts(1); });

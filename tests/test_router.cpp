@@ -335,6 +335,29 @@ TEST_CASE("DeepSeek-V3 noaux_tc: the correction bias chooses, the unbiased sigmo
   CHECK(r.route(logits).expert_ids == std::vector<std::int64_t>{5, 0});
 }
 
+TEST_CASE("DeepSeek-V4: sqrt(softplus) scores, chosen with the bias; hash-routed layers refused", "[router]") {
+  IdentityRouter r(6, 2);
+  r.config = parse_model_config(R"({"model_type":"deepseek_v4","hidden_size":6,"moe_intermediate_size":4,"n_routed_experts":6,
+    "num_experts_per_tok":2,"num_hidden_layers":9,"mlp_layer_types":["moe","moe","moe","moe","moe","moe","moe","hash_moe","moe"]})", "v4");
+  // Logits above softplus's threshold (20) count as themselves, as in torch.
+  std::vector<float> logits{2.0f, -1.0f, 0.5f, 24.0f, -3.0f, 1.0f};
+  auto s = [&](int e) { return logits[e] > 20 ? std::sqrt(static_cast<double>(logits[e])) : std::sqrt(std::log1p(std::exp(logits[e]))); };
+  r.weights.correction_bias = {0.0f, 0.0f, 0.0f, -10.0f, 0.0f, 0.0f};  // expert 3 would win unbiased
+  // Layer 7 of this config is hash-routed: refused, naming why.
+  std::vector<bf16> x;
+  for (float v : logits) x.push_back(float_to_bf16(v));
+  CHECK(error_of([&] { route_tokens(r.config, r.weights, 7, x.data(), 1); }).find("chooses its experts by token id") != std::string::npos);
+  auto routed = route_tokens(r.config, r.weights, 8, x.data(), 1);
+  CHECK(routed.expert_ids == std::vector<std::int64_t>{0, 5});
+  const double sum = s(0) + s(5);
+  CHECK(routed.weights[0] == Approx(1.5 * s(0) / sum).epsilon(1e-6));
+  CHECK(routed.weights[1] == Approx(1.5 * s(5) / sum).epsilon(1e-6));
+  r.weights.correction_bias.clear();
+  auto unbiased = route_tokens(r.config, r.weights, 8, x.data(), 1);
+  CHECK(unbiased.expert_ids == std::vector<std::int64_t>{3, 0});
+  CHECK(unbiased.weights[0] == Approx(1.5 * s(3) / (s(3) + s(0))).epsilon(1e-6));
+}
+
 TEST_CASE("noaux_tc masks the other groups with 0.0, as transformers does", "[router]") {
   // Every biased score is negative: the masked experts (0.0) then beat the kept group's, so they
   // are chosen, ties to the lower id, and weighted by their unbiased sigmoid. DeepSeek's own

@@ -68,7 +68,11 @@ std::string router_text(const ModelConfig& c) {
   s += c.norm_topk_prob ? ", renormalised" : ", not renormalised";
   char scale[32];
   std::snprintf(scale, sizeof scale, "%g", c.routed_scaling_factor);
-  return s + ", scaled by " + scale;
+  s += std::string(", scaled by ") + scale;
+  if (!c.hash_routed_layers.empty())
+    s += "; layers " + layer_list(c.hash_routed_layers) + " choose experts by token id (hash routing): not computed, their experts run with "
+         "ids given to them";
+  return s;
 }
 
 }  // namespace
@@ -89,11 +93,12 @@ int print_model_report(const std::string& model_dir, bool as_json) {
   if (as_json) {
     json out = {{"model_dir", model_dir}, {"model_type", c.model_type}, {"hidden", c.shape.hidden},
                 {"intermediate", c.shape.intermediate}, {"experts", c.shape.num_experts}, {"top_k", c.shape.top_k},
-                {"moe_layers", c.moe_layers}, {"quant_method", c.quant_method}};
+                {"moe_layers", c.moe_layers}, {"quant_method", c.quant_method}, {"swiglu_limit", c.shape.swiglu_limit}};
     json router = {{"computed", c.routing_unsupported.empty()}};
     if (c.routing_unsupported.empty())
       router.update({{"scoring_func", c.scoring_func}, {"topk_method", c.topk_method}, {"n_group", c.n_group}, {"topk_group", c.topk_group},
-                     {"norm_topk_prob", c.norm_topk_prob}, {"routed_scaling_factor", c.routed_scaling_factor}});
+                     {"norm_topk_prob", c.norm_topk_prob}, {"routed_scaling_factor", c.routed_scaling_factor},
+                     {"hash_routed_layers", c.hash_routed_layers}});
     else
       router["reason"] = c.routing_unsupported;
     out["router"] = router;
@@ -111,6 +116,9 @@ int print_model_report(const std::string& model_dir, bool as_json) {
   std::printf("model: %s (model_type '%s')\n", model_dir.c_str(), c.model_type.c_str());
   std::printf("experts: hidden %d, intermediate %d, %d experts, top-%d; %zu MoE layers: %s\n", c.shape.hidden, c.shape.intermediate,
               c.shape.num_experts, c.shape.top_k, c.moe_layers.size(), layer_list(c.moe_layers).c_str());
+  if (c.shape.swiglu_limit > 0)
+    std::printf("SwiGLU: gate clamped to at most %g and up to [-%g, %g] first (swiglu_limit)\n", c.shape.swiglu_limit, c.shape.swiglu_limit,
+                c.shape.swiglu_limit);
   std::printf("router: %s\n", router_text(c).c_str());
   if (!c.quant_method.empty()) std::printf("quantization_config: quant_method '%s'\n", c.quant_method.c_str());
   for (const auto& [n, layers] : namings) {

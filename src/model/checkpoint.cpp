@@ -334,6 +334,12 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
   // moe_statics (ERNIE-4.5: "...mlp.moe_statics.e_score_correction_bias", [1, E]). The nearest wins.
   const std::string layer_module = ".layers." + std::to_string(layer);
   std::string module = found->substr(0, found->size() - 7);  // without ".weight"
+  // DeepSeek-V4 (as transformers saves it, in DeepSeek's names) keeps it as the router's own bias,
+  // "...ffn.gate.bias", never added to the logits.
+  if (config_.model_type == "deepseek_v4" && find(module + ".bias")) {
+    names.push_back(module + ".bias");
+    return names;
+  }
   // up to the layer's own module: a bias above it is not this layer's
   while (module.size() > layer_module.size() &&
          module.compare(module.size() - layer_module.size(), layer_module.size(), layer_module) != 0) {

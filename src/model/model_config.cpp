@@ -92,6 +92,7 @@ struct SigmoidRouterDefaults {
   const char* norm_key = "norm_topk_prob";
   const char* group_key = "n_group";
   bool unchosen_groups_neg_inf = false;  // masked_fill(-inf), where DeepSeek-V3 fills 0.0
+  const char* scoring = "sigmoid";
 };
 constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
     {"deepseek_v3", 8, 4, true, 2.5},   {"deepseek_v32", 8, 4, true, 2.5}, {"glm4_moe", 1, 1, true, 1.0},
@@ -107,6 +108,9 @@ constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
     {"afmoe", 1, 1, true, 1.0, true, "route_scale", nullptr},
     // KimiLinearTopkRouter: Kimi's names for the fields, groups outside the chosen ones masked to -inf.
     {"kimi_linear", 1, 1, true, 2.446, true, "routed_scaling_factor", "moe_renormalize", "num_expert_group", true},
+    // DeepseekV4TopKRouter: sqrt(softplus(logit)) scores, no groups, always renormalised; the
+    // correction bias is saved as the router's own bias ("...ffn.gate.bias").
+    {"deepseek_v4", 1, 1, true, 1.5, true, "routed_scaling_factor", nullptr, "n_group", false, "sqrtsoftplus"},
 };
 
 // Types whose routers tilemoe computes as transformers v5 does (checked by
@@ -157,7 +161,7 @@ std::vector<int> ernie_moe_layers(const json& j, int layers) {
 void read_deepseek_router(const json& j, ModelConfig& c) {
   if (const auto* d = sigmoid_router_of(c.model_type)) {
     auto field = [&](const char* key, auto fallback) { return d->reads_config ? value_or<decltype(fallback)>(j, key, fallback) : fallback; };
-    c.scoring_func = "sigmoid";
+    c.scoring_func = d->scoring;
     c.topk_method = "noaux_tc";
     c.norm_topk_prob = d->norm_key ? field(d->norm_key, d->norm_topk_prob) : d->norm_topk_prob;
     c.routed_scaling_factor = field(d->scale_key, d->routed_scaling_factor);
@@ -203,6 +207,10 @@ bool ModelConfig::is_moe_layer(int layer) const {
   return std::find(moe_layers.begin(), moe_layers.end(), layer) != moe_layers.end();
 }
 
+bool ModelConfig::is_hash_routed(int layer) const {
+  return std::find(hash_routed_layers.begin(), hash_routed_layers.end(), layer) != hash_routed_layers.end();
+}
+
 std::string ModelConfig::moe_layers_string() const {
   std::ostringstream os;
   for (std::size_t i = 0; i < moe_layers.size(); ++i) os << (i ? ", " : "") << moe_layers[i];
@@ -244,10 +252,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   if (t == "minimax_m3_vl" || t == "minimax_m3_vl_text")
     fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts' output is not down(silu(gate(x)) * up(x)) (as transformers v5 "
                                        "computes them, checked by tilemoe's tests), which is what tilemoe runs");
-  // DeepSeek-V4 and gpt-oss clamp gate and up before the SwiGLU.
-  if (auto limit = j.find("swiglu_limit"); limit != j.end() && !limit->is_null())
-    fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts clamp gate and up at swiglu_limit " + limit->dump() +
-                                     " before silu(gate) * up, which tilemoe does not compute (it runs down(silu(gate(x)) * up(x)))");
+  // DeepSeek-V4 clamps gate and up before the SwiGLU (MoeShape::swiglu_limit).
+  if (auto limit = j.find("swiglu_limit"); limit != j.end() && !limit->is_null()) {
+    if (!limit->is_number() || !valid_swiglu_limit(limit->get<double>()) || limit->get<double>() == 0.0)
+      fail(ErrorKind::bad_file, src + ": swiglu_limit is " + limit->dump() + "; it must be a finite number > 0 (or absent)");
+    c.shape.swiglu_limit = limit->get<float>();
+  }
   if (t == "jetmoe")
     fail(ErrorKind::unsupported, src + ": model_type 'jetmoe': its MoE adds an output bias and its attention has experts of its own, "
                                        "which tilemoe does not read (it runs down(silu(gate(x)) * up(x)))");
@@ -321,7 +331,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   }
   // Qwen3.5-MoE's router renormalises its top-k whatever config.json says (checked against transformers v5).
   if (t == "qwen3_5_moe_text") c.norm_topk_prob = true;
-  // A list of "sparse" / "dense", one per layer (EXAONE-MoE), says which layers are MoE.
+  // A list of "sparse" / "dense", one per layer (EXAONE-MoE), says which layers are MoE; DeepSeek-V4's
+  // of "moe" / "hash_moe" says which of its MoE layers choose experts by token id.
+  const bool v4 = t == "deepseek_v4";
   if (auto types = j.find("mlp_layer_types"); types != j.end() && types->is_array()) {
     if (static_cast<int>(types->size()) != c.num_layers)
       fail(ErrorKind::bad_file, src + ": mlp_layer_types has " + std::to_string(types->size()) + " entries for " +
@@ -329,10 +341,16 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     c.moe_layers.clear();
     for (int l = 0; l < c.num_layers; ++l) {
       const json& v = (*types)[static_cast<std::size_t>(l)];
-      if (!v.is_string() || (v != "sparse" && v != "dense"))
-        fail(ErrorKind::bad_file, src + ": mlp_layer_types[" + std::to_string(l) + "] is " + v.dump() + ", not \"sparse\" or \"dense\"");
-      if (v == "sparse") c.moe_layers.push_back(l);
+      const char* a = v4 ? "moe" : "sparse";
+      const char* b = v4 ? "hash_moe" : "dense";
+      if (!v.is_string() || (v != a && v != b))
+        fail(ErrorKind::bad_file, src + ": mlp_layer_types[" + std::to_string(l) + "] is " + v.dump() + ", not \"" + a + "\" or \"" + b + "\"");
+      if (v4 || v == "sparse") c.moe_layers.push_back(l);
+      if (v4 && v == "hash_moe") c.hash_routed_layers.push_back(l);
     }
+  } else if (v4) {
+    // DeepseekV4Config's default: the first num_hash_layers (3) hash-routed.
+    for (int l = 0; l < std::min(c.num_layers, value_or<int>(j, "num_hash_layers", 3)); ++l) c.hash_routed_layers.push_back(l);
   }
   // Routers tilemoe does not compute: the experts run with ids and weights given to them, and
   // routing by the checkpoint's router (forward --tokens) is refused naming the type.

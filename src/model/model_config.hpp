@@ -15,7 +15,7 @@ struct ModelConfig {
   std::vector<int> moe_layers;
   // Router (src/routing/router.hpp), as transformers runs it for model_type: these say what the
   // router does, which is not always what config.json writes (see read_deepseek_router).
-  std::string scoring_func = "softmax";  // or "sigmoid" (DeepSeek-V3)
+  std::string scoring_func = "softmax";  // or "sigmoid" (DeepSeek-V3), "sqrtsoftplus" (DeepSeek-V4)
   std::string topk_method = "greedy";    // "greedy", "group_limited_greedy", "noaux_tc"
   bool norm_topk_prob = false;           // divide the top-k weights by their sum (Mixtral always)
   double routed_scaling_factor = 1.0;    // then multiply them by this (DeepSeek)
@@ -25,6 +25,9 @@ struct ModelConfig {
   // Non-empty for a model_type whose router tilemoe does not compute (PhiMoE's sparsemixer): why.
   // Its experts still run with the ids and weights a caller gives.
   std::string routing_unsupported;
+  // MoE layers whose experts are chosen by token id (DeepSeek-V4's hash_moe layers: a fixed tid2eid
+  // table), which the router cannot compute from hidden states: their experts run with given ids.
+  std::vector<int> hash_routed_layers;
   // FP8 expert weights (DeepSeek-V3/R1): one weight_scale_inv per block of this many rows and
   // columns, from quantization_config.weight_block_size (DeepSeek ships [128, 128]).
   int fp8_block_rows = 128;
@@ -34,6 +37,7 @@ struct ModelConfig {
   std::string quant_method;
 
   bool is_moe_layer(int layer) const;
+  bool is_hash_routed(int layer) const;
   std::string moe_layers_string() const;  // "1, 2"
 };
 

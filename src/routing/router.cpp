@@ -12,7 +12,7 @@
 namespace tilemoe {
 namespace {
 
-enum class Scoring { softmax, sigmoid };
+enum class Scoring { softmax, sigmoid, sqrt_softplus };
 enum class Selection { greedy, group_limited_greedy, noaux_tc };
 
 // The config decoded and checked once per call, so the per-token loop only computes.
@@ -39,6 +39,10 @@ RouterPlan plan_router(const ModelConfig& c, const RouterWeights& r, int layer) 
   if (!c.routing_unsupported.empty())
     fail(ErrorKind::unsupported, at + "model_type '" + c.model_type + "': " + c.routing_unsupported +
                                      "; give the experts ids and weights instead (forward --input, or the API)");
+  if (c.is_hash_routed(layer))
+    fail(ErrorKind::unsupported, at + "model_type '" + c.model_type + "': layer " + std::to_string(layer) +
+                                     " chooses its experts by token id (hash routing through tid2eid), not from the hidden states; "
+                                     "give the experts ids and weights instead (forward --input, or the API)");
   if (p.experts < 1 || p.hidden < 1 || p.top_k < 1 || p.top_k > p.experts)
     fail(ErrorKind::invalid_argument, at + "needs 1 <= top_k <= experts and a positive hidden size (top_k " + std::to_string(p.top_k) +
                                           ", " + std::to_string(p.experts) + " experts, hidden " + std::to_string(p.hidden) + ")");
@@ -59,7 +63,8 @@ RouterPlan plan_router(const ModelConfig& c, const RouterWeights& r, int layer) 
 
   if (c.scoring_func == "softmax") p.scoring = Scoring::softmax;
   else if (c.scoring_func == "sigmoid") p.scoring = Scoring::sigmoid;
-  else fail(ErrorKind::invalid_argument, at + "scoring_func '" + c.scoring_func + "' is not one tilemoe knows (softmax, sigmoid)");
+  else if (c.scoring_func == "sqrtsoftplus") p.scoring = Scoring::sqrt_softplus;
+  else fail(ErrorKind::invalid_argument, at + "scoring_func '" + c.scoring_func + "' is not one tilemoe knows (softmax, sigmoid, sqrtsoftplus)");
   if (c.topk_method == "greedy") p.selection = Selection::greedy;
   else if (c.topk_method == "group_limited_greedy") p.selection = Selection::group_limited_greedy;
   else if (c.topk_method == "noaux_tc") p.selection = Selection::noaux_tc;
@@ -130,8 +135,14 @@ void route_one(const RouterPlan& p, int layer, int token, const bf16* x_bf16, st
     double sum = 0;
     for (int e = 0; e < E; ++e) sum += ex[e] = std::exp(logits[e] - m);
     for (int e = 0; e < E; ++e) scores[e] = static_cast<float>(ex[e] / sum);
-  } else {
+  } else if (p.scoring == Scoring::sigmoid) {
     for (int e = 0; e < E; ++e) scores[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(logits[e]))));
+  } else {
+    // sqrt(softplus(l)), softplus as torch's (beta 1, threshold 20: l itself above 20).
+    for (int e = 0; e < E; ++e) {
+      const double l = logits[e];
+      scores[e] = static_cast<float>(std::sqrt(l > 20.0 ? l : std::log1p(std::exp(l))));
+    }
   }
 
   // What the experts are chosen by: the score, plus DeepSeek-V3's correction bias, which

@@ -39,11 +39,11 @@ E, K, H = 5, 2, 72
 ROUTED = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite", "exaone_moe",
           "flex_olmo", "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "minimax", "minimax_m2", "mixtral", "olmoe", "qwen2_moe",
           "qwen3_moe", "qwen3_next", "glm_moe_dsa", "solar_open", "mimo_v2_flash", "qwen3_5_moe_text", "mellum",
-          "qwen4_exp_text", "hy_v3", "afmoe", "kimi_linear")
+          "qwen4_exp_text", "hy_v3", "afmoe", "kimi_linear", "deepseek_v4")
 # Read, but routing by the router refused (the experts run with ids given to them).
 ROUTING_REFUSED = ("phimoe",)
 # Refused when read: a layout or a config tilemoe does not know.
-REFUSED = ("jetmoe", "longcat_flash", "minimax_m3_vl_text", "deepseek_v4")
+REFUSED = ("jetmoe", "longcat_flash", "minimax_m3_vl_text")
 LISTED = ROUTED + ROUTING_REFUSED + REFUSED
 WANTED = dict(vocab_size=64, hidden_size=H, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=36,
               max_position_embeddings=64, tie_word_embeddings=False, intermediate_size=96, moe_intermediate_size=40,
@@ -51,6 +51,9 @@ WANTED = dict(vocab_size=64, hidden_size=H, num_hidden_layers=2, num_attention_h
               first_k_dense_replace=1, n_group=1, topk_group=1, n_shared_experts=1, shared_expert_intermediate_size=48,
               q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, decoder_sparse_step=1,
               mlp_only_layers=[], moe_topk=K, use_cache=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# Fields of one type: DeepSeek-V4 with a hash-routed layer (whose routing tilemoe refuses: it needs
+# token ids) and a routed one, and a swiglu_limit low enough that these weights' gates and ups meet it.
+EXTRA = {"deepseek_v4": dict(mlp_layer_types=["hash_moe", "moe"], swiglu_limit=0.25)}
 
 
 
@@ -59,7 +62,7 @@ def tiny_model(kind):
     # Only the fields the class has: another family's names would be written into config.json
     # (v5 keeps unknown keys) and make it read as that family's.
     params = inspect.signature(cls.__init__).parameters
-    config = cls(**{k: v for k, v in WANTED.items() if k in params})
+    config = cls(**{k: v for k, v in WANTED.items() if k in params}, **EXTRA.get(kind, {}))
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -88,6 +91,10 @@ def check_routed(kind, model_dir, model, tmp):
         block = model.get_submodule(name.rsplit(".", 1)[0])
         out = os.path.join(tmp, f"{kind}_{layer}.safetensors")
         run = forward_cli(model_dir, layer, out)
+        if (getattr(model.config, "mlp_layer_types", None) or [None] * (layer + 1))[layer] == "hash_moe":
+            print(f"{where}: hash-routed: refused: {run.stderr.strip()}")
+            expect(run.returncode != 0 and "token id" in run.stderr, f"{where}: a hash-routed layer was not refused by name: {run.stderr.strip()}")
+            continue
         expect(run.returncode == 0, f"{where}: tilemoe forward failed: {run.stderr.strip()}")
         if run.returncode != 0:
             continue
@@ -112,6 +119,12 @@ def check_routed(kind, model_dir, model, tmp):
         err_w = rel(mine_w.gather(1, mine_order.indices), w.float().gather(1, order.indices))
         with torch.no_grad():
             want = experts(x, ids, w.float())
+            if getattr(experts, "limit", None) is not None:
+                # The clamp must be met here, or this checks nothing of it.
+                limit, experts.limit = experts.limit, float("inf")
+                unclamped = experts(x, ids, w.float())
+                experts.limit = limit
+                expect(rel(unclamped, want) > 0.05, f"{where}: swiglu_limit {limit} changes nothing here ({rel(unclamped, want):.2e})")
         err_out = rel(torch.from_numpy(got["output"]), want)
         print(f"{where}: the same experts, weights {err_w:.2e}, output {err_out:.2e} ({type(block).__name__})")
         expect(err_w <= 1e-5, f"{where}: routing weights differ from transformers' by {err_w:.2e}")
