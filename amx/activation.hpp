@@ -8,6 +8,8 @@
 // issue 160876). All ISAs give the same result up to the last bits of exp and of the reciprocal,
 // except where AVX-512 rounds an f32 below 1.2e-38 to 0 (below).
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 #include "tilemoe/bf16.hpp"
 
@@ -31,7 +33,7 @@ void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, s
 // formulas as PyTorch's autograd, so NaN and infinities give what PyTorch gives (g = -inf: s = 0,
 // dgate and dup NaN). With limit > 0, g and u are the clamped values in those formulas, and dgate
 // (dup) is 0 where the unclamped g (u) lies outside the clamp's bounds, as torch.clamp's gradient
-// (bounds included; NaN outside).
+// (bounds included; NaN outside); the saved g and u keep their f32 sides (keep_clamp_sides).
 using SiluMulBackwardFn = void (*)(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                                    bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit);
 
@@ -41,5 +43,32 @@ void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* ga
 // a dgate, dup or h below 1.2e-38 becomes 0.
 void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                               bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit);
+
+// What the forward saves of gate and up for the backward is bf16, where the clamp's decision (is g
+// above limit? is u outside [-limit, limit]?) was the f32 value's. Rounding can carry a value
+// within half a bf16 step of a bound across it, which would flip that element's whole gradient
+// (torch.clamp passes none outside the bounds). After `saved` = bf16(values) (m rows, n columns),
+// this moves each such element to the nearest bf16 on its f32 value's side of the bound: at most
+// one bf16 step, and only next to the bounds. two_sided: up's bounds -limit and limit; else gate's
+// limit alone. limit > 0.
+using KeepClampSidesFn = void (*)(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
+                                  bool two_sided);
+
+void keep_clamp_sides_portable(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
+                               bool two_sided);
+// Only where isa_available(Isa::avx512_bf16).
+void keep_clamp_sides_avx512(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
+                             bool two_sided);
+
+// The bf16 neighbours of a bound 0 < limit: the largest bf16 <= limit and the smallest > it.
+struct ClampBoundBf16 {
+  bf16 at_or_below, above;
+};
+inline ClampBoundBf16 clamp_bound_bf16(float limit) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &limit, sizeof bits);
+  const auto truncated = static_cast<bf16>(bits >> 16);  // a positive value truncates downward
+  return {truncated, static_cast<bf16>(truncated + 1)};
+}
 
 }  // namespace tilemoe::kernels

@@ -181,4 +181,32 @@ void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, s
     silu_mul_rows<false>(gate, ldg, up, ldu, m, n, h, ldh, limit);
 }
 
+void keep_clamp_sides_avx512(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
+                             bool two_sided) {
+  const ClampBoundBf16 b = clamp_bound_bf16(limit);
+  const __m512 hi = _mm512_set1_ps(limit), lo = _mm512_set1_ps(-limit);
+  const __m256i above = _mm256_set1_epi16(static_cast<short>(b.above)), at_or_below = _mm256_set1_epi16(static_cast<short>(b.at_or_below));
+  const __m256i sign = _mm256_set1_epi16(static_cast<short>(0x8000));
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; j += 16) {
+      const __mmask16 lanes = lanes16(n - j);
+      const __m512 v = _mm512_maskz_loadu_ps(lanes, values + i * ldv + j);
+      bf16* out = saved + i * lds + j;
+      __m256i s = _mm256_maskz_loadu_epi16(lanes, out);
+      const __m512 r = bf16_to_f32(s);
+      // _CMP_GT_OQ is false for NaN: a NaN value or saved element is never moved.
+      const __mmask16 v_over = _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), r_over = _mm512_cmp_ps_mask(r, hi, _CMP_GT_OQ);
+      __mmask16 moved = v_over ^ r_over;
+      s = _mm256_mask_mov_epi16(s, v_over & ~r_over, above);
+      s = _mm256_mask_mov_epi16(s, r_over & ~v_over, at_or_below);
+      if (two_sided) {
+        const __mmask16 v_under = _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), r_under = _mm512_cmp_ps_mask(r, lo, _CMP_LT_OQ);
+        moved |= v_under ^ r_under;
+        s = _mm256_mask_mov_epi16(s, v_under & ~r_under, _mm256_or_si256(above, sign));
+        s = _mm256_mask_mov_epi16(s, r_under & ~v_under, _mm256_or_si256(at_or_below, sign));
+      }
+      if (moved & lanes) _mm256_mask_storeu_epi16(out, moved & lanes, s);
+    }
+}
+
 }  // namespace tilemoe::kernels

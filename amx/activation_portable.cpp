@@ -51,4 +51,21 @@ void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* ga
   }
 }
 
+void keep_clamp_sides_portable(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
+                               bool two_sided) {
+  const ClampBoundBf16 b = clamp_bound_bf16(limit);
+  const bf16 sign = 0x8000;
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      const float v = values[i * ldv + j];
+      bf16& s = saved[i * lds + j];
+      const float r = bf16_to_float(s);
+      if (v > limit && !(r > limit)) s = b.above;
+      else if (!(v > limit) && r > limit) s = b.at_or_below;
+      if (!two_sided) continue;
+      if (v < -limit && !(r < -limit)) s = static_cast<bf16>(b.above | sign);
+      else if (!(v < -limit) && r < -limit) s = static_cast<bf16>(b.at_or_below | sign);
+    }
+}
+
 }  // namespace tilemoe::kernels

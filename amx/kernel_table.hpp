@@ -31,6 +31,7 @@ struct KernelTable {
   GemmBf16Fn gemm_bf16;
   SiluMulBf16Fn silu_mul_bf16;
   SiluMulBackwardFn silu_mul_backward;
+  KeepClampSidesFn keep_clamp_sides;  // the forward's saved gate and up under a swiglu_limit
   PackTransposedFn pack_transposed_kblock;  // backward: Wᵀ panels from the forward layout
   PackTransposedIntFn pack_transposed_kblock_int;  // backward through int8/int4 weights
   LoraGradOuterFn lora_grad_outer;          // backward: LoRA weight gradients

@@ -36,7 +36,7 @@ inline QuantSftErrors quantized_sft_errors(kernels::Isa isa, const QuantCase& qc
   reference_forward(dq.view(), lora, batch, want_out.data());
   // The forward's gate and up are W8A8's products of the codes (the clamp's gradient masks are
   // decided on them).
-  ReferenceOptions backward_options = swiglu_masks_from_bf16();
+  ReferenceOptions backward_options;
   backward_options.int8_activations = true;
   backward_options.quantized = &q;
   reference_backward(dq.view(), lora, batch, go.data(), want_dx.data(), &want_grads, backward_options);
@@ -81,9 +81,9 @@ inline void run_quantized_backward_grid(kernels::Isa isa) {
     for (const auto& c : awkward_shape_grid()) {
       if (c.tokens > 256) continue;
       INFO(weight_type_name(qc.type) << " group " << qc.group << " hidden " << c.shape.hidden << " inter " << c.shape.intermediate
-                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " swiglu_limit " << c.shape.swiglu_limit << " tokens " << c.tokens
+                                     << " experts " << c.shape.num_experts << " top-" << c.shape.top_k << " swiglu_limit " << backward_shape(c.shape).swiglu_limit << " tokens " << c.tokens
                                      << " rank " << c.rank << " lora on every " << c.lora_every);
-      const QuantSftErrors e = quantized_sft_errors(isa, qc, c.shape, c.tokens, c.rank, c.lora_every, pool, 57 + c.tokens);
+      const QuantSftErrors e = quantized_sft_errors(isa, qc, backward_shape(c.shape), c.tokens, c.rank, c.lora_every, pool, 57 + c.tokens);
       if (std::getenv("TILEMOE_PRINT_ERRORS"))
         std::printf("%s g%d T=%d r=%d: out %.4f dx %.4f lora %.4f\n", weight_type_name(qc.type), qc.group, c.tokens, c.rank, e.out,
                     e.grad_input, e.lora);

@@ -139,8 +139,8 @@ inline void run_tp_grid(kernels::Isa isa, std::vector<int> node_counts = {1, 2, 
     for (const auto& c : awkward_shape_grid()) {
       if (c.tokens > 256) continue;  // the 1024-token case adds time, not coverage, four times over
       INFO(nodes << " nodes, hidden " << c.shape.hidden << " inter " << c.shape.intermediate << " experts " << c.shape.num_experts
-                 << " top-" << c.shape.top_k << " swiglu_limit " << c.shape.swiglu_limit << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.lora_every);
-      check_tp_case(isa, nodes, c.shape, c.tokens, c.rank, c.lora_every, 131 + c.tokens);
+                 << " top-" << c.shape.top_k << " swiglu_limit " << backward_shape(c.shape).swiglu_limit << " tokens " << c.tokens << " rank " << c.rank << " lora on every " << c.lora_every);
+      check_tp_case(isa, nodes, backward_shape(c.shape), c.tokens, c.rank, c.lora_every, 131 + c.tokens);
     }
 }
 

@@ -26,17 +26,6 @@ class LoraLinear(torch.nn.Module):
         return self.base_layer(x) + lora.to(x.dtype)
 
 
-def clamp_as_bf16(v, low, high):
-    """torch.clamp(v, low, high) (None: no bound) deciding on v rounded to bf16, as a bf16 model's
-    activations are and tilemoe's saved ones: where v's bf16 lies outside, the bound and no gradient."""
-    r = v.detach().to(torch.bfloat16).to(v.dtype)
-    if high is not None:
-        v = torch.where(r > high, torch.full_like(v, high), v)
-    if low is not None:
-        v = torch.where(r < low, torch.full_like(v, low), v)
-    return v
-
-
 class Expert(torch.nn.Module):
     def __init__(self, projections, swiglu_limit=0.0):
         super().__init__()
@@ -49,15 +38,14 @@ class Expert(torch.nn.Module):
         gate, up, down = (getattr(self, n) for n in self.names)
         g, u = gate(x), up(x)
         if self.swiglu_limit > 0:  # DeepSeek-V4's clamped SwiGLU
-            g = clamp_as_bf16(g, None, self.swiglu_limit)
-            u = clamp_as_bf16(u, -self.swiglu_limit, self.swiglu_limit)
+            g = g.clamp(max=self.swiglu_limit)
+            u = u.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
         return down(torch.nn.functional.silu(g) * u)
 
 
 class ReferenceMoE(torch.nn.Module):
     """gate, up [E, I, H], down [E, H, I] (any float dtype; used as `dtype`); lora: {"gate_a": [E, r, in],
-    "gate_b": [E, out, r], ...} float32; scale: alpha / r; swiglu_limit as MoEConfig's (the clamp
-    decided on bf16 values: clamp_as_bf16). Parameters are named like MoELoRA's."""
+    "gate_b": [E, out, r], ...} float32; scale: alpha / r; swiglu_limit as MoEConfig's. Parameters are named like MoELoRA's."""
 
     def __init__(self, gate, up, down, lora, scale, naming=None, dtype=torch.float32, swiglu_limit=0.0):
         super().__init__()

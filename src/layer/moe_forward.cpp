@@ -601,6 +601,11 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
                                     save->gate + row0 * inter + col0, inter);
       kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cu, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
                                     save->up + row0 * inter + col0, inter);
+      // The backward's clamp masks then read what these f32 values decided.
+      if (s.swiglu_limit > 0) {
+        kt_.keep_clamp_sides(cg, static_cast<std::size_t>(cols), m, n, save->gate + row0 * inter + col0, inter, s.swiglu_limit, false);
+        kt_.keep_clamp_sides(cu, static_cast<std::size_t>(cols), m, n, save->up + row0 * inter + col0, inter, s.swiglu_limit, true);
+      }
     }
     const ExpertRows he = expert_rows(h_, e, ik);
     if (he.tiles) {

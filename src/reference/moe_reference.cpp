@@ -98,9 +98,7 @@ S sigmoid(S g) {
 template <typename S>
 struct Swiglu {
   S limit;
-  bool masks_from_bf16 = false;  // ReferenceOptions::swiglu_masks_from_bf16
   bool clamped() const { return limit > S(0); }
-  S masked(S v) const { return masks_from_bf16 ? static_cast<S>(bf16_to_float(float_to_bf16(static_cast<float>(v)))) : v; }
   S gate(S g) const { return clamped() && g > limit ? limit : g; }
   S up(S u) const { return clamped() ? (u > limit ? limit : u < -limit ? -limit : u) : u; }
   S h(S g, S u) const {
@@ -109,12 +107,12 @@ struct Swiglu {
   }
   // dL/dg and dL/du from dL/dh.
   S dgate(S dh, S g, S u) const {
-    if (clamped() && !(masked(g) <= limit)) return S(0);
+    if (clamped() && !(g <= limit)) return S(0);
     const S gc = gate(g), sg = sigmoid(gc);
     return dh * up(u) * sg * (S(1) + gc * (S(1) - sg));  // silu'(g), exact
   }
   S dup(S dh, S g, S u) const {
-    if (clamped() && !(masked(u) <= limit && masked(u) >= -limit)) return S(0);
+    if (clamped() && !(u <= limit && u >= -limit)) return S(0);
     const S gc = gate(g);
     return dh * gc * sigmoid(gc);
   }
@@ -159,7 +157,7 @@ template <typename S>
 void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, const S* grad_output,
                         S* grad_input, LayerLoraT<S>* lora_grad, const ReferenceOptions& options) {
   const MoeShape& s = w.shape;
-  const Swiglu<S> act{static_cast<S>(s.swiglu_limit), options.swiglu_masks_from_bf16};
+  const Swiglu<S> act{static_cast<S>(s.swiglu_limit)};
   TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
   MutMap<S> dx_all(grad_input, batch.tokens, s.hidden);
   dx_all.setZero();

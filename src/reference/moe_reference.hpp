@@ -29,14 +29,9 @@ struct MoeBatch {
 // keep it; LoRA terms see x exactly. In the backward, the gate and up it recomputes see x so too.
 // quantized: the base weights are these codes and scales, dequantized exactly in f32 (the
 // ExpertWeightsView then gives only the shape), rather than the bf16 view.
-// swiglu_masks_from_bf16 (backward): where a swiglu_limit's clamp passes a gradient is decided on
-// gate and up rounded to bf16, as the fast path's cache keeps them (and PyTorch's bf16 autograd
-// saves them). The gradient jumps at the limit, so a value within half a bf16 step of it would
-// otherwise flip an element's whole gradient between the paths.
 struct ReferenceOptions {
   bool int8_activations = false;
   const quant::QuantizedExperts* quantized = nullptr;
-  bool swiglu_masks_from_bf16 = false;
 };
 
 // output: [T][H], overwritten. Throws invalid_argument for an expert id >= E.

@@ -73,9 +73,11 @@ def tiny_model(kind):
         config = cls(**{k: v for k, v in fields.items() if k in params})
     elif kind == "deepseek_v4":
         # Saved by transformers in DeepSeek's own names (ffn.experts.{e}.w1/w2/w3, the correction bias
-        # as ffn.gate.bias); layer 0 hash-routed; a swiglu_limit these weights' gates and ups meet.
+        # as ffn.gate.bias); layer 0 hash-routed; a swiglu_limit in the tail of the gates and ups under
+        # this LoRA (their spread is about 2): the gradient jumps at the bounds, where a value within
+        # rounding of one could be clamped by one side only.
         config = transformers.CONFIG_MAPPING[kind](moe_intermediate_size=40, n_routed_experts=5, n_shared_experts=1, q_lora_rank=32,
-                                                   mlp_layer_types=["hash_moe", "moe"], swiglu_limit=0.5, **common)
+                                                   mlp_layer_types=["hash_moe", "moe"], swiglu_limit=5.0, **common)
     else:
         config = transformers.MixtralConfig(intermediate_size=40, num_local_experts=5, **common)
     torch.manual_seed(7)
@@ -232,6 +234,15 @@ def run(kind, tmp):
         xr = x.clone().requires_grad_()
         want = experts(xr, ids, w)
         (want * go).sum().backward()
+        clamping = [mod for mod in experts.modules() if isinstance(getattr(mod, "limit", None), float)]
+        expect(bool(clamping) == (kind == "deepseek_v4"), f"{where}: {len(clamping)} experts modules with a swiglu limit")
+        for mod in clamping:  # the limit must be met by this batch, or this checks nothing of it
+            limit, mod.limit = mod.limit, float("inf")
+            with torch.no_grad():
+                moved = rel(experts(x, ids, w), want.detach())
+            mod.limit = limit
+            print(f"{where}: swiglu_limit {limit} moves the output by {moved:.2e}")
+            expect(moved > 5e-3, f"{where}: swiglu_limit {limit} changes nothing here ({moved:.2e})")
 
         ml = tilemoe.MoELayer.from_checkpoint(model_dir, layer, adapter=adapter_dir, max_tokens=64)
         keys = ml.adapter_stacked_keys()
