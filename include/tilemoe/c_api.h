@@ -61,6 +61,8 @@ TILEMOE_API int tilemoe_runtime_threads(const tilemoe_runtime* runtime);
 TILEMOE_API tilemoe_status tilemoe_runtime_sync(tilemoe_runtime* runtime);
 TILEMOE_API tilemoe_status tilemoe_runtime_wait(tilemoe_runtime* runtime, tilemoe_ticket ticket);
 
+/* 0.2.0 appended swiglu_limit to tilemoe_layer_config: callers built against 0.1.0's header pass a
+ * smaller struct and must be rebuilt (tilemoe_version() says which library is loaded). */
 typedef struct tilemoe_layer_config {
   int num_experts, top_k, hidden, intermediate;
   int max_tokens;

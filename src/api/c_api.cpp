@@ -93,7 +93,7 @@ const char* tilemoe_status_name(tilemoe_status status) {
   return "unknown status";
 }
 
-const char* tilemoe_version(void) { return "0.1.0"; }
+const char* tilemoe_version(void) { return "0.2.0"; }  // CMakeLists.txt's project VERSION
 
 tilemoe_status tilemoe_runtime_create(const char* isa, int threads, tilemoe_runtime** out) {
   return guard([&] {

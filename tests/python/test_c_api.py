@@ -24,7 +24,7 @@ BF16, F32 = 0, 1
 class LayerConfig(C.Structure):
     _fields_ = [(n, C.c_int) for n in ("num_experts", "top_k", "hidden", "intermediate", "max_tokens", "lora_rank")] + [
         ("lora_alpha", C.c_double), ("use_rslora", C.c_int), ("max_cache_depth", C.c_int), ("weight_type", C.c_int),
-        ("numa_nodes", C.c_int), ("group_size", C.c_int), ("backward_weight_copy", C.c_int)]
+        ("numa_nodes", C.c_int), ("group_size", C.c_int), ("backward_weight_copy", C.c_int), ("swiglu_limit", C.c_double)]
 
 
 class CheckpointOptions(C.Structure):
@@ -169,6 +169,15 @@ except TilemoeError as e:
     print("error as expected:", e)
     expect("expert_ids[2][1]" in str(e), "the message names the slot")
 lib.tilemoe_layer_destroy(layer)
+
+# A clamped SwiGLU (DeepSeek-V4's swiglu_limit), reported back by get_config.
+clamped_cfg = LayerConfig(E, K, H, I, T, R, 4.0, 0, 1, 0, 1, 0, 0, 0.125)
+clamped = C.c_void_p()
+check(lib.tilemoe_layer_create(rt, C.byref(clamped_cfg), ptr(gate), ptr(up), ptr(down), C.byref(clamped)))
+got_cfg = LayerConfig()
+check(lib.tilemoe_layer_get_config(clamped, C.byref(got_cfg)))
+expect(got_cfg.swiglu_limit == 0.125 and got_cfg.num_experts == E, f"get_config gives swiglu_limit {got_cfg.swiglu_limit}")
+lib.tilemoe_layer_destroy(clamped)
 
 
 def write_safetensors(path, tensors):
