@@ -240,8 +240,10 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
 void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::Topology& topo, const numa::ThreadPool& pool) {
   const MoeShape& s = o.shape;
   const std::vector<BenchCase>& cases = b.cases;
-  std::printf("tilemoe bench: shape %s (hidden %d, intermediate %d, %d experts, top-%d), isa %s, %d threads\n", o.shape_name.c_str(),
-              s.hidden, s.intermediate, s.num_experts, s.top_k, kernels::isa_label(o.isa).c_str(), pool.size());
+  char clamp[48] = "";
+  if (s.swiglu_limit > 0) std::snprintf(clamp, sizeof clamp, ", swiglu_limit %g", s.swiglu_limit);
+  std::printf("tilemoe bench: shape %s (hidden %d, intermediate %d, %d experts, top-%d%s), isa %s, %d threads\n", o.shape_name.c_str(),
+              s.hidden, s.intermediate, s.num_experts, s.top_k, clamp, kernels::isa_label(o.isa).c_str(), pool.size());
   std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n", topo.cpu_model.c_str(),
               topo.cores, topo.llc_bytes / 1e6, b.bandwidth / 1e9, kernels::isa_label(o.isa).c_str(), b.peak / 1e12);
   // The floor's bandwidth is the best of these; a decode figure is read against the pattern it resembles.

@@ -44,6 +44,7 @@ const std::vector<NamedShape>& known_shapes() {
       {"qwen3-30b", {2048, 768, 128, 8}},
       {"v3", {7168, 2048, 256, 8}},
       {"mixtral-8x7b", {4096, 14336, 8, 2}},
+      {"v4-flash", {4096, 2048, 256, 6, 10.0f}},  // DeepSeek-V4-Flash: clamped SwiGLU at swiglu_limit 10
       {"mini", {512, 384, 16, 4}},  // not a model: small enough that train-demo runs in seconds anywhere
   };
   return shapes;

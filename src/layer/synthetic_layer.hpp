@@ -15,7 +15,7 @@ struct NamedShape {
   const char* name;
   MoeShape shape;
 };
-// v2-lite, qwen3-30b, v3, mixtral-8x7b, and mini (a small layer for demos)
+// v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash (a swiglu_limit), and mini (a small layer for demos)
 const std::vector<NamedShape>& known_shapes();
 MoeShape shape_by_name(const std::string& name);  // throws invalid_argument listing the names
 
