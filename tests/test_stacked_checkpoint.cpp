@@ -218,8 +218,11 @@ TEST_CASE("fixture checkpoints restacked as transformers v5 writes them load the
       auto want_spec = quant::spec_for_checkpoint(original, WeightType::int8, 0, 1, {layer});
       if (form == StackForm::per_projection || (form == StackForm::gate_up && c.name != "mixtral_tiny"))
         CHECK(spec.name_templates == want_spec.name_templates);
-      if (form == StackForm::granite)
+      if (form == StackForm::granite) {
         CHECK(spec.name_templates[0] == "model.layers.{L}.block_sparse_moe.experts.{E}.gate_proj");
+        CHECK(spec.name_templates[1] == "model.layers.{L}.block_sparse_moe.experts.{E}.up_proj");
+        CHECK(spec.name_templates[2] == "model.layers.{L}.block_sparse_moe.experts.{E}.down_proj");
+      }
       const std::string out = dir + "_int8";
       fs::remove_all(out);
       {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "src/model/checkpoint.hpp"
+#include "src/model/tensor_names.hpp"
 #include "src/quant/checkpoint_fingerprint.hpp"
 #include "src/quant/quantized_file_format.hpp"
 #include "tilemoe/error.hpp"
@@ -113,27 +114,28 @@ std::string expert_name_template(const std::string& weight_name, int layer, int 
 }
 
 std::string stacked_expert_name_template(const std::string& stacked_name, int layer, Projection p) {
+  const auto parsed = parse_stacked_expert_tensor_name(stacked_name);
+  if (!parsed || parsed->layer != layer)
+    fail(ErrorKind::unsupported, "'" + stacked_name + "': not a stack of layer " + std::to_string(layer) + "'s experts");
   auto parts = split_dots(stacked_name);
   const std::string l = std::to_string(layer);
   std::size_t i = 0;
   while (i + 1 < parts.size() && !(parts[i] == "layers" && parts[i + 1] == l)) ++i;
-  std::size_t j = i + 2;
-  while (j + 1 < parts.size() && parts[j] != "experts" && parts[j] != "input_linear" && parts[j] != "output_linear") ++j;
-  if (i + 1 >= parts.size() || j + 1 >= parts.size())
-    fail(ErrorKind::unsupported, "'" + stacked_name + "': expected 'layers." + l + "' and then 'experts.<projection>' in the name");
+  std::size_t j = i + 2;  // the projection token, after the module that holds the stack
+  while (j < parts.size() && parts[j] != parsed->projection_token) ++j;
   parts[i + 1] = "{L}";
-  std::string token;
-  if (parts[j] == "experts") {
-    token = parts[j + 1];
-    parts.resize(j + 1);
-  } else {  // GraniteMoE's "block_sparse_moe.input_linear" / "output_linear": named as its experts' projections
-    token = parts[j] == "input_linear" ? "gate_up_proj" : "down_proj";
-    parts.resize(j);
-    parts.push_back("experts");
-  }
+  const bool under_experts = j > 0 && parts[j - 1] == "experts";
+  parts.resize(j);
+  // A stack held by the MoE block itself (GraniteMoE's input_linear / output_linear) is named as
+  // a module "experts" of that block.
+  if (!under_experts) parts.push_back("experts");
   parts.push_back("{E}");
-  // gate_up_proj holds two projections; each gets the per-expert name transformers v4 gave it.
-  parts.push_back(token == "gate_up_proj" ? (p == Projection::gate ? "gate_proj" : "up_proj") : token);
+  // Each expert's projection under the per-expert name transformers v4 gave it: a gate_up stack
+  // holds two; GraniteMoE's output_linear is down_proj; other stacks keep their token.
+  std::string token = parsed->projection_token;
+  if (parsed->kind == StackedExperts::gate_up) token = p == Projection::gate ? "gate_proj" : "up_proj";
+  else if (!under_experts) token = "down_proj";
+  parts.push_back(token);
   std::string out;
   for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? "." : "") + parts[k];
   return out;
