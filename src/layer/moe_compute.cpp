@@ -104,12 +104,13 @@ void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBa
   const quant::QuantizedExperts* q = quantized_for(w, opt, holder);
   if (backend == "reference") {
     // Through a quantized base: the gradients of the dequantized model (activation rounding is the
-    // identity for them, as in the kernels).
+    // identity for them, as in the kernels), at the gate and up the forward computed.
     ExpertWeights dq;
     if (q) dq = quant::dequantize_experts(*q);
     const ExpertWeightsView rw = q ? dq.view() : w;
-    if (output) reference_forward(rw, lora, batch, output, q ? ReferenceOptions{true, q} : ReferenceOptions{});
-    return reference_backward(rw, lora, batch, grad_output, grad_input, lora_grad);
+    const ReferenceOptions ro = q ? ReferenceOptions{true, q} : ReferenceOptions{};
+    if (output) reference_forward(rw, lora, batch, output, ro);
+    return reference_backward(rw, lora, batch, grad_output, grad_input, lora_grad, ro);
   }
   auto isa = *kernels::parse_isa(backend);
   const LayerLoraView view = lora_view(lora);
