@@ -305,6 +305,11 @@ TEST_CASE("config.json of each model family", "[config]") {
             parse_model_config(std::string(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
               "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":)") + bad + "}", "v4");
           }).find("v4: swiglu_limit is ") == 0);
+  // A swiglu_limit of another type: its clamp may be another formula.
+  CHECK(error_of([] {
+          parse_model_config(R"({"model_type":"step9","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+            "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":7.0})", "s9");
+        }).find("s9: model_type 'step9': its experts clamp gate and up at swiglu_limit 7.0") == 0);
   // Experts that compute something else are refused by name.
   CHECK(error_of([] {
           parse_model_config(R"({"model_type":"minimax_m3_vl_text","hidden_size":64,"intermediate_size":32,"num_local_experts":8,

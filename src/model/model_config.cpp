@@ -252,8 +252,13 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   if (t == "minimax_m3_vl" || t == "minimax_m3_vl_text")
     fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts' output is not down(silu(gate(x)) * up(x)) (as transformers v5 "
                                        "computes them, checked by tilemoe's tests), which is what tilemoe runs");
-  // DeepSeek-V4 clamps gate and up before the SwiGLU (MoeShape::swiglu_limit).
+  // DeepSeek-V4 clamps gate and up before the SwiGLU (MoeShape::swiglu_limit). Another type's clamp
+  // may be another formula (gpt-oss's, above, adds biases and scales): refused unless checked.
   if (auto limit = j.find("swiglu_limit"); limit != j.end() && !limit->is_null()) {
+    if (t != "deepseek_v4")
+      fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts clamp gate and up at swiglu_limit " + limit->dump() +
+                                       ", and tilemoe computes that clamp as DeepSeek-V4's (gate <= limit, up within +-limit), checked "
+                                       "against transformers for model_type 'deepseek_v4' only");
     if (!limit->is_number() || !valid_swiglu_limit(limit->get<double>()) || limit->get<double>() == 0.0)
       fail(ErrorKind::bad_file, src + ": swiglu_limit is " + limit->dump() + "; it must be a finite number > 0 (or absent)");
     c.shape.swiglu_limit = limit->get<float>();
