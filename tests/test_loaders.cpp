@@ -305,6 +305,16 @@ TEST_CASE("config.json of each model family", "[config]") {
             parse_model_config(std::string(R"({"model_type":"deepseek_v4","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
               "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":)") + bad + "}", "v4");
           }).find("v4: swiglu_limit is ") == 0);
+  // Optional integer fields: an integral float is that integer; one out of int's range (the fuzzer's
+  // 1.6e40, undefined behaviour in the JSON library's conversion), a fraction or a non-number is
+  // as absent.
+  for (const auto& [freq, layers] : std::vector<std::pair<std::string, std::vector<int>>>{
+           {"2.0", {2}}, {"1.5555555555555555e40", {1, 2, 3}}, {"-1e300", {1, 2, 3}}, {"1.5", {1, 2, 3}}, {"\"2\"", {1, 2, 3}},
+           {"4294967298", {1, 2, 3}}}) {
+    INFO("moe_layer_freq " << freq);
+    CHECK(parse_model_config(R"({"model_type":"deepseek_v2","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,
+      "num_experts_per_tok":2,"num_hidden_layers":4,"first_k_dense_replace":1,"moe_layer_freq":)" + freq + "}", "f").moe_layers == layers);
+  }
   // A swiglu_limit of another type: its clamp may be another formula.
   CHECK(error_of([] {
           parse_model_config(R"({"model_type":"step9","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":8,

@@ -64,15 +64,17 @@ PeftConfig read_peft_config(const std::string& adapter_dir) {
   if (j.contains("peft_type") && j["peft_type"].is_string() && j["peft_type"] != "LORA")
     fail(ErrorKind::unsupported, path + ": peft_type is " + j["peft_type"].get<std::string>() + "; only LORA adapters are supported");
   if (j.value("use_dora", false)) fail(ErrorKind::unsupported, path + ": DoRA adapters (use_dora) are not supported");
-  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<long long>() <= 0)
-    fail(ErrorKind::bad_file, path + ": 'r' must be a positive integer");
+  // Ranks past 2^20 are no LoRA's; refused here, they would wrap in an int.
+  if (!j.contains("r") || !j["r"].is_number_integer() || j["r"].get<long long>() <= 0 || j["r"].get<long long>() > (1 << 20))
+    fail(ErrorKind::bad_file, path + ": 'r' must be a positive integer (at most 2^20)");
   c.r = j["r"].get<int>();
   if (!j.contains("lora_alpha") || !j["lora_alpha"].is_number()) fail(ErrorKind::bad_file, path + ": 'lora_alpha' must be a number");
   c.lora_alpha = j["lora_alpha"].get<double>();
   c.use_rslora = j.value("use_rslora", false);
   if (j.contains("rank_pattern") && j["rank_pattern"].is_object())
     for (auto& [k, v] : j["rank_pattern"].items()) {
-      if (!v.is_number_integer() || v.get<long long>() <= 0) fail(ErrorKind::bad_file, path + ": rank_pattern['" + k + "'] must be a positive integer");
+      if (!v.is_number_integer() || v.get<long long>() <= 0 || v.get<long long>() > (1 << 20))
+        fail(ErrorKind::bad_file, path + ": rank_pattern['" + k + "'] must be a positive integer (at most 2^20)");
       c.rank_pattern.emplace_back(k, v.get<int>());
     }
   if (j.contains("target_parameters") && j["target_parameters"].is_array())

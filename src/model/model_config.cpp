@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -37,14 +39,46 @@ int require_uniform_int(const json& j, const char* key, const std::string& src) 
   return require_int(j, key, src);
 }
 
+// An integer of type I from a JSON number that holds one exactly (1 and 1.0, not 1.5 or 1e40):
+// nlohmann's own conversion of a float outside I's range is undefined behaviour (found by the
+// loaders' fuzzer), and a large integer would wrap.
+template <typename I>
+bool exact_integer(const json& v, I& out) {
+  constexpr long double lo = static_cast<long double>(std::numeric_limits<I>::min());
+  constexpr long double hi = static_cast<long double>(std::numeric_limits<I>::max());
+  long double x;
+  if (v.is_number_unsigned()) x = static_cast<long double>(v.get<unsigned long long>());
+  else if (v.is_number_integer()) x = static_cast<long double>(v.get<long long>());
+  else if (v.is_number_float()) x = static_cast<long double>(v.get<double>());
+  else return false;
+  if (!(x >= lo && x <= hi) || x != std::trunc(x)) return false;
+  out = static_cast<I>(x);
+  return true;
+}
+
+// config.json's optional fields: the fallback when absent, null or not of the type asked for.
 template <typename T>
 T value_or(const json& j, const char* key, T fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    return fallback;
+  if constexpr (std::is_same_v<T, int>) {
+    int v;
+    return exact_integer(*it, v) ? v : fallback;
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    if (!it->is_array()) return fallback;
+    std::vector<int> out;
+    for (const auto& e : *it) {
+      int v;
+      if (!exact_integer(e, v)) return fallback;
+      out.push_back(v);
+    }
+    return out;
+  } else {
+    try {
+      return it->get<T>();
+    } catch (const json::exception&) {
+      return fallback;
+    }
   }
 }
 
