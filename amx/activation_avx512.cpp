@@ -52,6 +52,15 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
   return _mm512_mul_ps(s, u);
 }
 
+// The general form's (u + up_offset) * g * sigmoid(alpha g), offset already in u.
+inline __m512 silu_mul_general(__m512 g, __m512 u, __m512 alpha) {
+  __m512 s = _mm512_mul_ps(g, sigmoid_avx512(_mm512_mul_ps(alpha, g)));
+  // -inf * 0 is NaN; the limit is -0.
+  const __mmask16 minus_inf = _mm512_cmp_ps_mask(g, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+  s = _mm512_mask_mov_ps(s, minus_inf, _mm512_set1_ps(-0.0f));
+  return _mm512_mul_ps(s, u);
+}
+
 // h is rounded by VCVTNEPS2BF16 (to nearest even, as to_bf16, but an f32 below the normal range,
 // 1.2e-38, becomes 0): on the device (held r = 16, three variants taking turns, two processes)
 // that and the sigmoid above took bf16 at 4096 tokens 0.4-2.2 % and int8 0.9-3.3 % less time,
@@ -59,10 +68,12 @@ inline __m512 silu_mul(__m512 g, __m512 u) {
 inline __m256i h_to_bf16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
 
 // A swiglu_limit's clamps (activation.hpp); the limit is the first operand of min / max so that a
-// NaN in v comes through, as in torch.clamp.
+// NaN in v comes through, as in torch.clamp. Also the general form's alpha and up_offset.
 struct SwigluClamp {
-  __m512 limit, minus_limit;
-  explicit SwigluClamp(float l) : limit(_mm512_set1_ps(l)), minus_limit(_mm512_set1_ps(-l)) {}
+  __m512 limit, minus_limit, alpha, up_offset;
+  explicit SwigluClamp(SwigluForm f)
+      : limit(_mm512_set1_ps(f.limit)), minus_limit(_mm512_set1_ps(-f.limit)), alpha(_mm512_set1_ps(f.alpha)),
+        up_offset(_mm512_set1_ps(f.up_offset)) {}
   __m512 gate(__m512 g) const { return _mm512_min_ps(limit, g); }
   __m512 up(__m512 u) const { return _mm512_max_ps(minus_limit, _mm512_min_ps(limit, u)); }
   // Where torch.clamp passes the gradient: the input within the bounds (NaN is not).
@@ -77,7 +88,7 @@ struct SwigluClamp {
 // VDIVPS and the emulated rounding it had differed from the forward's h in its last bits and at
 // g = -inf. On the device (fine-tuning step, r = 16, both forms taking turns, three processes)
 // 512 tokens took -0.4 to +0.1 % and 4096 tokens -1.8 to +0.6 %: the same time.
-template <bool kClamp>
+template <bool kClamp, bool kGeneral>
 inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, const bf16* u16, bf16* dg, bf16* du, bf16* h,
                               const SwigluClamp& clamp) {
   const __m512 one = _mm512_set1_ps(1.0f);
@@ -91,11 +102,13 @@ inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, c
     g = clamp.gate(g);
     u = clamp.up(u);
   }
+  if constexpr (kGeneral) u = _mm512_add_ps(u, clamp.up_offset);
   // At g = -inf, s = 0 (e^-104 rounds to 0): g s and silu' are NaN there, as in PyTorch's autograd.
-  const __m512 s = sigmoid_avx512(g);
+  const __m512 ag = kGeneral ? _mm512_mul_ps(clamp.alpha, g) : g;
+  const __m512 s = sigmoid_avx512(ag);
   const __m512 silu = _mm512_mul_ps(g, s);
   _mm256_mask_storeu_epi16(du, mask, h_to_bf16(_mm512_maskz_mov_ps(u_passes, _mm512_mul_ps(dh, silu))));
-  const __m512 dsilu = _mm512_mul_ps(s, _mm512_fmadd_ps(g, _mm512_sub_ps(one, s), one));
+  const __m512 dsilu = _mm512_mul_ps(s, _mm512_fmadd_ps(ag, _mm512_sub_ps(one, s), one));
   _mm256_mask_storeu_epi16(dg, mask, h_to_bf16(_mm512_maskz_mov_ps(g_passes, _mm512_mul_ps(_mm512_mul_ps(dh, u), dsilu))));
   if (h) {
     // silu_mul's limit at -inf.
@@ -112,10 +125,10 @@ inline void silu_backward_vec(__mmask16 mask, const float* d, const bf16* g16, c
 // On the device (512 tokens of DeepSeek-V2-Lite, r=16), with the gradient blocks asked for
 // likewise (moe_backward.cpp), the dh phase went from 0.45 to 0.39 times the forward_sft and the
 // whole backward from 1.11 to 1.08 (means of four rounds each; docs/perf.md, session 30).
-template <bool kClamp>
+template <bool kClamp, bool kGeneral>
 void silu_mul_backward_rows(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
-                            bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit) {
-  const SwigluClamp clamp(limit);
+                            bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, SwigluForm form) {
+  const SwigluClamp clamp(form);
   const std::size_t row_bytes = static_cast<std::size_t>(n) * sizeof(bf16);
   for (int i = 0; i < m; ++i) {
     if (i + kPrefetchRowsAhead < m) {
@@ -133,17 +146,21 @@ void silu_mul_backward_rows(const float* dh, std::size_t ldd, const bf16* gate, 
     bf16* hi = h ? h + i * ldh : nullptr;
     for (int j = 0; j < n; j += 16) {
       const __mmask16 mask = lanes16(n - j);
-      silu_backward_vec<kClamp>(mask, di + j, gi + j, ui + j, dgi + j, dui + j, hi ? hi + j : nullptr, clamp);
+      silu_backward_vec<kClamp, kGeneral>(mask, di + j, gi + j, ui + j, dgi + j, dui + j, hi ? hi + j : nullptr, clamp);
     }
   }
 }
 
-template <bool kClamp>
+template <bool kClamp, bool kGeneral>
 void silu_mul_rows(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n, bf16* h, std::size_t ldh,
-                   float limit) {
-  const SwigluClamp clamp(limit);
+                   SwigluForm form) {
+  const SwigluClamp clamp(form);
   auto product = [&](__m512 g, __m512 u) {
-    if constexpr (kClamp) return silu_mul(clamp.gate(g), clamp.up(u));
+    if constexpr (kClamp) {
+      g = clamp.gate(g);
+      u = clamp.up(u);
+    }
+    if constexpr (kGeneral) return silu_mul_general(g, _mm512_add_ps(u, clamp.up_offset), clamp.alpha);
     return silu_mul(g, u);
   };
   for (int i = 0; i < m; ++i) {
@@ -166,19 +183,27 @@ void silu_mul_rows(const float* gate, std::size_t ldg, const float* up, std::siz
 }  // namespace
 
 void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
-                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, float limit) {
-  if (limit > 0.0f)
-    silu_mul_backward_rows<true>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, limit);
+                              bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, SwigluForm form) {
+  const bool clamp = form.limit > 0.0f;
+  if (!form.plain())
+    return clamp ? silu_mul_backward_rows<true, true>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, form)
+                 : silu_mul_backward_rows<false, true>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, form);
+  if (clamp)
+    silu_mul_backward_rows<true, false>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, form);
   else
-    silu_mul_backward_rows<false>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, limit);
+    silu_mul_backward_rows<false, false>(dh, ldd, gate, up, ldgu, m, n, dgate, dup, ldo, h, ldh, form);
 }
 
 void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
-                          bf16* h, std::size_t ldh, float limit) {
-  if (limit > 0.0f)
-    silu_mul_rows<true>(gate, ldg, up, ldu, m, n, h, ldh, limit);
+                          bf16* h, std::size_t ldh, SwigluForm form) {
+  const bool clamp = form.limit > 0.0f;
+  if (!form.plain())
+    return clamp ? silu_mul_rows<true, true>(gate, ldg, up, ldu, m, n, h, ldh, form)
+                 : silu_mul_rows<false, true>(gate, ldg, up, ldu, m, n, h, ldh, form);
+  if (clamp)
+    silu_mul_rows<true, false>(gate, ldg, up, ldu, m, n, h, ldh, form);
   else
-    silu_mul_rows<false>(gate, ldg, up, ldu, m, n, h, ldh, limit);
+    silu_mul_rows<false, false>(gate, ldg, up, ldu, m, n, h, ldh, form);
 }
 
 void keep_clamp_sides_avx512(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,

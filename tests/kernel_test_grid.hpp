@@ -320,15 +320,19 @@ inline double clamp_up_ref(double u, double limit) { return limit > 0 ? (u > lim
 inline bool gate_grad_passes(double g, double limit) { return !(limit > 0) || g <= limit; }
 inline bool up_grad_passes(double u, double limit) { return !(limit > 0) || (u <= limit && u >= -limit); }
 
-// The limits the SwiGLU kernels are checked at: none, and one that clamps many of the test values
-// (gates in [-20, 20], ups in [-3, 3]), with values exactly at the bounds among the specials.
-inline constexpr float kSwigluTestLimits[] = {0.0f, 2.5f};
+// The forms the SwiGLU kernels are checked in: limits none and one that clamps many of the test
+// values (gates in [-20, 20], ups in [-3, 3]), with values exactly at the bounds among the specials;
+// the plain form, gpt-oss's alpha and up offset, and another general one.
+inline constexpr SwigluForm kSwigluTestForms[] = {
+    {0.0f, 1.0f, 0.0f}, {2.5f, 1.0f, 0.0f}, {0.0f, 1.702f, 1.0f}, {2.5f, 1.702f, 1.0f}, {0.0f, 0.75f, -0.5f}};
+inline double swiglu_sigmoid_ref(double g, const SwigluForm& f) { return 1.0 / (1.0 + std::exp(-(f.alpha * g))); }
 
 // h must equal the double reference rounded to bf16, give or take one bf16 step (f32 rounding
 // can land either side of a tie), and both must be NaN together. Values that f32 exp
 // overflows to -0 are compared with an absolute bound.
-inline void check_silu_mul(SiluMulBf16Fn silu_mul, float limit) {
-  INFO("swiglu_limit " << limit);
+inline void check_silu_mul(SiluMulBf16Fn silu_mul, SwigluForm form) {
+  const float limit = form.limit;
+  INFO("swiglu_limit " << limit << " alpha " << form.alpha << " up_offset " << form.up_offset);
   std::mt19937 rng(5);
   std::vector<float> specials = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.0f, -88.0f, 89.0f,
                                  -89.0f, -90.0f, 100.0f, -100.0f, 1e30f, -1e30f, 3.0e38f, -3.0e38f, 0.5f, -0.5f,
@@ -346,7 +350,7 @@ inline void check_silu_mul(SiluMulBf16Fn silu_mul, float limit) {
     g[2 * ldg + s] = specials[s];          // row 2: both special
     u[2 * ldu + s] = specials[specials.size() - 1 - s];
   }
-  silu_mul(g.data(), ldg, u.data(), ldu, m, n, h.data(), ldh, limit);
+  silu_mul(g.data(), ldg, u.data(), ldu, m, n, h.data(), ldh, form);
   int near_misses = 0;
   for (int i = 0; i < m; ++i) {
     for (std::size_t j = 0; j < ldh; ++j) {
@@ -355,8 +359,8 @@ inline void check_silu_mul(SiluMulBf16Fn silu_mul, float limit) {
         REQUIRE(got == bf16{0x1234});
         continue;
       }
-      const double gd = clamp_gate_ref(g[i * ldg + j], limit), ud = clamp_up_ref(u[i * ldu + j], limit);
-      const double silu = gd == -INFINITY ? -0.0 : gd / (1.0 + std::exp(-gd));
+      const double gd = clamp_gate_ref(g[i * ldg + j], limit), ud = clamp_up_ref(u[i * ldu + j], limit) + form.up_offset;
+      const double silu = gd == -INFINITY ? -0.0 : gd * swiglu_sigmoid_ref(gd, form);
       const float ref = static_cast<float>(silu * ud);
       INFO("g=" << gd << " u=" << ud << " got=" << bf16_to_float(got) << " ref=" << ref);
       if (std::isnan(ref)) {
@@ -376,14 +380,16 @@ inline void check_silu_mul(SiluMulBf16Fn silu_mul, float limit) {
 }
 
 // silu_mul_backward against PyTorch's formulas in double (s = 1 / (1 + e^-g), dup = dh g s,
-// dgate = dh u s (1 + g (1 - s))): each output the reference rounded to bf16, give or take one bf16
+// dgate = dh u s (1 + g (1 - s)); in the general form s = sigmoid(alpha g), u + up_offset for u and
+// alpha g for g in the last factor): each output the reference rounded to bf16, give or take one bf16
 // step, or within 1e-30 of it (f32's e^-g overflows from g = -88.7, and AVX-512 rounds values
 // below the f32 normal range to 0); NaN where the reference is NaN. h is the same ISA's forward
 // silu_mul of g and u, bit for bit (a NaN as any NaN). Nothing past n is written, h == nullptr
 // writes the same dgate and dup, and rows past kPrefetchRowsAhead run. With a limit, g and u are
 // clamped in those formulas and a gradient is 0 where the clamp does not pass it (torch.clamp's).
-inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn forward, float limit) {
-  INFO("swiglu_limit " << limit);
+inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn forward, SwigluForm form) {
+  const float limit = form.limit;
+  INFO("swiglu_limit " << limit << " alpha " << form.alpha << " up_offset " << form.up_offset);
   std::mt19937 rng(23);
   const std::vector<float> specials = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 88.0f, -88.0f, -89.0f,
                                        -100.0f, 100.0f, 1e30f, -1e30f, 0.5f, -0.5f, -1.28125f, -1.2734375f, 2.5f, -2.5f};
@@ -403,12 +409,12 @@ inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn fo
     }
     const bf16 junk{0x1234};
     std::vector<bf16> dgate(m * ldo, junk), dup(m * ldo, junk), h(m * ldh, junk);
-    backward(dh.data(), ldd, g.data(), u.data(), ldgu, m, n, dgate.data(), dup.data(), ldo, h.data(), ldh, limit);
+    backward(dh.data(), ldd, g.data(), u.data(), ldgu, m, n, dgate.data(), dup.data(), ldo, h.data(), ldh, form);
     // h: the forward's, from the same g and u in f32.
     std::vector<float> gf(m * ldgu), uf(m * ldgu);
     for (std::size_t i = 0; i < g.size(); ++i) gf[i] = bf16_to_float(g[i]), uf[i] = bf16_to_float(u[i]);
     std::vector<bf16> h_forward(m * ldh, junk);
-    forward(gf.data(), ldgu, uf.data(), ldgu, m, n, h_forward.data(), ldh, limit);
+    forward(gf.data(), ldgu, uf.data(), ldgu, m, n, h_forward.data(), ldh, form);
     int near_misses = 0;
     auto check = [&](bf16 got, double ref_d, const char* what) {
       const float ref = static_cast<float>(ref_d);
@@ -432,11 +438,11 @@ inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn fo
           continue;
         }
         const double g0 = bf16_to_float(g[i * ldgu + j]), u0 = bf16_to_float(u[i * ldgu + j]), d = dh[i * ldd + j];
-        const double gd = clamp_gate_ref(g0, limit), ud = clamp_up_ref(u0, limit);
-        const double s = 1.0 / (1.0 + std::exp(-gd));
+        const double gd = clamp_gate_ref(g0, limit), ud = clamp_up_ref(u0, limit) + form.up_offset;
+        const double s = swiglu_sigmoid_ref(gd, form);
         INFO("row " << i << " column " << j << " g=" << g0 << " u=" << u0 << " dh=" << d);
         check(dup[o], up_grad_passes(u0, limit) ? d * (gd * s) : 0.0, "dup");
-        check(dgate[o], gate_grad_passes(g0, limit) ? d * ud * (s * (1.0 + gd * (1.0 - s))) : 0.0, "dgate");
+        check(dgate[o], gate_grad_passes(g0, limit) ? d * ud * (s * (1.0 + form.alpha * gd * (1.0 - s))) : 0.0, "dgate");
       }
       for (std::size_t j = 0; j < ldh; ++j) {
         INFO("h row " << i << " column " << j << " got " << h[i * ldh + j] << " forward " << h_forward[i * ldh + j]);
@@ -448,7 +454,7 @@ inline void check_silu_mul_backward(SiluMulBackwardFn backward, SiluMulBf16Fn fo
     INFO("near misses: " << near_misses);
     REQUIRE(near_misses <= 2 * m * n / 100 + 1);
     std::vector<bf16> dgate2(m * ldo, junk), dup2(m * ldo, junk);
-    backward(dh.data(), ldd, g.data(), u.data(), ldgu, m, n, dgate2.data(), dup2.data(), ldo, nullptr, 0, limit);
+    backward(dh.data(), ldd, g.data(), u.data(), ldgu, m, n, dgate2.data(), dup2.data(), ldo, nullptr, 0, form);
     // The same values, a NaN as any NaN (its sign is the compiler's choice of operand order).
     auto same = [](const std::vector<bf16>& a, const std::vector<bf16>& b) {
       for (std::size_t i = 0; i < a.size(); ++i)
@@ -630,11 +636,11 @@ inline void check_kernels(Isa isa) {
     check_gemm_large(table.gemm_bf16);
   }
   SECTION("silu_mul") {
-    for (float limit : kSwigluTestLimits) check_silu_mul(table.silu_mul_bf16, limit);
+    for (const SwigluForm& form : kSwigluTestForms) check_silu_mul(table.silu_mul_bf16, form);
   }
   SECTION("keep_clamp_sides") { check_keep_clamp_sides(table.keep_clamp_sides); }
   SECTION("silu_mul_backward") {
-    for (float limit : kSwigluTestLimits) check_silu_mul_backward(table.silu_mul_backward, table.silu_mul_bf16, limit);
+    for (const SwigluForm& form : kSwigluTestForms) check_silu_mul_backward(table.silu_mul_backward, table.silu_mul_bf16, form);
   }
   SECTION("convert_to_bf16") {
     check_convert_to_bf16(table.convert_to_bf16);

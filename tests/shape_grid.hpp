@@ -2,7 +2,7 @@
 // The awkward shapes every fast path is checked on against the reference: hidden and
 // intermediate sizes off every tile multiple, 1 to 1024 tokens, top-k 1 to 8, LoRA rank 0 to 64,
 // LoRA on only some experts, experts with no tokens, and decode-sized experts (1 to 3 rows)
-// next to larger ones; some with a swiglu_limit.
+// next to larger ones; some with a swiglu_limit, some in gpt-oss's form with biases.
 #include <algorithm>
 #include <vector>
 
@@ -26,6 +26,10 @@ inline const std::vector<GridCase>& awkward_shape_grid() {
       // A swiglu_limit (DeepSeek-V4's clamped SwiGLU) that clamps about a third of the gates and
       // ups of these random layers: few-row experts, tile-sized ones, and decode.
       {{33, 47, 5, 3, 0.5f}, 17, 5, 2},  {{100, 33, 6, 4, 0.5f}, 200, 16, 2}, {{48, 31, 16, 6, 0.3f}, 1, 8, 1},
+      // gpt-oss's SwiGLU (alpha 1.702, up + 1) with the experts' biases (random_expert_weights), clamped
+      // as above or not: few-row experts, tile-sized ones, decode.
+      {{33, 47, 5, 3, 0.5f, 1.702f, 1.0f}, 17, 5, 2}, {{100, 33, 6, 4, 0.5f, 1.702f, 1.0f}, 200, 16, 2},
+      {{48, 31, 16, 6, 0.0f, 1.702f, 1.0f}, 1, 8, 1}, {{64, 100, 3, 1, 0.0f, 1.702f, 1.0f}, 64, 16, 1},
   };
   return cases;
 }

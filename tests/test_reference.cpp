@@ -1,4 +1,6 @@
 // The reference path against PyTorch + PEFT (the fixtures) and against finite differences.
+#include <tuple>
+
 #include "catch.hpp"
 #include "fixture_cases.hpp"
 #include "src/io/safetensors.hpp"
@@ -98,11 +100,12 @@ double loss(const ExpertWeightsView& w, const LayerLoraT<double>& lora, MoeBatch
 
 TEST_CASE("reference backward equals finite differences in float64", "[reference][backward]") {
   // Tiny and awkward: expert 1 has no LoRA, expert 3 gets no token, one slot is routed elsewhere.
-  // Without a swiglu_limit, and with one that clamps some gates and ups (DeepSeek-V4's SwiGLU).
-  const float limit = GENERATE(0.0f, 0.4f);
-  INFO("swiglu_limit " << limit);
-  MoeShape s{5, 7, 4, 2};
-  s.swiglu_limit = limit;
+  // Without a swiglu_limit, and with one that clamps some gates and ups (DeepSeek-V4's SwiGLU); in
+  // gpt-oss's form (alpha 1.702, up + 1, with the experts' biases random_expert_weights gives it).
+  const auto [limit, alpha, offset] = GENERATE(std::tuple{0.0f, 1.0f, 0.0f}, std::tuple{0.4f, 1.0f, 0.0f},
+                                               std::tuple{0.4f, 1.702f, 1.0f}, std::tuple{0.0f, 1.702f, 1.0f});
+  INFO("swiglu_limit " << limit << " alpha " << alpha << " up_offset " << offset);
+  MoeShape s{5, 7, 4, 2, limit, alpha, offset};
   auto w = random_expert_weights(s, 3);
   LayerLoraT<double> lora = random_lora(s, 3, 6.0f, 5).cast<double>();
   for (auto& p : lora.proj) {

@@ -18,11 +18,24 @@ struct MoeShape {
   // silu(min(g, limit)) * clamp(u, -limit, limit) from g = gate(x), u = up(x), LoRA included.
   // 0: plain silu(g) * u.
   float swiglu_limit = 0.0f;
+  // gpt-oss's form of the SwiGLU: (u' + swiglu_up_offset) * g' * sigmoid(swiglu_alpha * g'), with
+  // g', u' gate and up after the clamps above (gpt-oss: limit 7, alpha 1.702, offset 1). 1 and 0:
+  // the plain silu(g') * u'.
+  float swiglu_alpha = 1.0f;
+  float swiglu_up_offset = 0.0f;
 };
 
 // Whether `limit` is a swiglu_limit a layer accepts: 0 (none), or > 0 and a finite float.
 inline bool valid_swiglu_limit(double limit) {
   return limit == 0.0 || (limit > 0.0 && limit <= static_cast<double>(std::numeric_limits<float>::max()));
+}
+// A swiglu_alpha: > 0 and a finite float. A swiglu_up_offset: a finite float.
+inline bool valid_swiglu_alpha(double alpha) {
+  return alpha > 0.0 && alpha <= static_cast<double>(std::numeric_limits<float>::max());
+}
+inline bool valid_swiglu_up_offset(double offset) {
+  return offset >= -static_cast<double>(std::numeric_limits<float>::max()) &&
+         offset <= static_cast<double>(std::numeric_limits<float>::max());
 }
 
 // How the base weights of the routed experts are stored and multiplied (LoRA is always f32/bf16):

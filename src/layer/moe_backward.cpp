@@ -7,6 +7,7 @@
 
 #include "amx/pack_transposed.hpp"
 #include "amx/zero_streaming.hpp"
+#include "src/layer/swiglu_form.hpp"
 #include "src/layer/work_split.hpp"
 #include "src/routing/token_groups.hpp"
 
@@ -272,7 +273,7 @@ void MoeBackward::backward(const ForwardCacheEntry& entry, const float* grad_out
         prefetch_range(gu_db[p].data, static_cast<std::size_t>(n) * r * grads[p].element_bytes());
       }
     kt_.silu_mul_backward(c, ldc, entry.gate.data() + off(e) * inter + col0, entry.up.data() + off(e) * inter + col0, inter, m, n, gu,
-                          gu + ik, gu_ld, h, static_cast<std::size_t>(n), s.swiglu_limit);
+                          gu + ik, gu_ld, h, static_cast<std::size_t>(n), swiglu_form(s));
     if (h)
       kt_.lora_grad_outer(h, static_cast<std::size_t>(n), nullptr, dp_[2].data() + off(e) * r_down, r_down, m, n, static_cast<int>(r_down),
                           down_da, da_ld, true, overwrite);

@@ -7,6 +7,7 @@
 
 #include "amx/pack_bf16.hpp"
 #include "amx/pack_int.hpp"
+#include "src/layer/swiglu_form.hpp"
 #include "src/layer/work_split.hpp"
 
 namespace tilemoe {
@@ -17,17 +18,17 @@ namespace {
 constexpr int kTileOrderMinRows = 16;
 int tile_order_min_rows(const kernels::KernelTable& kt) { return std::max(kt.amx_min_rows, kTileOrderMinRows); }
 
-// h = silu(g) * u (clamped at swiglu_limit) for m rows × columns [col0, col0 + n) of an expert's h
+// h = silu(g) * u (in the shape's SwiGLU form, swiglu_form.hpp) for m rows × columns [col0, col0 + n) of an expert's h
 // held in tile order (row length k_padded); g and u have their column col0 at index 0, row stride ldgu.
 void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const float* u, std::size_t ldgu, int m, int col0, int n,
-                         bf16* tiles, int k_padded, float swiglu_limit) {
+                         bf16* tiles, int k_padded, kernels::SwigluForm form) {
   for (int c = col0; c < col0 + n;) {
     const int kb = c / kernels::kBlockK;
     const int end = std::min(col0 + n, (kb + 1) * kernels::kBlockK);
     for (int r = 0; r < m; r += kernels::kATileRows) {
       const std::size_t at = static_cast<std::size_t>(r) * ldgu + static_cast<std::size_t>(c - col0);
       kt.silu_mul_bf16(g + at, ldgu, u + at, ldgu, std::min(kernels::kATileRows, m - r), end - c,
-                       kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK, kernels::kBlockK, swiglu_limit);
+                       kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK, kernels::kBlockK, form);
     }
     c = end;
   }
@@ -596,6 +597,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
       project_columns(p, e, m, row0, p0, p1, xe, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n, &ready_,
                       static_cast<std::size_t>(e), slot);
     }
+    // The experts' biases (gpt-oss) before anything reads gate and up: the saved values hold them.
+    if (const float* b = w_.biases().of(Projection::gate, e)) add_column_bias(cg, static_cast<std::size_t>(cols), m, n, b + col0);
+    if (const float* b = w_.biases().of(Projection::up, e)) add_column_bias(cu, static_cast<std::size_t>(cols), m, n, b + col0);
     if (save) {
       kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cg, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
                                     save->gate + row0 * inter + col0, inter);
@@ -609,9 +613,9 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     }
     const ExpertRows he = expert_rows(h_, e, ik);
     if (he.tiles) {
-      silu_mul_into_tiles(kt_, cg, cu, static_cast<std::size_t>(cols), m, col0, n, he.p, static_cast<int>(ik), s.swiglu_limit);
+      silu_mul_into_tiles(kt_, cg, cu, static_cast<std::size_t>(cols), m, col0, n, he.p, static_cast<int>(ik), swiglu_form(s));
     } else {
-      kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik, s.swiglu_limit);
+      kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik, swiglu_form(s));
     }
     // acq_rel: the item that takes the count to zero sees every other item's h, and hands it on to
     // the down items with h_done.
@@ -670,9 +674,12 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     auto& c = scratch_[worker];
     grow_to(c, static_cast<std::size_t>(m) * cols);
     bf16* const y_rows = y_.data() + row0 * y_ld + col0;
+    // A bias is added to C, so the product does not write y itself then.
+    const float* bias = w_.biases().of(Projection::down, e);
     if (project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
-                        down_ready + static_cast<std::size_t>(e), slot, y_rows, y_ld))
+                        down_ready + static_cast<std::size_t>(e), slot, bias ? nullptr : y_rows, y_ld))
       return;
+    if (bias) add_column_bias(c.data(), cols, m, n, bias + col0);
     kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_rows, y_ld);
   };
 

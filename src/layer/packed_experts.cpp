@@ -20,6 +20,7 @@ PackedExpertWeights PackedExpertWeights::pack_slice(const ExpertWeightsView& w, 
   MoeShape s = full;
   s.intermediate = slice.width();
   p.shape_ = s;
+  if (w.has_biases()) p.biases_ = ExpertBiases::of_view(w).slice(slice.begin, slice.end);
   p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
   p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
   std::size_t gu = kernels::packed_bf16_elements(s.intermediate, s.hidden), d = kernels::packed_bf16_elements(s.hidden, s.intermediate);
@@ -43,6 +44,7 @@ PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedEx
   const MoeShape& s = q.shape;
   p.shape_ = s;
   p.type_ = q.type;
+  p.biases_ = q.biases;
   p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
   p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
   const int bits = q.type == WeightType::int8 ? 8 : 4;

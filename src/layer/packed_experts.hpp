@@ -9,6 +9,7 @@
 #include "amx/pack_int.hpp"
 #include "numa/node_memory.hpp"
 #include "numa/thread_pool.hpp"
+#include "src/model/expert_biases.hpp"
 #include "src/model/expert_weights.hpp"
 #include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
@@ -27,6 +28,8 @@ class PackedExpertWeights {
 
   const MoeShape& shape() const { return shape_; }
   WeightType weight_type() const { return type_; }
+  // The experts' biases (of this slice: ExpertBiases::slice), if any.
+  const ExpertBiases& biases() const { return biases_; }
   int int4_group() const { return type_ == WeightType::int4 ? int_up_.group : 0; }
   // The bf16 layout's shapes. They also set the row strides of the activations the layer keeps
   // in bf16 (LoRA and backward read them), whatever the weight type.
@@ -47,6 +50,7 @@ class PackedExpertWeights {
  private:
   MoeShape shape_;
   WeightType type_ = WeightType::bf16;
+  ExpertBiases biases_;
   kernels::PackedShape gate_up_{}, down_shape_{};
   numa::NodeBuffer<bf16> gate_, up_, down_;
   kernels::PackedIntShape int_up_{}, int_down_{};

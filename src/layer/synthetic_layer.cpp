@@ -45,6 +45,7 @@ const std::vector<NamedShape>& known_shapes() {
       {"v3", {7168, 2048, 256, 8}},
       {"mixtral-8x7b", {4096, 14336, 8, 2}},
       {"v4-flash", {4096, 2048, 256, 6, 10.0f}},  // DeepSeek-V4-Flash: clamped SwiGLU at swiglu_limit 10
+      {"gpt-oss-120b", {2880, 2880, 128, 4, 7.0f, 1.702f, 1.0f}},  // gpt-oss's SwiGLU, and biases
       {"mini", {512, 384, 16, 4}},  // not a model: small enough that train-demo runs in seconds anywhere
   };
   return shapes;
@@ -67,6 +68,13 @@ ExpertWeights random_expert_weights(const MoeShape& s, std::uint64_t seed, numa:
   fill_bf16(w.gate, n, std::sqrt(3.0f / s.hidden), seed * 3 + 1, pool);
   fill_bf16(w.up, n, std::sqrt(3.0f / s.hidden), seed * 3 + 2, pool);
   fill_bf16(w.down, n, std::sqrt(3.0f / s.intermediate), seed * 3 + 3, pool);
+  if (s.swiglu_alpha != 1.0f || s.swiglu_up_offset != 0.0f) {
+    // gpt-oss's form comes with biases: gate's and up's about as large as the products.
+    const std::size_t ei = static_cast<std::size_t>(s.num_experts) * s.intermediate;
+    fill_bf16(w.gate_bias, ei, 0.5f, seed * 7 + 4, pool);
+    fill_bf16(w.up_bias, ei, 0.5f, seed * 7 + 5, pool);
+    fill_bf16(w.down_bias, static_cast<std::size_t>(s.num_experts) * s.hidden, 0.1f, seed * 7 + 6, pool);
+  }
   return w;
 }
 

@@ -15,11 +15,13 @@ struct NamedShape {
   const char* name;
   MoeShape shape;
 };
-// v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash (a swiglu_limit), and mini (a small layer for demos)
+// v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash (a swiglu_limit), gpt-oss-120b (gpt-oss's SwiGLU,
+// with biases), and mini (a small layer for demos)
 const std::vector<NamedShape>& known_shapes();
 MoeShape shape_by_name(const std::string& name);  // throws invalid_argument listing the names
 
-// With a pool the weights are made in parallel; the values do not depend on the pool.
+// With a pool the weights are made in parallel; the values do not depend on the pool. A shape in
+// gpt-oss's SwiGLU form (swiglu_alpha or swiglu_up_offset) gets random biases too, as gpt-oss has.
 ExpertWeights random_expert_weights(const MoeShape& shape, std::uint64_t seed, numa::ThreadPool* pool = nullptr);
 // Rank `rank` on all three projections of every expert (or only experts with e % every == 0).
 LayerLora random_lora(const MoeShape& shape, int rank, float alpha, std::uint64_t seed, int every = 1);

@@ -13,12 +13,20 @@ namespace tilemoe {
 // `*_stride` elements apart (0: one matrix after the other). A stacked gate_up [E][2I][H] (vLLM's
 // and SGLang's w13, transformers v5's gate_up_proj) is gate = its data, up = data + I*H, both with
 // stride 2*I*H.
+//
+// Optional biases (gpt-oss): gate_bias, up_bias [E][I] and down_bias [E][H], dense; null: none.
+// gate's and up's are added before the activation, down's to the expert's output.
 struct ExpertWeightsView {
   MoeShape shape;
   const bf16* gate = nullptr;
   const bf16* up = nullptr;
   const bf16* down = nullptr;
   std::size_t gate_stride = 0, up_stride = 0, down_stride = 0;
+  const bf16* gate_bias = nullptr;
+  const bf16* up_bias = nullptr;
+  const bf16* down_bias = nullptr;
+
+  bool has_biases() const { return gate_bias || up_bias || down_bias; }
 
   const bf16* projection(Projection p, int expert) const {
     const std::size_t per = static_cast<std::size_t>(shape.hidden) * shape.intermediate;
@@ -31,8 +39,15 @@ struct ExpertWeightsView {
 struct ExpertWeights {
   MoeShape shape;
   std::vector<bf16> gate, up, down;
+  std::vector<bf16> gate_bias, up_bias, down_bias;  // empty: none
 
-  ExpertWeightsView view() const { return {shape, gate.data(), up.data(), down.data()}; }
+  ExpertWeightsView view() const {
+    ExpertWeightsView v{shape, gate.data(), up.data(), down.data()};
+    v.gate_bias = gate_bias.empty() ? nullptr : gate_bias.data();
+    v.up_bias = up_bias.empty() ? nullptr : up_bias.data();
+    v.down_bias = down_bias.empty() ? nullptr : down_bias.data();
+    return v;
+  }
 };
 
 }  // namespace tilemoe

@@ -38,6 +38,7 @@ QuantizedExperts slice_experts(const QuantizedExperts& q, IntermediateSlice s) {
   out.shape.intermediate = s.width();
   out.type = q.type;
   out.group = q.group;
+  if (q.biases.any()) out.biases = q.biases.slice(s.begin, s.end);
   for (Projection p : kProjections) {
     const QuantizedProjection& src = q[p];
     QuantizedProjection& dst = out[p];

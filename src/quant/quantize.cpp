@@ -195,6 +195,13 @@ ExpertWeights dequantize_experts(const QuantizedExperts& q) {
       for (std::size_t i = 0; i < per; ++i) dst[per * e + i] = float_to_bf16(tmp[i]);
     }
   }
+  // The biases came from bf16 (ExpertWeightsView): back to bf16 exactly.
+  auto to_bf16 = [](const std::vector<float>& src, std::vector<bf16>& dst) {
+    for (float v : src) dst.push_back(float_to_bf16(v));
+  };
+  to_bf16(q.biases.gate, w.gate_bias);
+  to_bf16(q.biases.up, w.up_bias);
+  to_bf16(q.biases.down, w.down_bias);
   return w;
 }
 

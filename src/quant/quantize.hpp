@@ -16,6 +16,7 @@
 
 #include "tilemoe/bf16.hpp"
 #include "tilemoe/config.hpp"
+#include "src/model/expert_biases.hpp"
 #include "src/model/expert_weights.hpp"
 
 namespace tilemoe::numa {
@@ -59,6 +60,7 @@ struct QuantizedExperts {
   WeightType type = WeightType::int8;
   int group = 0;  // int4 group size; 0 for int8
   std::array<QuantizedProjection, 3> proj;
+  ExpertBiases biases;  // kept in f32 as they came (never quantized)
 
   const QuantizedProjection& operator[](Projection p) const { return proj[static_cast<int>(p)]; }
   QuantizedProjection& operator[](Projection p) { return proj[static_cast<int>(p)]; }

@@ -25,6 +25,7 @@ void quantize_experts_into(const ExpertWeightsView& w, WeightType type, int grou
       out[p] = QuantizedProjection::allocate(type, s.num_experts, projection_out(s, p), projection_in(s, p), group);
   }
   out.shape = s;
+  out.biases = w.has_biases() ? ExpertBiases::of_view(w) : ExpertBiases{};
   // Every code byte and scale is written below (int4 rows are cleared before their nibbles are
   // set), so stale contents of a reused buffer never show through.
   auto one = [&](std::size_t item, int) {

@@ -164,6 +164,8 @@ QuantizedExperts load_quantized_layer(const std::string& dir, int layer, const M
   QuantizedExperts q = allocate_experts(info, info.shape);
   // The file stores the experts' weights, not their activation: that is the model's.
   q.shape.swiglu_limit = expected.swiglu_limit;
+  q.shape.swiglu_alpha = expected.swiglu_alpha;
+  q.shape.swiglu_up_offset = expected.swiglu_up_offset;
   for (int node = 0; node < info.numa_nodes(); ++node) read_node(dir, info, layer, node, q, info.slices[node].begin, node == 0);
   return q;
 }
@@ -177,6 +179,8 @@ QuantizedExperts load_quantized_layer_slice(const std::string& dir, int layer, i
                                           std::to_string(info.numa_nodes()) + ")");
   QuantizedExperts q = allocate_experts(info, format::slice_shape(info.shape, info.slices[node]));
   q.shape.swiglu_limit = expected.swiglu_limit;
+  q.shape.swiglu_alpha = expected.swiglu_alpha;
+  q.shape.swiglu_up_offset = expected.swiglu_up_offset;
   read_node(dir, info, layer, node, q, 0, true);
   return q;
 }

@@ -54,10 +54,17 @@ struct Proj {
   const LoraProjectionT<S>* lora = nullptr;
   int expert;
   S scale = 0;
+  Eigen::Matrix<S, 1, Eigen::Dynamic> bias;  // [out], or empty: none
 
   Proj(const ExpertWeightsView& ew, const LayerLoraT<S>& l, Projection p, int e, const quant::QuantizedExperts* quantized = nullptr)
       : w(quantized ? dequantized<S>(*quantized, p, e) : to_matrix<S>(ew.projection(p, e), projection_out(ew.shape, p), projection_in(ew.shape, p))),
         expert(e) {
+    const int out = projection_out(ew.shape, p);
+    if (quantized) {
+      if (const float* b = quantized->biases.of(p, e)) bias = Eigen::Map<const Eigen::RowVectorXf>(b, out).template cast<S>();
+    } else if (const bf16* b = p == Projection::gate ? ew.gate_bias : p == Projection::up ? ew.up_bias : ew.down_bias) {
+      bias = to_matrix<S>(b + static_cast<std::size_t>(out) * e, 1, out);
+    }
     if (l[p].active(e)) {
       lora = &l[p];
       scale = static_cast<S>(l[p].scale[e]);
@@ -70,6 +77,7 @@ struct Proj {
   Mat<S> apply(const Mat<S>& v, bool int8_activations = false) const {
     Mat<S> y = (int8_activations ? quantized_rows(v) : v) * w.transpose();
     if (lora) y.noalias() += scale * ((v * a().transpose()) * b().transpose());
+    if (bias.size() > 0) y.rowwise() += bias;
     return y;
   }
   // dy: [n][out] -> dv [n][in]; adds this projection's LoRA gradients into grad.
@@ -92,29 +100,32 @@ S sigmoid(S g) {
   return S(1) / (S(1) + std::exp(-g));
 }
 
-// The SwiGLU of MoeShape: silu(min(g, L)) * clamp(u, -L, L) with L = swiglu_limit > 0, else
-// silu(g) * u; and its gradients, where the clamp passes a gradient only where its input lies within
-// the bounds (bounds included), as torch.clamp's.
+// The SwiGLU of MoeShape: (clamp(u, -L, L) + o) * g' sigmoid(a g'), g' = min(g, L), with
+// L = swiglu_limit > 0 (else no clamps), a = swiglu_alpha, o = swiglu_up_offset; and its gradients,
+// where the clamp passes a gradient only where its input lies within the bounds (bounds included),
+// as torch.clamp's.
 template <typename S>
 struct Swiglu {
-  S limit;
+  S limit, alpha, up_offset;
+  explicit Swiglu(const MoeShape& s)
+      : limit(static_cast<S>(s.swiglu_limit)), alpha(static_cast<S>(s.swiglu_alpha)), up_offset(static_cast<S>(s.swiglu_up_offset)) {}
   bool clamped() const { return limit > S(0); }
   S gate(S g) const { return clamped() && g > limit ? limit : g; }
-  S up(S u) const { return clamped() ? (u > limit ? limit : u < -limit ? -limit : u) : u; }
+  S up(S u) const { return (clamped() ? (u > limit ? limit : u < -limit ? -limit : u) : u) + up_offset; }
   S h(S g, S u) const {
     const S gc = gate(g);
-    return gc * sigmoid(gc) * up(u);
+    return gc * sigmoid(alpha * gc) * up(u);
   }
   // dL/dg and dL/du from dL/dh.
   S dgate(S dh, S g, S u) const {
     if (clamped() && !(g <= limit)) return S(0);
-    const S gc = gate(g), sg = sigmoid(gc);
-    return dh * up(u) * sg * (S(1) + gc * (S(1) - sg));  // silu'(g), exact
+    const S gc = gate(g), sg = sigmoid(alpha * gc);
+    return dh * up(u) * sg * (S(1) + alpha * gc * (S(1) - sg));  // d(g sigmoid(a g))/dg, exact
   }
   S dup(S dh, S g, S u) const {
     if (clamped() && !(u <= limit && u >= -limit)) return S(0);
     const S gc = gate(g);
-    return dh * gc * sigmoid(gc);
+    return dh * gc * sigmoid(alpha * gc);
   }
 };
 
@@ -133,7 +144,7 @@ void reference_forward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, co
                        const ReferenceOptions& options) {
   const bool q = options.int8_activations;
   const MoeShape& s = w.shape;
-  const Swiglu<S> act{static_cast<S>(s.swiglu_limit)};
+  const Swiglu<S> act(s);
   TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
   MutMap<S> out(output, batch.tokens, s.hidden);
   out.setZero();
@@ -157,7 +168,7 @@ template <typename S>
 void reference_backward(const ExpertWeightsView& w, const LayerLoraT<S>& lora, const MoeBatch<S>& batch, const S* grad_output,
                         S* grad_input, LayerLoraT<S>* lora_grad, const ReferenceOptions& options) {
   const MoeShape& s = w.shape;
-  const Swiglu<S> act{static_cast<S>(s.swiglu_limit)};
+  const Swiglu<S> act(s);
   TokenGroups groups = group_tokens_by_expert(batch.expert_ids, batch.tokens, batch.top_k, s.num_experts);
   MutMap<S> dx_all(grad_input, batch.tokens, s.hidden);
   dx_all.setZero();

@@ -4,7 +4,8 @@
 // (finite-difference checks of the backward).
 //
 //   out[t] = sum_j w[t,j] * down(silu(gate(x_t)) * up(x_t)),  expert = ids[t,j] (skipped if < 0)
-//   (gate and up clamped first where the shape has a swiglu_limit)
+//   (gate and up clamped first where the shape has a swiglu_limit; gpt-oss's form with its alpha and
+//   up offset; each projection's bias added where the weights have biases)
 //   each projection: W v + scale_e * B_e (A_e v)
 #include <cstdint>
 
