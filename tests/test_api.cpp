@@ -3,6 +3,7 @@
 // bad argument answered by an Error that names it and changes nothing. Results are checked
 // against the reference path and the PyTorch fixtures, on the portable kernels and the fastest.
 #include <cmath>
+#include <tuple>
 
 #include "catch.hpp"
 #include "expect_error.hpp"
@@ -298,6 +299,60 @@ TEST_CASE("layers from checkpoints with adapters match every PyTorch fixture", "
   }
 }
 
+TEST_CASE("gpt-oss's SwiGLU and the experts' biases: forward and backward through the API, split or not, bf16 and int8", "[api]") {
+  MoeShape s = kShape;
+  s.swiglu_limit = 1.0f, s.swiglu_alpha = 1.702f, s.swiglu_up_offset = 1.0f;
+  const ExpertWeights w = random_expert_weights(s, 41);  // with biases, as gpt-oss's form gets them
+  REQUIRE(!w.down_bias.empty());
+  TrainerLora lora(42);
+  for (const auto& [isa, nodes, type] : {std::tuple<const char*, int, WeightType>{"portable", 1, WeightType::bf16}, {"auto", 1, WeightType::bf16},
+                                         {"auto", 3, WeightType::bf16}, {"auto", 2, WeightType::int8}}) {
+    SECTION(std::string(isa) + ", " + std::to_string(nodes) + " node(s), " + weight_type_name(type)) {
+      Runtime rt({isa, 0});
+      MoeLayerConfig cfg = config();
+      cfg.numa_nodes = nodes;
+      cfg.weight_type = type;
+      cfg.swiglu_limit = 1.0, cfg.swiglu_alpha = 1.702, cfg.swiglu_up_offset = 1.0;
+      ExpertWeightsRef ref = ref_of(w);
+      ref.gate_bias = w.gate_bias.data(), ref.up_bias = w.up_bias.data(), ref.down_bias = w.down_bias.data();
+      MoeLayer layer(rt, cfg, ref);
+      layer.update_lora_weights(lora.weights());
+      // int8: the reference on the same dequantized weights and int8 activations.
+      const quant::QuantizedExperts q = quant::quantize_experts(w.view(), WeightType::int8, 0, nullptr);
+      ReferenceOptions ro;
+      if (type == WeightType::int8) ro = {true, &q};
+      for (int tokens : {1, 40}) {
+        INFO("tokens " << tokens);
+        Batch b = make_batch(tokens, 200 + tokens);
+        MoeBatch<float> mb{tokens, s.top_k, b.x.data(), b.routing.expert_ids.data(), b.routing.weights.data()};
+        std::vector<float> want(b.x.size()), want_dx(b.x.size()), plain(b.x.size());
+        LayerLora want_grads = lora.as_reference.zeros_like();
+        reference_forward(w.view(), lora.as_reference, mb, want.data(), ro);
+        reference_backward(w.view(), lora.as_reference, mb, b.grad_out.data(), want_dx.data(), &want_grads, ro);
+        // The form and the biases move the output: a layer that ignored them would fail below.
+        ExpertWeights without = w;
+        without.shape = kShape;
+        without.gate_bias.clear(), without.up_bias.clear(), without.down_bias.clear();
+        reference_forward(without.view(), lora.as_reference, mb, plain.data());
+        REQUIRE(rel_error(plain, want) > 0.2);
+
+        std::vector<float> out(b.x.size()), dx(b.x.size());
+        GradBuffers g(lora);
+        layer.forward_sft(tokens, s.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data(), true);
+        layer.backward(b.grad_out.data(), dx.data(), g.grads());
+        CHECK(rel_error(out, want) <= 1e-2);
+        CHECK(rel_error(dx, want_dx) <= 2e-2);
+        CHECK(rel_error(g.ga, want_grads[Projection::gate].a) <= 2e-2);
+        CHECK(rel_error(g.gb, want_grads[Projection::gate].b) <= 2e-2);
+        CHECK(rel_error(g.ua, want_grads[Projection::up].a) <= 2e-2);
+        CHECK(rel_error(g.ub, want_grads[Projection::up].b) <= 2e-2);
+        CHECK(rel_error(g.da, want_grads[Projection::down].a) <= 2e-2);
+        CHECK(rel_error(g.db, want_grads[Projection::down].b) <= 2e-2);
+      }
+    }
+  }
+}
+
 TEST_CASE("bad configs, weights and calls are clear errors that change nothing", "[api][errors]") {
   ExpertWeights w = random_expert_weights(kShape, 31);
   Runtime rt;
@@ -320,6 +375,16 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
     bad.up[static_cast<std::size_t>(4) * kShape.hidden * kShape.intermediate + 17] = 0x7fc0;  // NaN in expert 4's up
     expect_error([&] { MoeLayer(rt, config(), ref_of(bad)); }, ErrorKind::bad_file, "expert 4 up weight");
   }
+  {
+    std::vector<bf16> bias(static_cast<std::size_t>(kShape.num_experts) * kShape.hidden, float_to_bf16(0.25f));
+    bias[static_cast<std::size_t>(2) * kShape.hidden + 5] = 0x7f80;  // +inf in expert 2's down bias
+    ExpertWeightsRef ref = ref_of(w);
+    ref.down_bias = bias.data();
+    expect_error([&] { MoeLayer(rt, config(), ref); }, ErrorKind::bad_file, "expert 2 down bias");
+  }
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.swiglu_alpha = 0; }), ref_of(w)); }, ErrorKind::invalid_argument, "swiglu_alpha 0");
+  expect_error([&] { MoeLayer(rt, with([](auto& c) { c.swiglu_up_offset = INFINITY; }), ref_of(w)); }, ErrorKind::invalid_argument,
+               "swiglu_up_offset inf");
   expect_error([&] { (void)MoeLayer::from_checkpoint(rt, test::data_dir() + "/nowhere", 1, checkpoint_options(4, "")); }, ErrorKind::bad_file, "nowhere");
 
   MoeLayer layer(rt, config(8, 1), ref_of(w));

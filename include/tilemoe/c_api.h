@@ -61,8 +61,9 @@ TILEMOE_API int tilemoe_runtime_threads(const tilemoe_runtime* runtime);
 TILEMOE_API tilemoe_status tilemoe_runtime_sync(tilemoe_runtime* runtime);
 TILEMOE_API tilemoe_status tilemoe_runtime_wait(tilemoe_runtime* runtime, tilemoe_ticket ticket);
 
-/* 0.2.0 appended swiglu_limit to tilemoe_layer_config: callers built against 0.1.0's header pass a
- * smaller struct and must be rebuilt (tilemoe_version() says which library is loaded). */
+/* 0.2.0 appended swiglu_limit to tilemoe_layer_config, 0.3.0 swiglu_alpha and swiglu_up_offset:
+ * callers built against an older header pass a smaller struct and must be rebuilt
+ * (tilemoe_version() says which library is loaded). */
 typedef struct tilemoe_layer_config {
   int num_experts, top_k, hidden, intermediate;
   int max_tokens;
@@ -76,6 +77,9 @@ typedef struct tilemoe_layer_config {
   int backward_weight_copy; /* 1: backward reads a Wᵀ copy of the bf16 weights (twice their memory, faster) */
   double swiglu_limit;      /* > 0: the experts clamp gate to <= it and up to [-it, it] before SwiGLU
                                (DeepSeek-V4); 0: none. A checkpoint layer reports its config.json's. */
+  double swiglu_alpha;      /* gpt-oss's SwiGLU, (up + swiglu_up_offset) * gate * sigmoid(swiglu_alpha * gate)
+                               after the clamps: gpt-oss 1.702; 0 (a zeroed struct) is 1, the plain SwiGLU */
+  double swiglu_up_offset;  /* gpt-oss: 1; 0: none */
 } tilemoe_layer_config;
 
 /* gate, up: bf16 [E][I][H]; down: bf16 [E][H][I]. Packed here; the caller may free them after. */
@@ -90,6 +94,15 @@ TILEMOE_API tilemoe_status tilemoe_layer_create_strided(tilemoe_runtime* runtime
                                                         const uint16_t* gate, size_t gate_stride, const uint16_t* up,
                                                         size_t up_stride, const uint16_t* down, size_t down_stride,
                                                         tilemoe_layer** out);
+/* The same with the experts' biases (gpt-oss), each NULL for none, dense and copied here: gate_bias
+   and up_bias bf16 [E][I], added to those products before the activation; down_bias bf16 [E][H],
+   added to each expert's output before its routing weight. A non-finite bias is TILEMOE_BAD_FILE
+   naming the expert. */
+TILEMOE_API tilemoe_status tilemoe_layer_create_with_biases(tilemoe_runtime* runtime, const tilemoe_layer_config* config,
+                                                            const uint16_t* gate, size_t gate_stride, const uint16_t* up,
+                                                            size_t up_stride, const uint16_t* down, size_t down_stride,
+                                                            const uint16_t* gate_bias, const uint16_t* up_bias,
+                                                            const uint16_t* down_bias, tilemoe_layer** out);
 typedef struct tilemoe_checkpoint_options {
   int max_tokens;
   int max_cache_depth;

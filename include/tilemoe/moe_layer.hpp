@@ -11,7 +11,8 @@
 //   layer.backward(grad_out, grad_in, {dga, dgb, dua, dub, dda, ddb});
 //
 // Each call computes, for token t: out[t] = sum_j w[t,j] * expert_{ids[t,j]}(x[t]), expert(v) =
-// down(silu(gate(v)) * up(v)), each projection W v + s * B (A v). Ids < 0 are experts that run
+// down(silu(gate(v)) * up(v)), each projection W v + s * B (A v) (+ its bias, where given; the
+// SwiGLU clamped and in gpt-oss's form where the config says). Ids < 0 are experts that run
 // elsewhere (skipped); ids >= num_experts are an error naming the token and slot.
 //
 // Every call validates its arguments and throws tilemoe::Error (tilemoe/error.hpp) naming what is
@@ -66,17 +67,30 @@ struct MoeLayerConfig {
   // included (DeepSeek-V4's swiglu_limit; MoeShape::swiglu_limit); 0: none. A checkpoint layer
   // takes its config.json's.
   double swiglu_limit = 0;
+  // gpt-oss's SwiGLU: (u' + swiglu_up_offset) * g' * sigmoid(swiglu_alpha * g'), g' and u' after the
+  // clamps (MoeShape::swiglu_alpha); 1 and 0: the plain silu(g') * u'. gpt-oss: limit 7, alpha
+  // 1.702, offset 1, with the experts' biases (ExpertWeightsRef).
+  double swiglu_alpha = 1;
+  double swiglu_up_offset = 0;
 };
 
 // The caller's bf16 expert weights in Hugging Face orientation: gate, up [E][I][H], down [E][H][I],
 // each expert's matrix row-major and dense. Read once, at construction, and packed; the caller
 // may free them afterwards. The experts are `*_stride` elements apart (0: dense, I*H), so that
 // stacked tensors are read in place: see stacked_gate_up.
+// Biases (gpt-oss), each optional (null: none), dense and copied at construction: gate_bias and
+// up_bias [E][I], added to those products (LoRA included) before the activation; down_bias [E][H],
+// added to each expert's output before its routing weight scales it. gpt-oss's interleaved
+// gate_up_proj [E][H][2I] (x W, gate in the even columns) is not a layout read in place: give gate
+// and up transposed and apart.
 struct ExpertWeightsRef {
   const bf16* gate = nullptr;
   const bf16* up = nullptr;
   const bf16* down = nullptr;
   std::size_t gate_stride = 0, up_stride = 0, down_stride = 0;
+  const bf16* gate_bias = nullptr;
+  const bf16* up_bias = nullptr;
+  const bf16* down_bias = nullptr;
 
   // gate and up stacked in one [E][2I][H] tensor, gate's rows first (vLLM's and SGLang's w13,
   // transformers v5's experts.gate_up_proj), and down [E][H][I].

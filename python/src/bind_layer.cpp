@@ -72,7 +72,9 @@ MoELayer(config, gate, up, down, *, isa="auto", runtime=None, layer_index=None):
 tilemoe.MoEConfig and the bf16 expert weights in Hugging Face orientation, gate and up
 [E, intermediate, hidden], down [E, hidden, intermediate] (torch.bfloat16 tensors, or numpy uint16
 arrays of bf16 bits), packed once here. With up=None, gate holds gate and up stacked,
-[E, 2 * intermediate, hidden], gate's rows first (vLLM's w13, transformers v5's gate_up_proj). layer_index: the layer's index in the model, for PEFT
+[E, 2 * intermediate, hidden], gate's rows first (vLLM's w13, transformers v5's gate_up_proj). gate_bias,
+up_bias [E, intermediate] and down_bias [E, hidden] (bf16, keyword only, copied here): the experts'
+biases, as gpt-oss has (with MoEConfig's swiglu_alpha and swiglu_up_offset). layer_index: the layer's index in the model, for PEFT
 names and adapters.
 
 Arrays are numpy arrays or torch CPU tensors, C-contiguous, used in place: x bf16 [T, hidden],
@@ -80,13 +82,15 @@ expert_ids int64 [T, k] (ids < 0 are skipped), weights f32 [T, k], out bf16 or f
 LoRA A f32 [E, r, in] and B f32 [E, out, r] are read in place at every call (an optimizer step on
 them is seen by the next call). The GIL is released while the runtime works.)doc")
       .def(py::init([](py::object config, py::object gate, py::object up, py::object down, py::object isa, py::object runtime,
-                       py::object layer_index) {
+                       py::object layer_index, py::object gate_bias, py::object up_bias, py::object down_bias) {
              const LayerSetup setup = layer_setup_from_py(config);
              auto rt = runtime_arg(runtime, isa, setup.threads);
-             return std::make_unique<PyLayer>(std::move(rt), config, gate, up, down, optional_int_arg(layer_index, "layer_index"));
+             return std::make_unique<PyLayer>(std::move(rt), config, gate, up, down, optional_int_arg(layer_index, "layer_index"),
+                                              std::array<py::object, 3>{gate_bias, up_bias, down_bias});
            }),
            py::arg("config"), py::arg("gate"), py::arg("up"), py::arg("down"), py::kw_only(), py::arg("isa") = "auto",
-           py::arg("runtime") = py::none(), py::arg("layer_index") = py::none())
+           py::arg("runtime") = py::none(), py::arg("layer_index") = py::none(), py::arg("gate_bias") = py::none(),
+           py::arg("up_bias") = py::none(), py::arg("down_bias") = py::none())
       .def_static("from_checkpoint", &from_checkpoint, py::arg("model_dir"), py::arg("layer"), py::arg("adapter") = py::none(),
                   py::arg("isa") = "auto", py::arg("threads") = py::none(), py::arg("numa_nodes") = py::none(), py::kw_only(),
                   py::arg("max_tokens") = 2048, py::arg("max_cache_depth") = 1, py::arg("lora_rank") = 0,

@@ -67,6 +67,8 @@ LayerSetup layer_setup_from_py(py::handle config) {
   c.numa_nodes = int_field(config, "numa_nodes");
   c.backward_weight_copy = py::bool_(field(config, "backward_weight_copy"));
   c.swiglu_limit = field(config, "swiglu_limit").cast<double>();  // typed by MoEConfig, ranged by the runtime
+  c.swiglu_alpha = field(config, "swiglu_alpha").cast<double>();
+  c.swiglu_up_offset = field(config, "swiglu_up_offset").cast<double>();
   py::object threads = field(config, "threads");
   s.threads = threads.is_none() ? 0 : int_field(config, "threads");
   return s;
@@ -79,7 +81,8 @@ py::object config_to_py(const MoeLayerConfig& c, int threads) {
              py::arg("lora_alpha") = c.lora_alpha, py::arg("use_rslora") = c.use_rslora,
              py::arg("max_cache_depth") = c.max_cache_depth, py::arg("weight_type") = weight_type_str(c.weight_type), py::arg("group_size") = c.group_size,
              py::arg("numa_nodes") = c.numa_nodes, py::arg("threads") = threads,
-             py::arg("backward_weight_copy") = c.backward_weight_copy, py::arg("swiglu_limit") = c.swiglu_limit);
+             py::arg("backward_weight_copy") = c.backward_weight_copy, py::arg("swiglu_limit") = c.swiglu_limit,
+             py::arg("swiglu_alpha") = c.swiglu_alpha, py::arg("swiglu_up_offset") = c.swiglu_up_offset);
 }
 
 }  // namespace tilemoe::binding

@@ -71,7 +71,7 @@ py::object Task::wait() {
 }
 
 PyLayer::PyLayer(std::shared_ptr<PyRuntime> runtime, py::handle config, py::handle gate, py::handle up, py::handle down,
-                 std::optional<int> layer_index)
+                 std::optional<int> layer_index, const std::array<py::object, 3>& biases)
     : runtime_(std::move(runtime)) {
   const LayerSetup setup = layer_setup_from_py(config);
   const MoeLayerConfig& c = setup.config;
@@ -86,6 +86,14 @@ PyLayer::PyLayer(std::shared_ptr<PyRuntime> runtime, py::handle config, py::hand
     g.require_shape({c.num_experts, c.intermediate, c.hidden});
     u.require_shape({c.num_experts, c.intermediate, c.hidden});
     w = ExpertWeightsRef{static_cast<const bf16*>(g.data), static_cast<const bf16*>(u.data), static_cast<const bf16*>(d.data)};
+  }
+  const char* bias_names[3] = {"gate_bias", "up_bias", "down_bias"};
+  const bf16** bias_slots[3] = {&w.gate_bias, &w.up_bias, &w.down_bias};
+  for (int i = 0; i < 3; ++i) {
+    if (!biases[static_cast<std::size_t>(i)] || biases[static_cast<std::size_t>(i)].is_none()) continue;
+    TensorArg b = tensor_arg(biases[static_cast<std::size_t>(i)], bias_names[i], Access::read, {DType::bf16});
+    b.require_shape({c.num_experts, i == 2 ? c.hidden : c.intermediate});
+    *bias_slots[i] = static_cast<const bf16*>(b.data);
   }
   {
     py::gil_scoped_release release;

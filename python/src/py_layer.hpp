@@ -48,8 +48,9 @@ using LoraFactors = std::array<py::object, 6>;  // gate_a, gate_b, up_a, up_b, d
 
 class PyLayer {
  public:
+  // biases: gate_bias, up_bias [E, I] and down_bias [E, H] (bf16), each None for none.
   PyLayer(std::shared_ptr<PyRuntime> runtime, py::handle config, py::handle gate, py::handle up, py::handle down,
-          std::optional<int> layer_index);
+          std::optional<int> layer_index, const std::array<py::object, 3>& biases = {});
   PyLayer(std::shared_ptr<PyRuntime> runtime, const std::string& model_dir, int layer, const CheckpointLayerOptions& options);
   ~PyLayer();
 

@@ -21,6 +21,8 @@ class MoEConfig:
     the weight memory, a faster fine-tuning step) instead of repacking what it needs on every call.
     swiglu_limit: > 0, the experts clamp gate to at most it and up to [-it, it] before silu(gate) * up,
     LoRA included (DeepSeek-V4's clamped SwiGLU); 0: no clamp. A layer from a checkpoint takes its config.json's.
+    swiglu_alpha, swiglu_up_offset: gpt-oss's SwiGLU, (up + offset) * gate * sigmoid(alpha * gate) after the
+    clamps (gpt-oss: 1.702 and 1); 1.0 and 0.0: the plain silu(gate) * up. A checkpoint layer takes its model's.
     """
 
     num_experts: int
@@ -38,6 +40,8 @@ class MoEConfig:
     threads: Optional[int] = None
     backward_weight_copy: bool = False
     swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.0
+    swiglu_up_offset: float = 0.0
 
     def __post_init__(self):
         # Types here, ranges in the runtime: both name the field.
@@ -52,8 +56,10 @@ class MoEConfig:
         for name in ("use_rslora", "backward_weight_copy"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"MoEConfig.{name}: expected a bool, got {type(getattr(self, name)).__name__}")
-        if isinstance(self.swiglu_limit, bool) or not isinstance(self.swiglu_limit, (int, float)):
-            raise TypeError(f"MoEConfig.swiglu_limit: expected a float, got {type(self.swiglu_limit).__name__}")
+        for name in ("swiglu_limit", "swiglu_alpha", "swiglu_up_offset"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"MoEConfig.{name}: expected a float, got {type(value).__name__}")
         if self.weight_type not in _WEIGHT_TYPES:
             raise ValueError(f"MoEConfig.weight_type: {self.weight_type!r}; expected one of {', '.join(_WEIGHT_TYPES)}")
 

@@ -93,7 +93,7 @@ const char* tilemoe_status_name(tilemoe_status status) {
   return "unknown status";
 }
 
-const char* tilemoe_version(void) { return "0.2.0"; }  // CMakeLists.txt's project VERSION
+const char* tilemoe_version(void) { return "0.3.0"; }  // CMakeLists.txt's project VERSION
 
 tilemoe_status tilemoe_runtime_create(const char* isa, int threads, tilemoe_runtime** out) {
   return guard([&] {
@@ -142,6 +142,14 @@ tilemoe_status tilemoe_layer_create(tilemoe_runtime* runtime, const tilemoe_laye
 tilemoe_status tilemoe_layer_create_strided(tilemoe_runtime* runtime, const tilemoe_layer_config* config, const uint16_t* gate,
                                             size_t gate_stride, const uint16_t* up, size_t up_stride, const uint16_t* down,
                                             size_t down_stride, tilemoe_layer** out) {
+  return tilemoe_layer_create_with_biases(runtime, config, gate, gate_stride, up, up_stride, down, down_stride, nullptr, nullptr, nullptr,
+                                          out);
+}
+
+tilemoe_status tilemoe_layer_create_with_biases(tilemoe_runtime* runtime, const tilemoe_layer_config* config, const uint16_t* gate,
+                                                size_t gate_stride, const uint16_t* up, size_t up_stride, const uint16_t* down,
+                                                size_t down_stride, const uint16_t* gate_bias, const uint16_t* up_bias,
+                                                const uint16_t* down_bias, tilemoe_layer** out) {
   return guard([&] {
     require(runtime && config && out, "tilemoe_layer_create: runtime, config and out must not be NULL");
     *out = nullptr;
@@ -160,7 +168,10 @@ tilemoe_status tilemoe_layer_create_strided(tilemoe_runtime* runtime, const tile
     c.numa_nodes = config->numa_nodes == 0 ? 1 : config->numa_nodes == -1 ? 0 : config->numa_nodes;  // -1: the machine's
     c.backward_weight_copy = config->backward_weight_copy != 0;
     c.swiglu_limit = config->swiglu_limit;
-    *out = new tilemoe_layer{tilemoe::MoeLayer(runtime->rt, c, {gate, up, down, gate_stride, up_stride, down_stride})};
+    c.swiglu_alpha = config->swiglu_alpha == 0 ? 1.0 : config->swiglu_alpha;
+    c.swiglu_up_offset = config->swiglu_up_offset;
+    *out = new tilemoe_layer{
+        tilemoe::MoeLayer(runtime->rt, c, {gate, up, down, gate_stride, up_stride, down_stride, gate_bias, up_bias, down_bias})};
   });
 }
 
@@ -194,7 +205,7 @@ tilemoe_status tilemoe_layer_get_config(const tilemoe_layer* layer, tilemoe_laye
     const tilemoe::MoeLayerConfig& c = layer->layer.config();
     *config = {c.num_experts, c.top_k, c.hidden, c.intermediate, c.max_tokens, c.lora_rank, c.lora_alpha,
                c.use_rslora ? 1 : 0, c.max_cache_depth, static_cast<int>(c.weight_type), c.numa_nodes, c.group_size,
-               c.backward_weight_copy ? 1 : 0, c.swiglu_limit};
+               c.backward_weight_copy ? 1 : 0, c.swiglu_limit, c.swiglu_alpha, c.swiglu_up_offset};
   });
 }
 

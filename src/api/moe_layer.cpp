@@ -60,6 +60,30 @@ void check_config(const MoeLayerConfig& c) {
         " (training through int8/int4 weights dequantizes them per k-block instead)");
   if (!valid_swiglu_limit(c.swiglu_limit))
     bad("swiglu_limit " + std::to_string(c.swiglu_limit) + " must be 0 (no clamp) or a finite value > 0");
+  if (!valid_swiglu_alpha(c.swiglu_alpha))
+    bad("swiglu_alpha " + std::to_string(c.swiglu_alpha) + " must be a finite value > 0 (1: the plain SwiGLU)");
+  if (!valid_swiglu_up_offset(c.swiglu_up_offset))
+    bad("swiglu_up_offset " + std::to_string(c.swiglu_up_offset) + " must be finite (0: the plain SwiGLU)");
+}
+
+// What the experts compute, as the config says.
+MoeShape shape_of(const MoeLayerConfig& c) {
+  MoeShape s{c.hidden, c.intermediate, c.num_experts, c.top_k, static_cast<float>(c.swiglu_limit)};
+  s.swiglu_alpha = static_cast<float>(c.swiglu_alpha);
+  s.swiglu_up_offset = static_cast<float>(c.swiglu_up_offset);
+  return s;
+}
+
+// Biases are refused as weights are when not finite, naming the expert.
+void check_finite_biases(const ExpertWeightsView& w) {
+  const MoeShape& s = w.shape;
+  for (Projection p : kProjections) {
+    const bf16* b = p == Projection::gate ? w.gate_bias : p == Projection::up ? w.up_bias : w.down_bias;
+    if (!b) continue;
+    const std::size_t n = static_cast<std::size_t>(projection_out(s, p));
+    for (int e = 0; e < s.num_experts; ++e)
+      require_finite(b + n * static_cast<std::size_t>(e), n, "MoeLayer: expert " + std::to_string(e) + " " + projection_name(p) + " bias");
+  }
 }
 
 // Non-finite weights would poison every token routed to that expert: refuse them, naming the
@@ -217,7 +241,7 @@ namespace {
 
 ModelConfig model_of(const MoeLayerConfig& c) {
   ModelConfig m;
-  m.shape = {c.hidden, c.intermediate, c.num_experts, c.top_k, static_cast<float>(c.swiglu_limit)};
+  m.shape = shape_of(c);
   // A layer built from memory does not know the model's depth: every index up to a generous
   // bound is taken as a MoE layer, so that an adapter covering many layers opens for any one.
   m.num_layers = 1024;
@@ -235,8 +259,9 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   Runtime::Impl& rt = runtime.impl();
   // The config says what the experts compute; `quantized` carries the same limit (quantized from
   // w, or load_quantized_layer given the model's shape).
-  w.shape.swiglu_limit = static_cast<float>(cfg.swiglu_limit);
+  w.shape = shape_of(cfg);
   if (!weights_checked && !quantized) check_finite_weights(w, *rt.pool);
+  if (!weights_checked) check_finite_biases(w);
   quant::QuantizedExperts made;
   if (!quantized && cfg.weight_type != WeightType::bf16) {
     made = quant::quantize_experts(w, cfg.weight_type, cfg.group_size, rt.pool);
@@ -308,9 +333,10 @@ MoeLayer::MoeLayer(Runtime& runtime, const MoeLayerConfig& config, const ExpertW
       fail(ErrorKind::invalid_argument, std::string("MoeLayer: ") + projection_name(p) + "_stride is " + std::to_string(st) +
                                             " elements, less than one expert's matrix (hidden x intermediate = " + std::to_string(per) +
                                             "), so experts would overlap; 0 means dense");
-  ExpertWeightsView w{{config.hidden, config.intermediate, config.num_experts, config.top_k, static_cast<float>(config.swiglu_limit)},
-                      weights.gate, weights.up, weights.down,
-                      weights.gate_stride, weights.up_stride, weights.down_stride};
+  ExpertWeightsView w{shape_of(config), weights.gate, weights.up, weights.down, weights.gate_stride, weights.up_stride, weights.down_stride};
+  w.gate_bias = weights.gate_bias;
+  w.up_bias = weights.up_bias;
+  w.down_bias = weights.down_bias;
   impl_ = build(runtime, config, w, model_of(config), -1, nullptr, /*weights_checked=*/false);
 }
 
@@ -335,6 +361,8 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
   cfg.group_size = options.group_size;
   cfg.backward_weight_copy = options.backward_weight_copy;
   cfg.swiglu_limit = model.shape.swiglu_limit;
+  cfg.swiglu_alpha = model.shape.swiglu_alpha;
+  cfg.swiglu_up_offset = model.shape.swiglu_up_offset;
   check_config(cfg);
   if (!options.quantized_dir.empty()) {
     // Checked against this checkpoint (shape and fingerprint), never re-quantized; the bf16

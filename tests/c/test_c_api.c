@@ -263,6 +263,47 @@ static void test_memory_layer(tilemoe_runtime* rt) {
     tilemoe_layer_destroy(pl);
     tilemoe_layer_destroy(cl);
   }
+  /* gpt-oss's SwiGLU and biases: reported back; zero biases and the plain form give the plain layer's
+   * bits; a bias moves the output; a non-finite one is refused naming the expert. */
+  {
+    static uint16_t zero_gu[E * I], zero_d[E * H], bias_d[E * H];
+    static float plain_out[T * H], biased_out[T * H];
+    memset(zero_gu, 0, sizeof zero_gu);
+    memset(zero_d, 0, sizeof zero_d);
+    for (int i = 0; i < E * H; ++i) bias_d[i] = 0x3e80; /* 0.25 */
+    tilemoe_layer *zb = NULL, *bl = NULL, *oss = NULL, *none2 = NULL;
+    REQUIRE_OK(tilemoe_layer_create_with_biases(rt, &cfg, gate, 0, up, 0, down, 0, zero_gu, zero_gu, zero_d, &zb));
+    REQUIRE_OK(tilemoe_layer_forward(zb, T, K, x, ids, w, biased_out, TILEMOE_F32));
+    tilemoe_layer* pl = NULL;
+    REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &pl));
+    REQUIRE_OK(tilemoe_layer_forward(pl, T, K, x, ids, w, plain_out, TILEMOE_F32));
+    CHECK(memcmp(plain_out, biased_out, sizeof plain_out) == 0);
+    REQUIRE_OK(tilemoe_layer_create_with_biases(rt, &cfg, gate, 0, up, 0, down, 0, NULL, NULL, bias_d, &bl));
+    REQUIRE_OK(tilemoe_layer_forward(bl, T, K, x, ids, w, biased_out, TILEMOE_F32));
+    double most = 0;
+    for (int i = 0; i < T * H; ++i) most = fabs(biased_out[i] - plain_out[i]) > most ? fabs(biased_out[i] - plain_out[i]) : most;
+    CHECK(most > 0.1);
+    tilemoe_layer_config oc = cfg;
+    oc.swiglu_limit = 7.0;
+    oc.swiglu_alpha = 1.702;
+    oc.swiglu_up_offset = 1.0;
+    REQUIRE_OK(tilemoe_layer_create_with_biases(rt, &oc, gate, 0, up, 0, down, 0, NULL, NULL, bias_d, &oss));
+    tilemoe_layer_config got;
+    REQUIRE_OK(tilemoe_layer_get_config(oss, &got));
+    CHECK(got.swiglu_alpha == 1.702 && got.swiglu_up_offset == 1.0 && got.swiglu_limit == 7.0);
+    REQUIRE_OK(tilemoe_layer_get_config(pl, &got));
+    CHECK(got.swiglu_alpha == 1.0 && got.swiglu_up_offset == 0.0); /* a zeroed alpha is the plain form's 1 */
+    bias_d[3 * H + 2] = 0x7fc0; /* NaN in expert 3's down bias */
+    CHECK(tilemoe_layer_create_with_biases(rt, &oc, gate, 0, up, 0, down, 0, NULL, NULL, bias_d, &none2) == TILEMOE_BAD_FILE);
+    CHECK(none2 == NULL && strstr(tilemoe_last_error(), "expert 3 down bias") != NULL);
+    oc.swiglu_alpha = -1.0;
+    CHECK(tilemoe_layer_create(rt, &oc, gate, up, down, &none2) == TILEMOE_INVALID_ARGUMENT && none2 == NULL);
+    CHECK(strstr(tilemoe_last_error(), "swiglu_alpha") != NULL);
+    tilemoe_layer_destroy(oss);
+    tilemoe_layer_destroy(bl);
+    tilemoe_layer_destroy(pl);
+    tilemoe_layer_destroy(zb);
+  }
   /* int8 and int4 layers from the same weights: quantized here, reported by get_config. */
   for (int type = 1; type <= 2; ++type) {
     tilemoe_layer_config qc = cfg;

@@ -24,7 +24,8 @@ BF16, F32 = 0, 1
 class LayerConfig(C.Structure):
     _fields_ = [(n, C.c_int) for n in ("num_experts", "top_k", "hidden", "intermediate", "max_tokens", "lora_rank")] + [
         ("lora_alpha", C.c_double), ("use_rslora", C.c_int), ("max_cache_depth", C.c_int), ("weight_type", C.c_int),
-        ("numa_nodes", C.c_int), ("group_size", C.c_int), ("backward_weight_copy", C.c_int), ("swiglu_limit", C.c_double)]
+        ("numa_nodes", C.c_int), ("group_size", C.c_int), ("backward_weight_copy", C.c_int), ("swiglu_limit", C.c_double),
+        ("swiglu_alpha", C.c_double), ("swiglu_up_offset", C.c_double)]
 
 
 class CheckpointOptions(C.Structure):
