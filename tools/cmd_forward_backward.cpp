@@ -124,7 +124,13 @@ void run(const LayerArgs& a, bool backward) {
   LoadedLayer l = load_layer(a.model, a.layer, a.adapter, /*load_experts=*/a.quantized.empty());
   quant::QuantizedExperts loaded;
   if (!a.quantized.empty()) {
-    loaded = quant::load_quantized_layer(a.quantized, a.layer, l.config.shape, quant::checkpoint_fingerprint(Checkpoint::open(a.model)));
+    const Checkpoint ck = Checkpoint::open(a.model);
+    loaded = quant::load_quantized_layer(a.quantized, a.layer, l.config.shape, quant::checkpoint_fingerprint(ck));
+    // The experts' biases (gpt-oss) are not quantized and not in the directory: the checkpoint's.
+    ExpertWeights biases;
+    biases.shape = l.config.shape;
+    ck.load_layer_biases(a.layer, biases);
+    loaded.biases = ExpertBiases::of_view(biases.view());
     if (opt.weight_type != WeightType::bf16 && opt.weight_type != loaded.type)
       fail(ErrorKind::invalid_argument, "--quantized " + a.quantized + " holds " + weight_type_name(loaded.type) + " weights, not " + a.weights);
     opt.quantized = &loaded;

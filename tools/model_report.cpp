@@ -38,9 +38,14 @@ LayerNaming naming_of(const Checkpoint& ck, int layer) {
   for (Projection p : kProjections) {
     const ExpertTensorRef& r = refs[static_cast<int>(p)].front();
     std::string t = layer_template(r.stacked() ? r.name : expert_key_template(r.name, 0), layer);
-    if (r.stacked()) t += " (every expert stacked" + (r.first_row ? ", rows from " + std::to_string(r.first_row) : std::string()) + ")";
+    if (r.row_step > 1)  // gpt-oss: gate and up interleaved
+      t += std::string(" (every expert stacked") + (r.transposed ? " as x W" : "") + ", outputs " + std::to_string(r.first_row) + ", " +
+           std::to_string(r.first_row + r.row_step) + ", ...)";
+    else if (r.stacked())
+      t += " (every expert stacked" + std::string(r.transposed ? " as x W" : "") +
+           (r.first_row ? ", rows from " + std::to_string(r.first_row) : std::string()) + ")";
     n.experts[static_cast<int>(p)] = t;
-    if (p == Projection::gate) n.dtype = io::dtype_name(ck.file_of(r.name)->get(r.name).dtype);
+    if (p == Projection::gate) n.dtype = r.scales.empty() ? io::dtype_name(ck.file_of(r.name)->get(r.name).dtype) : "MXFP4";
   }
   const auto router = ck.router_tensor_names(layer);
   n.router = layer_template(router[0], layer);
@@ -93,7 +98,9 @@ int print_model_report(const std::string& model_dir, bool as_json) {
   if (as_json) {
     json out = {{"model_dir", model_dir}, {"model_type", c.model_type}, {"hidden", c.shape.hidden},
                 {"intermediate", c.shape.intermediate}, {"experts", c.shape.num_experts}, {"top_k", c.shape.top_k},
-                {"moe_layers", c.moe_layers}, {"quant_method", c.quant_method}, {"swiglu_limit", c.shape.swiglu_limit}};
+                {"moe_layers", c.moe_layers}, {"quant_method", c.quant_method}, {"swiglu_limit", c.shape.swiglu_limit},
+                {"swiglu_alpha", c.shape.swiglu_alpha}, {"swiglu_up_offset", c.shape.swiglu_up_offset},
+                {"expert_biases", c.gpt_oss_layout}};
     json router = {{"computed", c.routing_unsupported.empty()}};
     if (c.routing_unsupported.empty())
       router.update({{"scoring_func", c.scoring_func}, {"topk_method", c.topk_method}, {"n_group", c.n_group}, {"topk_group", c.topk_group},
@@ -119,6 +126,10 @@ int print_model_report(const std::string& model_dir, bool as_json) {
   if (c.shape.swiglu_limit > 0)
     std::printf("SwiGLU: gate clamped to at most %g and up to [-%g, %g] first (swiglu_limit)\n", c.shape.swiglu_limit, c.shape.swiglu_limit,
                 c.shape.swiglu_limit);
+  if (c.shape.swiglu_alpha != 1.0f || c.shape.swiglu_up_offset != 0.0f)
+    std::printf("SwiGLU in gpt-oss's form: (up + %g) * gate * sigmoid(%g * gate)\n", c.shape.swiglu_up_offset, c.shape.swiglu_alpha);
+  if (c.gpt_oss_layout)
+    std::printf("experts: gpt-oss's x W tensors (gate and up interleaved, or MXFP4 blocks) with biases; router logits with a bias\n");
   std::printf("router: %s\n", router_text(c).c_str());
   if (!c.quant_method.empty()) std::printf("quantization_config: quant_method '%s'\n", c.quant_method.c_str());
   for (const auto& [n, layers] : namings) {

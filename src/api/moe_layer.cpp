@@ -376,6 +376,11 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
       fail(ErrorKind::invalid_argument, "MoeLayer::from_checkpoint: " + options.quantized_dir + " has int4 group size " +
                                             std::to_string(q.group) + " but group_size " + std::to_string(options.group_size) +
                                             " was asked for");
+    // The experts' biases (gpt-oss) are not quantized and not in the directory: the checkpoint's.
+    ExpertWeights biases;
+    biases.shape = model.shape;
+    ckpt.load_layer_biases(layer, biases);
+    q.biases = ExpertBiases::of_view(biases.view());
     return MoeLayer(with_checkpoint_names(build(runtime, cfg, ExpertWeightsView{model.shape, nullptr, nullptr, nullptr}, model,
                                                 layer, std::move(adapter), /*weights_checked=*/true, &q),
                                           ckpt, layer));

@@ -1,6 +1,7 @@
 #include "src/model/checkpoint.hpp"
 
 #include <array>
+#include <cmath>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -108,6 +109,7 @@ void Checkpoint::read_expert_tensor(const ExpertTensorRef& ref, int rows, int co
   const Location* loc = find(name);
   const auto& file = *files_[loc->file];
   const auto& info = *loc->info;
+  if (ref.transposed || !ref.scales.empty()) return read_gpt_oss_tensor(ref, rows, cols, out);
   if (ref.stacked()) {  // shape and dtype checked by add_stacked_experts
     const std::size_t elem = io::dtype_size(info.dtype);
     const std::size_t first = (static_cast<std::size_t>(ref.stacked_expert) * static_cast<std::size_t>(info.shape[1]) +
@@ -217,6 +219,124 @@ void Checkpoint::add_stacked_experts(int layer, const std::string& name, const L
     }
 }
 
+namespace {
+
+// MXFP4 (the OCP microscaling format gpt-oss ships): blocks of 32 E2M1 values, two a byte with the
+// first in the low nibble, scaled by 2^(scale - 127). Every value is exact in bf16.
+constexpr float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void dequantize_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales, int cols, bf16* out) {
+  for (int b = 0; b < cols / 32; ++b) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(scales[b]) - 127);
+    for (int j = 0; j < 16; ++j) {
+      const std::uint8_t byte = blocks[b * 16 + j];
+      out[b * 32 + 2 * j] = float_to_bf16(kE2M1[byte & 0x0f] * scale);
+      out[b * 32 + 2 * j + 1] = float_to_bf16(kE2M1[byte >> 4] * scale);
+    }
+  }
+}
+
+}  // namespace
+
+void Checkpoint::add_gpt_oss_experts(int layer, const std::string& name, const Location& loc, bool mxfp4,
+                                     std::array<std::vector<ExpertTensorRef>, 3>& refs) const {
+  const MoeShape& s = config_.shape;
+  const auto& info = *loc.info;
+  const std::string where = files_[loc.file]->path() + ": layer " + std::to_string(layer) + " experts";
+  const bool gate_up = name.find("gate_up_proj") != std::string::npos;
+  const std::int64_t out = gate_up ? 2 * static_cast<std::int64_t>(s.intermediate) : s.hidden;
+  const std::int64_t in = gate_up ? s.hidden : s.intermediate;
+  std::string scales;
+  if (mxfp4) {
+    scales = name.substr(0, name.size() - 7) + "_scales";  // "..._blocks" -> "..._scales"
+    const Location* sl = find(scales);
+    if (!sl) fail(ErrorKind::bad_file, where + ": '" + name + "' is MXFP4 blocks but '" + scales + "' is missing");
+    const std::vector<std::int64_t> want_blocks{s.num_experts, out, in / 32, 16}, want_scales{s.num_experts, out, in / 32};
+    if (in % 32 != 0)
+      fail(ErrorKind::bad_file, where + ": '" + name + "' is MXFP4, whose blocks of 32 do not divide the input size " + std::to_string(in));
+    if (info.dtype != io::Dtype::U8 || info.shape != want_blocks)
+      fail(ErrorKind::bad_file, where + ": '" + name + "' is " + io::dtype_name(info.dtype) + " " + io::shape_string(info.shape) +
+                                    ", expected U8 " + io::shape_string(want_blocks) + " (MXFP4 blocks of config.json's shape)");
+    if (sl->info->dtype != io::Dtype::U8 || sl->info->shape != want_scales)
+      fail(ErrorKind::bad_file, files_[sl->file]->path() + ": '" + scales + "' is " + io::dtype_name(sl->info->dtype) + " " +
+                                    io::shape_string(sl->info->shape) + ", expected U8 " + io::shape_string(want_scales) +
+                                    " (one E8M0 scale per block of 32)");
+  } else {
+    const std::vector<std::int64_t> want{s.num_experts, in, out};
+    if (info.shape != want)
+      fail(ErrorKind::bad_file, where + ": '" + name + "' has shape " + io::shape_string(info.shape) + ", expected " +
+                                    io::shape_string(want) + " (gpt-oss stores its experts as x W, [experts, in, out])");
+    if (info.dtype != io::Dtype::BF16 && info.dtype != io::Dtype::F16 && info.dtype != io::Dtype::F32)
+      fail(ErrorKind::bad_file, where + ": '" + name + "' has dtype " + io::dtype_name(info.dtype) +
+                                    "; gpt-oss experts are read as BF16, F16, F32 or MXFP4 (*_blocks and *_scales)");
+  }
+  std::vector<std::pair<Projection, int>> parts;
+  if (gate_up) parts = {{Projection::gate, 0}, {Projection::up, 1}};  // interleaved: gate's even outputs, up's odd
+  else parts = {{Projection::down, 0}};
+  const std::size_t values = static_cast<std::size_t>(projection_out(s, parts.front().first)) * static_cast<std::size_t>(in);
+  const std::size_t bytes = mxfp4 ? values / 2 + values / 32 : values * io::dtype_size(info.dtype);
+  for (int e = 0; e < s.num_experts; ++e)
+    for (const auto& [p, first] : parts) {
+      auto& slot = refs[static_cast<int>(p)][e];
+      if (!slot.name.empty())
+        fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
+                                      ": stored twice, as '" + slot.name + "' and in '" + name + "'");
+      slot = ExpertTensorRef{name, e, first, bytes, gate_up ? 2 : 1, !mxfp4, scales};
+    }
+}
+
+void Checkpoint::read_gpt_oss_tensor(const ExpertTensorRef& ref, int rows, int cols, bf16* out) const {
+  const Location* loc = find(ref.name);
+  const auto& file = *files_[loc->file];
+  const auto& info = *loc->info;
+  const std::size_t e = static_cast<std::size_t>(ref.stacked_expert);
+  if (!ref.scales.empty()) {
+    // [E, out, in/32, 16] blocks, [E, out, in/32] scales: this projection's rows first_row + i * row_step.
+    const Location* sl = find(ref.scales);
+    const auto& sinfo = *sl->info;
+    const std::size_t total_rows = static_cast<std::size_t>(info.shape[1]), groups = static_cast<std::size_t>(cols / 32);
+    const auto* blocks = reinterpret_cast<const std::uint8_t*>(file.data(info));
+    const auto* scales = reinterpret_cast<const std::uint8_t*>(files_[sl->file]->data(sinfo));
+    for (int i = 0; i < rows; ++i) {
+      const std::size_t r = e * total_rows + static_cast<std::size_t>(ref.first_row) + static_cast<std::size_t>(i) * ref.row_step;
+      dequantize_mxfp4_row(blocks + r * groups * 16, scales + r * groups, cols, out + static_cast<std::size_t>(i) * cols);
+    }
+    return;
+  }
+  // x W: [E, in, out]; this projection's W x row i is column first_row + i * row_step.
+  const std::size_t total_cols = static_cast<std::size_t>(info.shape[2]), elem = io::dtype_size(info.dtype);
+  std::vector<bf16> row(total_cols);
+  for (int k = 0; k < cols; ++k) {
+    const std::size_t at = (e * static_cast<std::size_t>(cols) + static_cast<std::size_t>(k)) * total_cols * elem;
+    io::convert_to_bf16(info.dtype, file.data(info) + at, total_cols, row.data());
+    for (int i = 0; i < rows; ++i)
+      out[static_cast<std::size_t>(i) * cols + k] = row[static_cast<std::size_t>(ref.first_row) + static_cast<std::size_t>(i) * ref.row_step];
+  }
+}
+
+void Checkpoint::load_layer_biases(int layer, ExpertWeights& w) const {
+  w.gate_bias.clear(), w.up_bias.clear(), w.down_bias.clear();
+  if (!config_.gpt_oss_layout) return;
+  const MoeShape& s = config_.shape;
+  std::string gate_up, down;
+  for (const auto& [name, loc] : location_) {
+    const auto parsed = parse_stacked_expert_tensor_name(name);
+    if (!parsed || !parsed->bias || parsed->layer != layer) continue;
+    (parsed->kind == StackedExperts::gate_up ? gate_up : down) = name;
+  }
+  const std::string looked = dir_ + ": layer " + std::to_string(layer) + " experts: gpt-oss's ";
+  if (gate_up.empty()) fail(ErrorKind::bad_file, looked + "gate_up_proj_bias is missing (looked for '...layers." + std::to_string(layer) + "...experts.gate_up_proj_bias')");
+  if (down.empty()) fail(ErrorKind::bad_file, looked + "down_proj_bias is missing (looked for '...layers." + std::to_string(layer) + "...experts.down_proj_bias')");
+  const std::vector<bf16> gu = io::read_as_bf16(*file_of(gate_up), gate_up, std::vector<std::int64_t>{s.num_experts, 2 * static_cast<std::int64_t>(s.intermediate)});
+  w.down_bias = io::read_as_bf16(*file_of(down), down, std::vector<std::int64_t>{s.num_experts, s.hidden});
+  const std::size_t ei = static_cast<std::size_t>(s.num_experts) * s.intermediate;
+  w.gate_bias.resize(ei);
+  w.up_bias.resize(ei);
+  for (std::size_t i = 0; i < ei; ++i) w.gate_bias[i] = gu[2 * i], w.up_bias[i] = gu[2 * i + 1];
+  require_finite(gu.data(), gu.size(), file_of(gate_up)->path() + ": layer " + std::to_string(layer) + " experts' gate_up bias ('" + gate_up + "')");
+  require_finite(w.down_bias.data(), w.down_bias.size(), file_of(down)->path() + ": layer " + std::to_string(layer) + " experts' down bias ('" + down + "')");
+}
+
 std::array<std::vector<ExpertTensorRef>, 3> Checkpoint::expert_tensors(int layer) const {
   check_moe_layer(layer);
   const MoeShape& s = config_.shape;
@@ -239,6 +359,16 @@ std::array<std::vector<ExpertTensorRef>, 3> Checkpoint::expert_tensors(int layer
   };
   std::vector<PerExpert> per_expert;
   for (const auto& [name, loc] : location_) {
+    if (config_.gpt_oss_layout) {
+      // x W tensors, or MXFP4's "..._blocks" (with "..._scales" beside); biases: load_layer_biases.
+      constexpr std::string_view kBlocks = "_blocks";
+      const bool mxfp4 = name.size() > kBlocks.size() && name.compare(name.size() - kBlocks.size(), kBlocks.size(), kBlocks) == 0;
+      const auto stacked = parse_stacked_expert_tensor_name(mxfp4 ? std::string_view(name).substr(0, name.size() - kBlocks.size()) : name);
+      if (stacked && stacked->layer == layer && !stacked->bias &&
+          (stacked->kind == StackedExperts::gate_up || stacked->kind == StackedExperts::down))
+        add_gpt_oss_experts(layer, name, loc, mxfp4, refs);
+      if (stacked && stacked->layer == layer) continue;
+    }
     if (auto stacked = parse_stacked_expert_tensor_name(name)) {
       if (stacked->layer == layer) add_stacked_experts(layer, name, loc, refs);
       continue;
@@ -308,6 +438,7 @@ void Checkpoint::load_layer_experts(int layer, ExpertWeights& w, const ProgressF
   const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;
   if (pool) pool->parallel_for(items, one);
   else for (std::size_t i = 0; i < items; ++i) one(i, 0);
+  load_layer_biases(layer, w);
   if (progress) progress(total_bytes, total_bytes);
 }
 
@@ -317,7 +448,10 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
   const std::string* found = nullptr;
   for (const auto& [name, loc] : location_) {
     if (parse_layer_index(name) != layer) continue;
-    bool router = is_router_name(name) && name.find("experts") == std::string::npos && loc.info->shape.size() == 2 &&
+    // gpt-oss: "...mlp.router.weight".
+    const bool named = is_router_name(name) || (config_.gpt_oss_layout && name.size() > 14 &&
+                                                name.compare(name.size() - 14, 14, ".router.weight") == 0);
+    bool router = named && name.find("experts") == std::string::npos && loc.info->shape.size() == 2 &&
                   loc.info->shape[0] == s.num_experts;
     if (router) {
       if (found) fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " has two routers: '" + *found + "' and '" + name + "'");
@@ -336,7 +470,8 @@ std::vector<std::string> Checkpoint::router_tensor_names(int layer) const {
   std::string module = found->substr(0, found->size() - 7);  // without ".weight"
   // DeepSeek-V4 (as transformers saves it, in DeepSeek's names) keeps it as the router's own bias,
   // "...ffn.gate.bias", never added to the logits.
-  if (config_.model_type == "deepseek_v4" && find(module + ".bias")) {
+  // gpt-oss's router bias, added to the logits (load_router reads it as such).
+  if ((config_.model_type == "deepseek_v4" || config_.gpt_oss_layout) && find(module + ".bias")) {
     names.push_back(module + ".bias");
     return names;
   }
@@ -361,7 +496,9 @@ RouterWeights Checkpoint::load_router(int layer) const {
   RouterWeights r;
   std::vector<std::int64_t> shape{s.num_experts, s.hidden};
   r.weight = io::read_as_f32(*file_of(names[0]), names[0], shape);
-  if (names.size() > 1) {
+  if (names.size() > 1 && config_.gpt_oss_layout) {
+    r.logit_bias = io::read_as_f32(*file_of(names[1]), names[1], std::vector<std::int64_t>{s.num_experts});
+  } else if (names.size() > 1) {
     std::vector<std::int64_t> bshape{s.num_experts};
     if (find(names[1])->info->shape.size() == 2) bshape.insert(bshape.begin(), 1);  // ERNIE-4.5's one group of experts
     r.correction_bias = io::read_as_f32(*file_of(names[1]), names[1], bshape);

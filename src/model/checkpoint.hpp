@@ -21,6 +21,7 @@ class ThreadPool;
 struct RouterWeights {
   std::vector<float> weight;           // [E][H]
   std::vector<float> correction_bias;  // [E] (DeepSeek-V3's e_score_correction_bias) or empty
+  std::vector<float> logit_bias;       // [E] added to the logits (gpt-oss's router.bias) or empty
 };
 
 // Where one expert's weight for one projection is stored: a 2-D tensor of its own
@@ -31,6 +32,13 @@ struct ExpertTensorRef {
   int stacked_expert = -1;  // the expert's index in a stacked tensor; -1 when the tensor is this expert's alone
   int first_row = 0;        // where this projection's rows start in the expert's matrix (up in gate_up_proj: I)
   std::size_t bytes = 0;    // the stored bytes of this expert's projection
+  // gpt-oss (ModelConfig::gpt_oss_layout): this projection's output rows are first_row + i * row_step
+  // of the stacked tensor's outputs (gate_up_proj interleaves gate's and up's: 0 and 1, step 2),
+  // stored as columns of an x W tensor [E, in, out] (`transposed`), or as MXFP4 rows of `name`
+  // (the *_blocks tensor) with their scales in `scales` (the *_scales tensor).
+  int row_step = 1;
+  bool transposed = false;
+  std::string scales;
   bool stacked() const { return stacked_expert >= 0; }
 };
 
@@ -51,6 +59,9 @@ class Checkpoint {
   // pool the tensors are read in parallel, and `progress` is called on the calling thread only.
   void load_layer_experts(int layer, ExpertWeights& into, const ProgressFn& progress, numa::ThreadPool* pool) const;
   RouterWeights load_router(int layer) const;
+  // gpt-oss's expert biases into w.gate_bias, up_bias [E][I] and down_bias [E][H] (bf16); a
+  // checkpoint without expert biases leaves them empty. load_layer_experts calls it.
+  void load_layer_biases(int layer, ExpertWeights& w) const;
 
   // Where a layer's routed-expert weights are stored, [projection][expert]. Throws as
   // load_layer_experts does for a non-MoE layer, a missing, duplicated or out-of-range expert, or
@@ -75,6 +86,10 @@ class Checkpoint {
   void read_expert_tensor(const ExpertTensorRef& ref, int rows, int cols, const std::string& what, bf16* out) const;
   // Checks a stacked tensor of `layer` and points each expert's slots of `refs` at its rows.
   void add_stacked_experts(int layer, const std::string& name, const Location& loc, std::array<std::vector<ExpertTensorRef>, 3>& refs) const;
+  // gpt-oss's x W stacked tensors and their MXFP4 form (ModelConfig::gpt_oss_layout).
+  void add_gpt_oss_experts(int layer, const std::string& name, const Location& loc, bool mxfp4,
+                           std::array<std::vector<ExpertTensorRef>, 3>& refs) const;
+  void read_gpt_oss_tensor(const ExpertTensorRef& ref, int rows, int cols, bf16* out) const;
 
   std::string dir_;
   ModelConfig config_;

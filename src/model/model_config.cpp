@@ -154,7 +154,7 @@ constexpr SigmoidRouterDefaults kSigmoidRouters[] = {
 // remote code whose config.json states its router, as DeepSeek-MoE's and Kimi-K2's do.
 constexpr const char* kRoutedTypes[] = {"deepseek_v2", "qwen2_moe", "qwen3_moe", "qwen3_next", "mixtral", "minimax", "olmoe", "flex_olmo",
                                         "ernie4_5_moe", "hunyuan_v1_moe", "granitemoe", "granitemoeshared", "qwen3_5_moe_text",
-                                        "mellum", "qwen4_exp_text"};
+                                        "mellum", "qwen4_exp_text", "gpt_oss"};
 
 const SigmoidRouterDefaults* sigmoid_router_of(const std::string& model_type) {
   for (const auto& d : kSigmoidRouters)
@@ -277,19 +277,16 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
   const std::string& t = c.model_type;
   // Routed experts that compute something else than down(silu(gate(x)) * up(x)) weighted by the
   // router: refused by name, as their configs would otherwise pass for Mixtral's.
-  if (t == "gpt_oss")
-    fail(ErrorKind::unsupported, src + ": model_type 'gpt_oss': its experts use a clamped SwiGLU with biases, which tilemoe does not "
-                                       "compute (it runs down(silu(gate(x)) * up(x)): DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
   if (t == "llama4" || t == "llama4_text")
     fail(ErrorKind::unsupported, src + ": model_type '" + t + "': Llama 4 scales each expert's input by its router score, where "
                                        "tilemoe weights the experts' outputs (DeepSeek-V2/V3, Qwen2/Qwen3-MoE, Mixtral)");
   if (t == "minimax_m3_vl" || t == "minimax_m3_vl_text")
     fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts' output is not down(silu(gate(x)) * up(x)) (as transformers v5 "
                                        "computes them, checked by tilemoe's tests), which is what tilemoe runs");
-  // DeepSeek-V4 clamps gate and up before the SwiGLU (MoeShape::swiglu_limit). Another type's clamp
-  // may be another formula (gpt-oss's, above, adds biases and scales): refused unless checked.
+  // DeepSeek-V4 and gpt-oss clamp gate and up before the SwiGLU (MoeShape::swiglu_limit). Another
+  // type's clamp may be another formula: refused unless checked.
   if (auto limit = j.find("swiglu_limit"); limit != j.end() && !limit->is_null()) {
-    if (t != "deepseek_v4")
+    if (t != "deepseek_v4" && t != "gpt_oss")
       fail(ErrorKind::unsupported, src + ": model_type '" + t + "': its experts clamp gate and up at swiglu_limit " + limit->dump() +
                                        ", and tilemoe computes that clamp as DeepSeek-V4's (gate <= limit, up within +-limit), checked "
                                        "against transformers for model_type 'deepseek_v4' only");
@@ -305,7 +302,20 @@ ModelConfig parse_model_config(const std::string& text, const std::string& src) 
     if (auto a = j.find(key); a != j.end() && a->is_string() && *a != "silu" && *a != "swish")
       fail(ErrorKind::unsupported, src + ": " + key + " is '" + a->get<std::string>() +
                                        "'; tilemoe's experts compute down(silu(gate(x)) * up(x))");
-  if (t.rfind("deepseek", 0) == 0 || j.contains("n_routed_experts")) {
+  if (t == "gpt_oss") {
+    // GptOssExperts: (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7) (its limit is
+    // config.json's swiglu_limit, GptOssConfig's default 7.0; alpha is fixed in the module), with
+    // biases; every layer MoE; GptOssTopKRouter softmaxes the top-k of its biased logits, which is
+    // a softmax over all experts renormalised over the top-k.
+    c.shape.intermediate = require_int(j, "intermediate_size", src);
+    c.shape.num_experts = require_int(j, "num_local_experts", src);
+    for (int l = 0; l < c.num_layers; ++l) c.moe_layers.push_back(l);
+    if (c.shape.swiglu_limit == 0.0f) c.shape.swiglu_limit = 7.0f;
+    c.shape.swiglu_alpha = 1.702f;
+    c.shape.swiglu_up_offset = 1.0f;
+    c.norm_topk_prob = true;
+    c.gpt_oss_layout = true;
+  } else if (t.rfind("deepseek", 0) == 0 || j.contains("n_routed_experts")) {
     c.shape.intermediate = require_int(j, "moe_intermediate_size", src);
     c.shape.num_experts = require_int(j, "n_routed_experts", src);
     c.moe_layers = deepseek_moe_layers(j, c.num_layers);

@@ -35,6 +35,12 @@ struct ModelConfig {
   // quantization_config.quant_method as written ("fp8", "gptq", "awq", ...), empty without one: what
   // an error names when the experts are stored in a form this loader does not read.
   std::string quant_method;
+  // gpt-oss (model_type gpt_oss): the experts stacked as x W tensors, gate_up_proj [E, H, 2I] with
+  // gate's and up's columns interleaved and down_proj [E, I, H] (or their MXFP4 form: *_blocks
+  // [E, out, in/32, 16] and *_scales [E, out, in/32], out's rows interleaved the same way), with
+  // biases gate_up_proj_bias [E, 2I] and down_proj_bias [E, H]; the router "...mlp.router" adds
+  // its bias to the logits.
+  bool gpt_oss_layout = false;
 
   bool is_moe_layer(int layer) const;
   bool is_hash_routed(int layer) const;

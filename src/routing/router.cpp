@@ -26,6 +26,7 @@ struct RouterPlan {
   float unchosen_group_value = 0.0f;
   const float* weight = nullptr;  // [E][H]
   const float* bias = nullptr;    // [E]; only noaux_tc chooses with it
+  const float* logit_bias = nullptr;  // [E]; added to the logits (gpt-oss)
 };
 
 std::string where(int layer) { return "layer " + std::to_string(layer) + " router: "; }
@@ -60,6 +61,11 @@ RouterPlan plan_router(const ModelConfig& c, const RouterWeights& r, int layer) 
   for (std::size_t e = 0; e < r.correction_bias.size(); ++e)
     if (!std::isfinite(r.correction_bias[e]))
       fail(ErrorKind::bad_file, at + "e_score_correction_bias of expert " + std::to_string(e) + " is not finite");
+  if (!r.logit_bias.empty() && r.logit_bias.size() != static_cast<std::size_t>(p.experts))
+    fail(ErrorKind::bad_file, at + "bias has " + std::to_string(r.logit_bias.size()) + " values, expected " + std::to_string(p.experts) +
+                                  " (one per expert)");
+  for (std::size_t e = 0; e < r.logit_bias.size(); ++e)
+    if (!std::isfinite(r.logit_bias[e])) fail(ErrorKind::bad_file, at + "bias of expert " + std::to_string(e) + " is not finite");
 
   if (c.scoring_func == "softmax") p.scoring = Scoring::softmax;
   else if (c.scoring_func == "sigmoid") p.scoring = Scoring::sigmoid;
@@ -96,6 +102,7 @@ RouterPlan plan_router(const ModelConfig& c, const RouterWeights& r, int layer) 
   p.scale = static_cast<float>(c.routed_scaling_factor);  // PyTorch multiplies an f32 tensor by the f32 of a Python float
   p.weight = r.weight.data();
   if (p.selection == Selection::noaux_tc && !r.correction_bias.empty()) p.bias = r.correction_bias.data();
+  if (!r.logit_bias.empty()) p.logit_bias = r.logit_bias.data();
   return p;
 }
 
@@ -125,6 +132,7 @@ void route_one(const RouterPlan& p, int layer, int token, const bf16* x_bf16, st
   for (int h = 0; h < H; ++h) x[h] = bf16_to_float(x_bf16[h]);
   for (int e = 0; e < E; ++e) {
     logits[e] = dot(x.data(), p.weight + static_cast<std::size_t>(e) * H, H);
+    if (p.logit_bias) logits[e] += p.logit_bias[e];
     if (!std::isfinite(logits[e]))
       fail(ErrorKind::invalid_argument, where(layer) + "token " + std::to_string(token) + "'s logit for expert " + std::to_string(e) +
                                             " is not finite (is the hidden state finite?)");

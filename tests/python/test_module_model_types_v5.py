@@ -39,7 +39,7 @@ E, K, H = 5, 2, 72
 ROUTED = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite", "exaone_moe",
           "flex_olmo", "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "minimax", "minimax_m2", "mixtral", "olmoe", "qwen2_moe",
           "qwen3_moe", "qwen3_next", "glm_moe_dsa", "solar_open", "mimo_v2_flash", "qwen3_5_moe_text", "mellum",
-          "qwen4_exp_text", "hy_v3", "afmoe", "kimi_linear", "deepseek_v4")
+          "qwen4_exp_text", "hy_v3", "afmoe", "kimi_linear", "deepseek_v4", "gpt_oss")
 # Read, but routing by the router refused (the experts run with ids given to them).
 ROUTING_REFUSED = ("phimoe",)
 # Refused when read: a layout or a config tilemoe does not know.
@@ -54,6 +54,9 @@ WANTED = dict(vocab_size=64, hidden_size=H, num_hidden_layers=2, num_attention_h
 # Fields of one type: DeepSeek-V4 with a hash-routed layer (whose routing tilemoe refuses: it needs
 # token ids) and a routed one, and a swiglu_limit low enough that these weights' gates and ups meet it.
 EXTRA = {"deepseek_v4": dict(mlp_layer_types=["hash_moe", "moe"], swiglu_limit=0.25)}
+# gpt-oss's module clamps at a fixed 7 (its SwiGLU, with biases): its gate_up weights scaled up so
+# that these inputs meet the clamp.
+EXPERT_SCALE = {"gpt_oss": 8.0}
 
 
 
@@ -71,6 +74,8 @@ def tiny_model(kind):
         for n, b in list(model.named_buffers()) + list(model.named_parameters()):
             if n.endswith("e_score_correction_bias") or n.endswith("expert_bias"):
                 b.copy_((torch.randn(b.shape) * 0.3).to(torch.bfloat16).float())
+            if kind in EXPERT_SCALE and n.endswith("experts.gate_up_proj"):
+                b.copy_((b * EXPERT_SCALE[kind]).to(torch.bfloat16).float())
     return config, model
 
 

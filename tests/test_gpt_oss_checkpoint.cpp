@@ -1,0 +1,303 @@
+// gpt-oss checkpoints as transformers writes them (experts stacked as x W, gate and up interleaved,
+// with biases; the router's bias added to its logits) and as the hub ships them (the experts in
+// MXFP4: *_blocks and *_scales), made here from known weights: the loaded experts must be those
+// weights exactly, the MXFP4 ones a straightforward dequantization exactly, the router as
+// GptOssTopKRouter computes, a layer from the checkpoint the reference on those weights; malformed
+// tensors are refused naming the file, layer and tensor.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "catch.hpp"
+#include "src/io/safetensors_writer.hpp"
+#include "src/layer/moe_compute.hpp"
+#include "src/layer/synthetic_layer.hpp"
+#include "src/model/checkpoint.hpp"
+#include "src/reference/moe_reference.hpp"
+#include "src/routing/router.hpp"
+#include "test_util.hpp"
+#include "tilemoe/error.hpp"
+#include "tilemoe/moe_layer.hpp"
+
+using namespace tilemoe;
+namespace fs = std::filesystem;
+using test::error_of;
+
+namespace {
+
+constexpr int kH = 64, kI = 96, kE = 4, kK = 2, kLayers = 2;
+
+MoeShape gpt_oss_shape() { return {kH, kI, kE, kK, 7.0f, 1.702f, 1.0f}; }
+
+void write_config(const std::string& dir, const std::string& extra = "") {
+  std::ofstream(dir + "/config.json") << R"({"model_type":"gpt_oss","hidden_size":64,"intermediate_size":96,"num_local_experts":4,
+    "num_experts_per_tok":2,"num_hidden_layers":2,"swiglu_limit":7.0,"hidden_act":"silu")" << extra << "}";
+}
+
+struct Tensors {
+  io::SafetensorsWriter w;
+  std::vector<std::vector<bf16>> keep;
+  std::vector<std::vector<std::uint8_t>> keep_u8;
+  void add(const std::string& name, std::vector<std::int64_t> shape, std::vector<bf16> v) {
+    keep.push_back(std::move(v));
+    w.add(name, io::Dtype::BF16, std::move(shape), keep.back().data());
+  }
+  void add_u8(const std::string& name, std::vector<std::int64_t> shape, std::vector<std::uint8_t> v) {
+    keep_u8.push_back(std::move(v));
+    w.add(name, io::Dtype::U8, std::move(shape), keep_u8.back().data());
+  }
+};
+
+// The router of each layer: weight [E][H] and bias [E], bf16.
+void add_router(Tensors& t, int layer, std::mt19937& rng) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<bf16> weight(kE * kH), bias(kE);
+  for (auto& v : weight) v = float_to_bf16(n(rng) * 0.2f);
+  for (auto& v : bias) v = float_to_bf16(n(rng));
+  const std::string p = "model.layers." + std::to_string(layer) + ".mlp.router.";
+  t.add(p + "weight", {kE, kH}, weight);
+  t.add(p + "bias", {kE}, bias);
+}
+
+// `w`'s experts as transformers saves gpt-oss: gate_up_proj [E][H][2I] (gate in the even columns),
+// down_proj [E][I][H], gate_up_proj_bias [E][2I], down_proj_bias [E][H].
+void add_bf16_experts(Tensors& t, int layer, const ExpertWeights& w, bool biases = true) {
+  std::vector<bf16> gu(static_cast<std::size_t>(kE) * kH * 2 * kI), down(static_cast<std::size_t>(kE) * kI * kH), gub(kE * 2 * kI);
+  for (int e = 0; e < kE; ++e)
+    for (int i = 0; i < kI; ++i)
+      for (int h = 0; h < kH; ++h) {
+        const std::size_t src = (static_cast<std::size_t>(e) * kI + i) * kH + h;
+        gu[(static_cast<std::size_t>(e) * kH + h) * 2 * kI + 2 * i] = w.gate[src];
+        gu[(static_cast<std::size_t>(e) * kH + h) * 2 * kI + 2 * i + 1] = w.up[src];
+        down[(static_cast<std::size_t>(e) * kI + i) * kH + h] = w.down[(static_cast<std::size_t>(e) * kH + h) * kI + i];
+      }
+  for (int e = 0; e < kE; ++e)
+    for (int i = 0; i < kI; ++i) {
+      gub[e * 2 * kI + 2 * i] = w.gate_bias[e * kI + i];
+      gub[e * 2 * kI + 2 * i + 1] = w.up_bias[e * kI + i];
+    }
+  const std::string p = "model.layers." + std::to_string(layer) + ".mlp.experts.";
+  t.add(p + "gate_up_proj", {kE, kH, 2 * kI}, gu);
+  t.add(p + "down_proj", {kE, kI, kH}, down);
+  if (!biases) return;
+  t.add(p + "gate_up_proj_bias", {kE, 2 * kI}, gub);
+  t.add(p + "down_proj_bias", {kE, kH}, w.down_bias);
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = test::temp_dir() + "/" + name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string bf16_checkpoint(const ExpertWeights& w) {
+  const std::string d = fresh_dir("gpt_oss_bf16");
+  write_config(d);
+  Tensors t;
+  std::mt19937 rng(3);
+  for (int l = 0; l < kLayers; ++l) {
+    add_bf16_experts(t, l, w);
+    add_router(t, l, rng);
+  }
+  t.w.write(d + "/model.safetensors");
+  return d;
+}
+
+// The straightforward dequantization: value = E2M1(code) * 2^(scale - 127), codes low nibble first.
+float e2m1(int code) {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (code & 8) ? -mag[code & 7] : mag[code & 7];
+}
+
+}  // namespace
+
+TEST_CASE("a gpt-oss config.json reads as its SwiGLU form, every layer MoE", "[config][gpt_oss]") {
+  const ModelConfig c = parse_model_config(R"({"model_type":"gpt_oss","hidden_size":2880,"intermediate_size":2880,
+    "num_local_experts":128,"num_experts_per_tok":4,"num_hidden_layers":36,"swiglu_limit":7.0,
+    "quantization_config":{"quant_method":"mxfp4"}})", "oss");
+  CHECK(c.shape.hidden == 2880);
+  CHECK(c.shape.intermediate == 2880);
+  CHECK(c.shape.num_experts == 128);
+  CHECK(c.shape.top_k == 4);
+  CHECK(c.shape.swiglu_limit == 7.0f);
+  CHECK(c.shape.swiglu_alpha == 1.702f);
+  CHECK(c.shape.swiglu_up_offset == 1.0f);
+  CHECK(c.gpt_oss_layout);
+  CHECK(c.norm_topk_prob);
+  CHECK(c.moe_layers.size() == 36);
+  CHECK(c.routing_unsupported.empty());
+  CHECK(c.quant_method == "mxfp4");
+  // GptOssConfig's default limit where config.json has none.
+  CHECK(parse_model_config(R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_local_experts":2,
+    "num_experts_per_tok":1,"num_hidden_layers":1})", "oss").shape.swiglu_limit == 7.0f);
+}
+
+TEST_CASE("gpt-oss experts stored as x W with interleaved gate and up load as the weights they were", "[checkpoint][gpt_oss]") {
+  const ExpertWeights w = random_expert_weights(gpt_oss_shape(), 5);
+  REQUIRE(!w.gate_bias.empty());
+  const std::string dir = bf16_checkpoint(w);
+  const Checkpoint ck = Checkpoint::open(dir);
+  for (int l = 0; l < kLayers; ++l) {
+    const ExpertWeights got = ck.load_layer_experts(l);
+    CHECK(got.gate == w.gate);
+    CHECK(got.up == w.up);
+    CHECK(got.down == w.down);
+    CHECK(got.gate_bias == w.gate_bias);
+    CHECK(got.up_bias == w.up_bias);
+    CHECK(got.down_bias == w.down_bias);
+    CHECK(got.shape.swiglu_alpha == 1.702f);
+  }
+
+  // The router: softmax over the top-k of x Wᵀ + bias (GptOssTopKRouter).
+  const RouterWeights r = ck.load_router(1);
+  REQUIRE(r.logit_bias.size() == static_cast<std::size_t>(kE));
+  const int T = 9;
+  const std::vector<float> xf = random_activations(static_cast<std::size_t>(T) * kH, 8, 2.0f);
+  const std::vector<bf16> x = to_bf16(xf.data(), xf.size());
+  const Routing routed = route_tokens(ck.config(), r, 1, x.data(), T);
+  for (int t = 0; t < T; ++t) {
+    std::vector<double> logits(kE);
+    for (int e = 0; e < kE; ++e) {
+      double acc = r.logit_bias[e];
+      for (int h = 0; h < kH; ++h) acc += static_cast<double>(bf16_to_float(x[t * kH + h])) * r.weight[e * kH + h];
+      logits[e] = acc;
+    }
+    std::vector<int> order(kE);
+    for (int e = 0; e < kE; ++e) order[e] = e;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+    const double m = logits[order[0]];
+    double sum = 0;
+    for (int j = 0; j < kK; ++j) sum += std::exp(logits[order[j]] - m);
+    for (int j = 0; j < kK; ++j) {
+      CHECK(routed.expert_ids[t * kK + j] == order[j]);
+      CHECK(routed.weights[t * kK + j] == Approx(std::exp(logits[order[j]] - m) / sum).epsilon(1e-5));
+    }
+  }
+
+  // A layer from the checkpoint computes the reference on those weights, biases and form included.
+  Runtime rt;
+  CheckpointLayerOptions opt;
+  opt.max_tokens = T;
+  MoeLayer layer = MoeLayer::from_checkpoint(rt, dir, 0, opt);
+  CHECK(layer.config().swiglu_alpha == Approx(1.702));
+  CHECK(layer.config().swiglu_up_offset == 1.0);
+  CHECK(layer.config().swiglu_limit == 7.0);
+  const RandomRouting rr = random_routing(T, w.shape, 11);
+  std::vector<float> want(xf.size()), got(xf.size()), xr(xf.size());
+  for (std::size_t i = 0; i < xf.size(); ++i) xr[i] = bf16_to_float(x[i]);
+  MoeBatch<float> b{T, kK, xr.data(), rr.expert_ids.data(), rr.weights.data()};
+  reference_forward(w.view(), LayerLora{}, b, want.data());
+  layer.forward(T, kK, x.data(), rr.expert_ids.data(), rr.weights.data(), got.data());
+  CHECK(test::rel_error(got, want) <= 1e-2);
+}
+
+TEST_CASE("gpt-oss experts in MXFP4, as the hub ships them, load as their dequantization", "[checkpoint][gpt_oss][mxfp4]") {
+  const std::string dir = fresh_dir("gpt_oss_mxfp4");
+  write_config(dir, R"(,"quantization_config":{"quant_method":"mxfp4"})");
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> byte(0, 255), exponent(118, 130);
+  Tensors t;
+  // gate_up: [E, 2I, H/32, 16] blocks, [E, 2I, H/32] scales; down: [E, H, I/32, 16], [E, H, I/32].
+  auto make = [&](int rows, int cols, std::vector<std::uint8_t>& blocks, std::vector<std::uint8_t>& scales) {
+    blocks.resize(static_cast<std::size_t>(kE) * rows * cols / 2);
+    scales.resize(static_cast<std::size_t>(kE) * rows * cols / 32);
+    for (auto& v : blocks) v = static_cast<std::uint8_t>(byte(rng));
+    for (auto& v : scales) v = static_cast<std::uint8_t>(exponent(rng));
+  };
+  auto value = [](const std::vector<std::uint8_t>& blocks, const std::vector<std::uint8_t>& scales, std::size_t row, int cols, int k) {
+    const std::uint8_t b = blocks[row * cols / 2 + k / 2];
+    const int code = (k % 2 == 0) ? (b & 0x0f) : (b >> 4);
+    return e2m1(code) * std::pow(2.0f, static_cast<float>(scales[row * cols / 32 + k / 32]) - 127.0f);
+  };
+  std::vector<std::uint8_t> gub, gus, db, ds;
+  make(2 * kI, kH, gub, gus);
+  make(kH, kI, db, ds);
+  ExpertWeights biases = random_expert_weights(gpt_oss_shape(), 6);
+  const std::string p = "model.layers.0.mlp.experts.";
+  t.add_u8(p + "gate_up_proj_blocks", {kE, 2 * kI, kH / 32, 16}, gub);
+  t.add_u8(p + "gate_up_proj_scales", {kE, 2 * kI, kH / 32}, gus);
+  t.add_u8(p + "down_proj_blocks", {kE, kH, kI / 32, 16}, db);
+  t.add_u8(p + "down_proj_scales", {kE, kH, kI / 32}, ds);
+  std::vector<bf16> gu_bias(kE * 2 * kI);
+  for (auto& v : gu_bias) v = float_to_bf16(0.25f);
+  t.add(p + "gate_up_proj_bias", {kE, 2 * kI}, gu_bias);
+  t.add(p + "down_proj_bias", {kE, kH}, biases.down_bias);
+  add_router(t, 0, rng);
+  // Layer 1 as bf16 x W, beside: a checkpoint may mix the forms.
+  add_bf16_experts(t, 1, biases);
+  add_router(t, 1, rng);
+  t.w.write(dir + "/model.safetensors");
+
+  const Checkpoint ck = Checkpoint::open(dir);
+  const ExpertWeights got = ck.load_layer_experts(0);
+  std::size_t checked = 0, nonzero = 0;
+  for (int e = 0; e < kE; ++e) {
+    for (int i = 0; i < kI; ++i)
+      for (int h = 0; h < kH; ++h) {
+        const std::size_t at = (static_cast<std::size_t>(e) * kI + i) * kH + h;
+        REQUIRE(bf16_to_float(got.gate[at]) == value(gub, gus, static_cast<std::size_t>(e) * 2 * kI + 2 * i, kH, h));
+        REQUIRE(bf16_to_float(got.up[at]) == value(gub, gus, static_cast<std::size_t>(e) * 2 * kI + 2 * i + 1, kH, h));
+        nonzero += got.gate[at] != 0;
+        checked += 2;
+      }
+    for (int h = 0; h < kH; ++h)
+      for (int i = 0; i < kI; ++i)
+        REQUIRE(bf16_to_float(got.down[(static_cast<std::size_t>(e) * kH + h) * kI + i]) ==
+                value(db, ds, static_cast<std::size_t>(e) * kH + h, kI, i));
+  }
+  CHECK(checked == static_cast<std::size_t>(2) * kE * kI * kH);
+  CHECK(nonzero > checked / 4);
+  CHECK(bf16_to_float(got.gate_bias[5]) == 0.25f);
+  CHECK(got.down_bias == biases.down_bias);
+  CHECK(ck.load_layer_experts(1).gate == biases.gate);
+  const auto refs = ck.expert_tensors(0);
+  CHECK(refs[0][1].bytes == static_cast<std::size_t>(kI) * kH / 2 + static_cast<std::size_t>(kI) * kH / 32);
+}
+
+TEST_CASE("malformed gpt-oss checkpoints are refused naming the file, layer and tensor", "[checkpoint][gpt_oss][errors]") {
+  const ExpertWeights w = random_expert_weights(gpt_oss_shape(), 7);
+  std::mt19937 rng(4);
+  {  // no biases
+    const std::string d = fresh_dir("gpt_oss_no_bias");
+    write_config(d);
+    Tensors t;
+    for (int l = 0; l < kLayers; ++l) add_bf16_experts(t, l, w, /*biases=*/false), add_router(t, l, rng);
+    t.w.write(d + "/model.safetensors");
+    const std::string err = error_of([&] { (void)Checkpoint::open(d).load_layer_experts(1); });
+    CHECK(err.find("layer 1 experts: gpt-oss's gate_up_proj_bias is missing") != std::string::npos);
+  }
+  {  // gate_up stored as W x ([E, 2I, H]), not gpt-oss's x W
+    const std::string d = fresh_dir("gpt_oss_w_x");
+    write_config(d);
+    Tensors t;
+    t.add("model.layers.0.mlp.experts.gate_up_proj", {kE, 2 * kI, kH}, std::vector<bf16>(static_cast<std::size_t>(kE) * 2 * kI * kH));
+    t.w.write(d + "/model.safetensors");
+    const std::string err = error_of([&] { (void)Checkpoint::open(d).expert_tensors(0); });
+    CHECK(err.find("model.safetensors: layer 0 experts: 'model.layers.0.mlp.experts.gate_up_proj' has shape [4, 192, 64], expected [4, 64, 192]") !=
+          std::string::npos);
+  }
+  {  // MXFP4 blocks without their scales, and scales of the wrong shape
+    const std::string d = fresh_dir("gpt_oss_no_scales");
+    write_config(d);
+    Tensors t;
+    t.add_u8("model.layers.0.mlp.experts.down_proj_blocks", {kE, kH, kI / 32, 16}, std::vector<std::uint8_t>(kE * kH * kI / 2));
+    t.add_u8("model.layers.1.mlp.experts.down_proj_blocks", {kE, kH, kI / 32, 16}, std::vector<std::uint8_t>(kE * kH * kI / 2));
+    t.add_u8("model.layers.1.mlp.experts.down_proj_scales", {kE, kH, kI / 16}, std::vector<std::uint8_t>(kE * kH * kI / 16));
+    t.w.write(d + "/model.safetensors");
+    const Checkpoint ck = Checkpoint::open(d);
+    CHECK(error_of([&] { (void)ck.expert_tensors(0); })
+              .find("'model.layers.0.mlp.experts.down_proj_blocks' is MXFP4 blocks but 'model.layers.0.mlp.experts.down_proj_scales' is missing") !=
+          std::string::npos);
+    CHECK(error_of([&] { (void)ck.expert_tensors(1); }).find("'model.layers.1.mlp.experts.down_proj_scales' is U8 [4, 64, 6], expected U8 [4, 64, 3]") !=
+          std::string::npos);
+  }
+  {  // a non-finite bias names the file, layer and tensor
+    ExpertWeights bad = w;
+    bad.down_bias[7] = 0x7fc0;
+    const std::string d = bf16_checkpoint(bad);
+    const std::string err = error_of([&] { (void)Checkpoint::open(d).load_layer_experts(0); });
+    CHECK(err.find("layer 0 experts' down bias ('model.layers.0.mlp.experts.down_proj_bias')") != std::string::npos);
+  }
+}
