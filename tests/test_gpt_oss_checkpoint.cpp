@@ -3,17 +3,24 @@
 // MXFP4: *_blocks and *_scales), made here from known weights: the loaded experts must be those
 // weights exactly, the MXFP4 ones a straightforward dequantization exactly, the router as
 // GptOssTopKRouter computes, a layer from the checkpoint the reference on those weights; malformed
-// tensors are refused naming the file, layer and tensor.
+// tensors are refused naming the file, layer and tensor. A PEFT adapter on gpt-oss's stacked
+// tensors (target_parameters; gate's and up's rows of B interleaved) is read, its gradients
+// written back, exported and converted in PEFT's layout.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
+#include "adapter_compare.hpp"
 #include "catch.hpp"
 #include "src/io/safetensors_writer.hpp"
+#include "src/lora/lora_file.hpp"
+#include "src/lora/peft_adapter.hpp"
+#include "src/lora/peft_export.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "src/model/checkpoint.hpp"
+#include "src/quant/quantized_file.hpp"
 #include "src/reference/moe_reference.hpp"
 #include "src/routing/router.hpp"
 #include "test_util.hpp"
@@ -300,4 +307,131 @@ TEST_CASE("malformed gpt-oss checkpoints are refused naming the file, layer and 
     const std::string err = error_of([&] { (void)Checkpoint::open(d).load_layer_experts(0); });
     CHECK(err.find("layer 0 experts' down bias ('model.layers.0.mlp.experts.down_proj_bias')") != std::string::npos);
   }
+}
+
+TEST_CASE("a PEFT adapter on gpt-oss's stacked experts: B's rows interleaved as gate_up_proj's", "[peft][gpt_oss][stacked]") {
+  const ExpertWeights w = random_expert_weights(gpt_oss_shape(), 12);
+  const std::string model = bf16_checkpoint(w);
+  const ModelConfig config = Checkpoint::open(model).config();
+  constexpr int kR = 3;
+  // What PEFT writes for target_parameters ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] on
+  // GptOssExperts (is_transposed: in = the parameter's dimension 1): A [r*E, in], B [out, r*E].
+  std::mt19937 rng(21);
+  std::normal_distribution<float> n(0.0f, 0.3f);
+  auto values = [&](std::size_t count) {
+    std::vector<float> v(count);
+    for (auto& x : v) x = bf16_to_float(float_to_bf16(n(rng)));
+    return v;
+  };
+  const std::vector<float> gua = values(kR * kE * kH), gub = values(2 * kI * kR * kE), da = values(kR * kE * kI), db = values(kH * kR * kE);
+  const std::string dir = fresh_dir("gpt_oss_adapter");
+  std::ofstream(dir + "/adapter_config.json") << R"({"peft_type": "LORA", "r": 3, "lora_alpha": 6, "target_modules": [],
+      "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]})";
+  const std::string prefix = "base_model.model.model.layers.0.mlp.experts.";
+  {
+    io::SafetensorsWriter aw;
+    aw.add_f32(prefix + "base_layer.lora_A.weight", {kR * kE, kH}, gua);
+    aw.add_f32(prefix + "base_layer.lora_B.weight", {2 * kI, kR * kE}, gub);
+    aw.add_f32(prefix + "lora_A.weight", {kR * kE, kI}, da);
+    aw.add_f32(prefix + "lora_B.weight", {kH, kR * kE}, db);
+    aw.write(dir + "/adapter_model.safetensors");
+  }
+  const PeftAdapter adapter = PeftAdapter::open(dir, config);
+  LoadedLora loaded = load_peft_layer(adapter, config.shape, 0);
+  // PEFT's delta of gate_up_proj [E, in, out] is s * sum_j A[e*r + j][i] * B[o][j*E + e]; gate is its even
+  // outputs, up its odd ones.
+  for (int e = 0; e < kE; ++e)
+    for (int i = 0; i < kI; i += 7)
+      for (int h = 0; h < kH; h += 5)
+        for (int up = 0; up < 2; ++up) {
+          double want = 0, got = 0;
+          const auto& proj = loaded.lora[up ? Projection::up : Projection::gate];
+          for (int j = 0; j < kR; ++j) {
+            want += static_cast<double>(gua[(e * kR + j) * kH + h]) * gub[(2 * i + up) * kR * kE + j * kE + e];
+            got += static_cast<double>(proj.a_of(e)[j * kH + h]) * proj.b_of(e)[i * kR + j];
+          }
+          REQUIRE(got * proj.scale[e] == Approx(2.0 * want).margin(1e-6));
+        }
+  CHECK(loaded.stacked[0].row_step == 2);
+  CHECK(loaded.stacked[1].first_row == 1);
+  CHECK(loaded.stacked[2].row_step == 1);
+
+  // Gradients land on B's interleaved rows; export gives the adapter back bit for bit.
+  LayerLora grads = loaded.lora.zeros_like();
+  for (Projection p : kProjections)
+    for (std::size_t i = 0; i < grads[p].b.size(); ++i) grads[p].b[i] = static_cast<float>(i % 97) + 100.0f * static_cast<float>(p);
+  for (const auto& g : stacked_lora_grads(loaded, grads)) {
+    if (g.key != prefix + "base_layer.lora_B.weight") continue;
+    CHECK(g.values[(2 * 5 + 1) * kR * kE + 2 * kE + 3] == grads[Projection::up].b_of(3)[5 * kR + 2]);
+    CHECK(g.values[(2 * 5) * kR * kE + 2 * kE + 3] == grads[Projection::gate].b_of(3)[5 * kR + 2]);
+  }
+  const std::string out = test::temp_dir() + "/gpt_oss_adapter_exported";
+  PeftExportOptions opt;
+  opt.extras = peft_extras(adapter);
+  write_peft_adapter(out, adapter.config(), {{0, &loaded}}, opt);
+  test::check_same_adapter(dir, out);
+  // convert-lora's file keeps the interleaving (row_step in its metadata) and exports back the same.
+  const std::string converted = test::temp_dir() + "/gpt_oss_adapter.tilemoe-lora";
+  convert_peft_to_lora_file(adapter, config, converted);
+  const LoadedLora again = load_converted_layer(converted, config, 0);
+  CHECK(again.stacked[1].row_step == 2);
+  CHECK(again.lora[Projection::up].b == loaded.lora[Projection::up].b);
+  const std::string out2 = test::temp_dir() + "/gpt_oss_adapter_exported2";
+  export_lora_file(converted, out2);
+  test::check_same_adapter(dir, out2);
+
+  // A layer from the checkpoint with the adapter: the reference on the weights and that LoRA.
+  Runtime rt;
+  CheckpointLayerOptions o;
+  o.max_tokens = 16;
+  o.adapter = dir;
+  MoeLayer layer = MoeLayer::from_checkpoint(rt, model, 0, o);
+  CHECK(layer.adapter_stacked_keys()[1].row_step == 2);
+  const int T = 16;
+  const std::vector<float> xf = random_activations(static_cast<std::size_t>(T) * kH, 31, 2.0f);
+  const std::vector<bf16> x = to_bf16(xf.data(), xf.size());
+  std::vector<float> xr(xf.size()), want(xf.size()), got(xf.size());
+  for (std::size_t i = 0; i < xf.size(); ++i) xr[i] = bf16_to_float(x[i]);
+  const RandomRouting rr = random_routing(T, w.shape, 32);
+  MoeBatch<float> b{T, kK, xr.data(), rr.expert_ids.data(), rr.weights.data()};
+  reference_forward(w.view(), loaded.lora, b, want.data());
+  layer.forward(T, kK, x.data(), rr.expert_ids.data(), rr.weights.data(), got.data());
+  CHECK(test::rel_error(got, want) <= 1e-2);
+}
+
+TEST_CASE("a gpt-oss layer from a quantized directory takes its biases from the checkpoint", "[api][gpt_oss][quantized]") {
+  const ExpertWeights w = random_expert_weights(gpt_oss_shape(), 14);
+  const std::string model = bf16_checkpoint(w);
+  const Checkpoint ck = Checkpoint::open(model);
+  const std::string dir = test::temp_dir() + "/gpt_oss_int8";
+  {
+    quant::QuantizedModelWriter writer(dir, quant::spec_for_checkpoint(ck, WeightType::int8, 128, 1, {1}));
+    writer.write_layer(1, quant::quantize_experts(ck.load_layer_experts(1).view(), WeightType::int8, 128, nullptr));
+    writer.commit();
+  }
+  Runtime rt;
+  CheckpointLayerOptions o;
+  o.max_tokens = 12;
+  o.weight_type = WeightType::int8;
+  MoeLayer at_load = MoeLayer::from_checkpoint(rt, model, 1, o);
+  o.quantized_dir = dir;
+  MoeLayer from_dir = MoeLayer::from_checkpoint(rt, model, 1, o);
+  const int T = 12;
+  const RandomRouting rr = random_routing(T, w.shape, 15);
+  const std::vector<float> xf = random_activations(static_cast<std::size_t>(T) * kH, 16, 2.0f);
+  const std::vector<bf16> x = to_bf16(xf.data(), xf.size());
+  std::vector<float> a(xf.size()), b(xf.size()), want(xf.size());
+  at_load.forward(T, kK, x.data(), rr.expert_ids.data(), rr.weights.data(), a.data());
+  from_dir.forward(T, kK, x.data(), rr.expert_ids.data(), rr.weights.data(), b.data());
+  CHECK(a == b);
+  std::vector<float> xr(xf.size());
+  for (std::size_t i = 0; i < xf.size(); ++i) xr[i] = bf16_to_float(x[i]);
+  MoeBatch<float> batch{T, kK, xr.data(), rr.expert_ids.data(), rr.weights.data()};
+  reference_forward(w.view(), LayerLora{}, batch, want.data());
+  CHECK(test::rel_error(b, want) <= 5e-2);  // int8's error on top; without the biases it would be far off
+  ExpertWeights no_bias = w;
+  no_bias.gate_bias.clear(), no_bias.up_bias.clear(), no_bias.down_bias.clear();
+  std::vector<float> plain(xf.size());
+  reference_forward(no_bias.view(), LayerLora{}, batch, plain.data());
+  CHECK(test::rel_error(plain, want) > 0.2);
 }

@@ -61,7 +61,7 @@ void add_bench_command(CLI::App& app, int& status) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("bench", "Time one MoE layer's forward (or fine-tuning step) against the machine's measured limits");
-  cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3, mixtral-8x7b or v4-flash")->capture_default_str();
+  cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash or gpt-oss-120b")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
   cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none); each gets its own layers and the ranks take turns call by call")->capture_default_str();
   cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();

@@ -45,7 +45,7 @@ void add_train_demo_command(CLI::App& app, int& status) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("train-demo", "SGD steps on a synthetic layer whose LoRA learns a target delta; prints the loss falling");
-  cmd->add_option("--shape", a->shape, "mini, v2-lite, qwen3-30b, v3, mixtral-8x7b or v4-flash")->capture_default_str();
+  cmd->add_option("--shape", a->shape, "mini, v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash or gpt-oss-120b")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Tokens per batch")->capture_default_str()->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--batches", a->batches, "Distinct batches, used in turn")->capture_default_str()->check(CLI::Range(1, 1024));
   cmd->add_option("--steps", a->steps, "SGD steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));

@@ -189,6 +189,10 @@ TILEMOE_API tilemoe_status tilemoe_layer_copy_lora(const tilemoe_layer* layer, i
  * needed; any output may be NULL. */
 TILEMOE_API tilemoe_status tilemoe_layer_adapter_stacked_keys(const tilemoe_layer* layer, int projection, char* key_a, size_t key_a_size,
                                                               char* key_b, size_t key_b_size, int* first_row, int* b_rows);
+/* The step between a stacked projection's rows in B (since 0.3.0): rows first_row, first_row + step,
+ * ...; 2 where gate's and up's are interleaved (gpt-oss's gate_up_proj), else 1 (also for a
+ * projection kept per expert or without LoRA). */
+TILEMOE_API tilemoe_status tilemoe_layer_adapter_stacked_row_step(const tilemoe_layer* layer, int projection, int* row_step);
 
 /* Asynchronous forms: return at once with a ticket; errors come from wait or sync. Pointers must
  * stay valid until the task has finished. */

@@ -95,13 +95,15 @@ using LayerLoraGrad = std::array<LoraProjectionGrad, 3>;
 // Where a PEFT adapter keeps one projection's LoRA when it stacks it over the experts
 // (target_parameters on transformers v5's experts.gate_up_proj / down_proj): one A [rank*E][in]
 // under key_a, expert e's rows at e*rank; one B [b_rows][rank*E] under key_b, expert e's column j
-// at j*E + e, this projection's rows from first_row. Gate and up of gate_up_proj share both keys:
-// one A for the two (its gradient is the sum of theirs) and one B, gate's rows first.
-// Empty (key_a "") for a projection the adapter keeps per expert, or has no LoRA for.
+// at j*E + e, this projection's rows first_row, first_row + row_step, ... Gate and up of
+// gate_up_proj share both keys: one A for the two (its gradient is the sum of theirs) and one B,
+// gate's rows first (row_step 1), or gate's and up's interleaved (gpt-oss: first rows 0 and 1,
+// row_step 2). Empty (key_a "") for a projection the adapter keeps per expert, or has no LoRA for.
 struct PeftStackedKeys {
   std::string key_a, key_b;
   int first_row = 0;
   int b_rows = 0;
+  int row_step = 1;
   bool empty() const { return key_a.empty(); }
 };
 using LayerPeftStackedKeys = std::array<PeftStackedKeys, 3>;

@@ -182,9 +182,10 @@ or / sqrt(r) with rsLoRA), one float, or f32 [3, E] per projection and expert; p
            "Copies of the LoRA in use: {projection: {'a', 'b', 'scale', 'present'}} for gate, up, down (numpy).")
       .def("adapter_stacked_keys", &PyLayer::adapter_stacked_keys,
            "Where the layer's adapter keeps each projection's LoRA when PEFT stacked it over the experts "
-           "(target_parameters): {projection: {'key_a', 'key_b', 'first_row', 'b_rows'}}, the stacked projections only. "
-           "A [r*E, in] holds expert e's rows at e*r; B [b_rows, r*E] its column j at j*E + e, this projection's rows from "
-           "first_row; gate and up of gate_up_proj share both keys (one A). Empty while update_lora_weights' arrays "
+           "(target_parameters): {projection: {'key_a', 'key_b', 'first_row', 'b_rows', 'row_step'}}, the stacked projections only. "
+           "A [r*E, in] holds expert e's rows at e*r; B [b_rows, r*E] its column j at j*E + e, this projection's rows "
+           "first_row, first_row + row_step, ... (gpt-oss interleaves gate's and up's: row_step 2); gate and up of "
+           "gate_up_proj share both keys (one A). Empty while update_lora_weights' arrays "
            "are in use.")
 
       .def_property_readonly("config", [](const PyLayer& l) { return config_to_py(l.config(), l.runtime()->runtime().threads()); })

@@ -431,6 +431,7 @@ py::dict PyLayer::adapter_stacked_keys() {
     d["key_b"] = k.key_b;
     d["first_row"] = k.first_row;
     d["b_rows"] = k.b_rows;
+    d["row_step"] = k.row_step;
     out[projection_name(p)] = d;
   }
   return out;

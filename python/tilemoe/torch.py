@@ -368,7 +368,9 @@ class MoELoRA(torch.nn.Module):
             rows = b.shape[1]
             if keys["key_b"] not in out:
                 out[keys["key_b"]] = torch.zeros(keys["b_rows"], r * experts, dtype=b.dtype)
-            out[keys["key_b"]][keys["first_row"]:keys["first_row"] + rows] = b.permute(1, 2, 0).reshape(rows, r * experts)
+            step = keys.get("row_step", 1)  # gpt-oss interleaves gate's and up's rows: 2
+            first = keys["first_row"]
+            out[keys["key_b"]][first:first + (rows - 1) * step + 1:step] = b.permute(1, 2, 0).reshape(rows, r * experts)
         return out
 
 

@@ -412,6 +412,15 @@ tilemoe_status tilemoe_layer_adapter_stacked_keys(const tilemoe_layer* layer, in
   });
 }
 
+tilemoe_status tilemoe_layer_adapter_stacked_row_step(const tilemoe_layer* layer, int projection, int* row_step) {
+  return guard([&] {
+    require(layer != nullptr && row_step != nullptr, "tilemoe_layer_adapter_stacked_row_step: layer and row_step must not be NULL");
+    require(projection >= 0 && projection < 3,
+            "tilemoe_layer_adapter_stacked_row_step: projection " + std::to_string(projection) + " is not 0 (gate), 1 (up) or 2 (down)");
+    *row_step = layer->layer.adapter_stacked_keys()[static_cast<std::size_t>(projection)].row_step;
+  });
+}
+
 tilemoe_status tilemoe_layer_submit_forward_sft(tilemoe_layer* layer, int tokens, int top_k, const uint16_t* x,
                                                 const int64_t* expert_ids, const float* weights, void* out,
                                                 tilemoe_dtype out_dtype, int save_for_backward, tilemoe_ticket* ticket) {

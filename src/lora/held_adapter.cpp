@@ -58,7 +58,7 @@ LayerPeftStackedKeys HeldAdapter::stacked_keys() const {
   LayerPeftStackedKeys out;
   for (int i = 0; i < 3; ++i) {
     const auto& k = loaded_.stacked[i];
-    out[i] = {k.key_a, k.key_b, k.first_row, k.b_rows};
+    out[i] = {k.key_a, k.key_b, k.first_row, k.b_rows, k.row_step};
   }
   return out;
 }

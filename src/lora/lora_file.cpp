@@ -101,11 +101,13 @@ struct ProgressCounter {
 // load_converted_layer and export-peft.
 void add_stacked_projection(io::SafetensorsWriter& w, const io::SafetensorsFile& src, const MoeShape& s, int layer, Projection p,
                             int first_row, const PeftStackedEntry& entry, io::Dtype out_dtype, std::shared_ptr<ProgressCounter> counter) {
+  const int step = entry.row_step;
   const int E = s.num_experts, r = entry.rank, in = projection_in(s, p), out = projection_out(s, p);
   const std::size_t esize = io::dtype_size(out_dtype);
   const io::TensorInfo& ta = src.get(entry.key_a);
   const io::TensorInfo& tb = src.get(entry.key_b);
   nlohmann::json where = {{"a", entry.key_a}, {"b", entry.key_b}, {"first_row", first_row}, {"b_rows", tb.shape[0]}};
+  if (step != 1) where["row_step"] = step;
   w.set_metadata(meta_key("peft_stacked", layer, p, "ab"), where.dump());
   w.set_metadata(meta_key("peft_dtype", layer, p, "a"), io::dtype_name(ta.dtype));
   w.set_metadata(meta_key("peft_dtype", layer, p, "b"), io::dtype_name(tb.dtype));
@@ -116,13 +118,13 @@ void add_stacked_projection(io::SafetensorsWriter& w, const io::SafetensorsFile&
     counter->add(n);
   });
   w.add_streamed(tensor_key(layer, p, "b"), out_dtype, {E, out, r},
-                 [&src, &tb, E, r, out, first_row, esize, out_dtype, counter](std::byte* dst, std::size_t n) {
+                 [&src, &tb, E, r, out, first_row, step, esize, out_dtype, counter](std::byte* dst, std::size_t n) {
                    const std::size_t src_size = io::dtype_size(tb.dtype);
                    const std::byte* b = src.data(tb);
                    for (int e = 0; e < E; ++e)
                      for (int o = 0; o < out; ++o)
                        for (int j = 0; j < r; ++j) {
-                         const std::byte* from = b + peft_stacked_b_index(static_cast<std::size_t>(first_row) + o, j, e, r, E) * src_size;
+                         const std::byte* from = b + peft_stacked_b_index(static_cast<std::size_t>(first_row) + static_cast<std::size_t>(o) * step, j, e, r, E) * src_size;
                          std::byte* to = dst + ((static_cast<std::size_t>(e) * out + o) * r + j) * esize;
                          if (tb.dtype == out_dtype) std::memcpy(to, from, esize);
                          else io::convert_to_f32(tb.dtype, from, 1, reinterpret_cast<float*>(to));
@@ -349,13 +351,22 @@ std::optional<ConvertedProjection> converted_projection(const io::SafetensorsFil
         !j.contains("first_row") || !j["first_row"].is_number_integer() || !j.contains("b_rows") || !j["b_rows"].is_number_integer())
       bad("lacks a field or has one of the wrong type");
     const long long first_row = j["first_row"].get<long long>(), b_rows = j["b_rows"].get<long long>();
-    if (first_row < 0 || b_rows <= 0 || b_rows > (1LL << 30) || first_row + c.out > b_rows)
-      bad("has rows " + std::to_string(first_row) + " + " + std::to_string(c.out) + " outside B's " + std::to_string(b_rows));
+    // Rows first_row + i * row_step (gpt-oss interleaves gate's and up's: 2); absent: 1.
+    long long step = 1;
+    if (j.contains("row_step")) {
+      if (!j["row_step"].is_number_integer()) bad("has a row_step that is not an integer");
+      step = j["row_step"].get<long long>();
+    }
+    if (step < 1 || step > 2) bad("has row_step " + std::to_string(step) + " (1, or 2 for gate and up interleaved)");
+    if (first_row < 0 || b_rows <= 0 || b_rows > (1LL << 30) || first_row + (static_cast<long long>(c.out) - 1) * step + 1 > b_rows)
+      bad("has rows " + std::to_string(first_row) + " + " + std::to_string(c.out) + (step > 1 ? " x " + std::to_string(step) : "") +
+          " outside B's " + std::to_string(b_rows));
     for (int e = 0; e < c.num_experts; ++e)
       if (c.expert_rank[e] != c.rank) bad("but expert " + std::to_string(e) + " is not at the file's rank " + std::to_string(c.rank));
     c.stacked.key_a = j["a"].get<std::string>();
     c.stacked.key_b = j["b"].get<std::string>();
     c.stacked.first_row = static_cast<int>(first_row);
+    c.stacked.row_step = static_cast<int>(step);
     c.stacked.b_rows = static_cast<int>(b_rows);
     c.stacked.dtype_a = c.dtype_a[0];
     c.stacked.dtype_b = c.dtype_b[0];

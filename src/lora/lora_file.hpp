@@ -13,7 +13,8 @@
 //                                 shared experts, modules_to_save), byte for byte
 //   peft_file_metadata           the PEFT file's own safetensors metadata, as JSON
 //   peft_stacked.layer_L.P.ab    for LoRA that PEFT stacked over the experts (target_parameters):
-//                                 {"a": key, "b": key, "first_row": P's first row in B, "b_rows": B's rows}
+//                                 {"a": key, "b": key, "first_row": P's first row in B, "b_rows": B's rows,
+//                                  "row_step": 2 where gate's and up's rows interleave (gpt-oss; absent: 1)}
 #include <cstddef>
 #include <optional>
 #include <string>

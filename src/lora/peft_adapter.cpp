@@ -208,8 +208,10 @@ void PeftAdapter::add_stacked_pair(const std::string& pair_key, const io::Tensor
     std::int64_t in, out;
     std::vector<std::string> tokens;
   };
+  // gpt-oss's gate_up_proj interleaves gate's and up's outputs (rows 0, 2, ... and 1, 3, ... of B).
+  const bool interleaved = model.gpt_oss_layout;
   const std::vector<Candidate> candidates = {
-      {"gate_up_proj", {{Projection::gate, 0}, {Projection::up, static_cast<int>(I)}}, H, 2 * I, {"gate_up_proj"}},
+      {"gate_up_proj", {{Projection::gate, 0}, {Projection::up, interleaved ? 1 : static_cast<int>(I)}}, H, 2 * I, {"gate_up_proj"}},
       {"down_proj", {{Projection::down, 0}}, I, H, {"down_proj", "w2"}},
       {"gate_proj", {{Projection::gate, 0}}, H, I, {"gate_proj", "w1"}},
       {"up_proj", {{Projection::up, 0}}, H, I, {"up_proj", "w3"}},
@@ -243,6 +245,7 @@ void PeftAdapter::add_stacked_pair(const std::string& pair_key, const io::Tensor
   entry.key_b = b->name;
   entry.parameter = parsed->module + "." + c.parameter;
   entry.parts = c.parts;
+  entry.row_step = interleaved && c.parts.size() == 2 ? 2 : 1;
   entry.rank = static_cast<int>(a->shape[0] / E);
   const int* pattern_rank = match_pattern(config_.rank_pattern, entry.parameter);
   const int config_rank = pattern_rank ? *pattern_rank : config_.r;
@@ -315,12 +318,14 @@ void load_stacked_entries(const PeftAdapter& adapter, const MoeShape& s, int lay
         float* bd = proj.b_of(e);
         for (int row = 0; row < o; ++row)
           for (int j = 0; j < r; ++j)
-            bd[static_cast<std::size_t>(row) * r + j] = b[peft_stacked_b_index(static_cast<std::size_t>(first_row + row), j, e, r, E)];
+            bd[static_cast<std::size_t>(row) * r + j] =
+                b[peft_stacked_b_index(static_cast<std::size_t>(first_row) + static_cast<std::size_t>(row) * entry.row_step, j, e, r, E)];
       }
       auto& keys = out.stacked[static_cast<int>(p)];
       keys.key_a = entry.key_a;
       keys.key_b = entry.key_b;
       keys.first_row = first_row;
+      keys.row_step = entry.row_step;
       keys.b_rows = static_cast<int>(tb.shape[0]);
       keys.dtype_a = ta.dtype;
       keys.dtype_b = tb.dtype;
@@ -361,7 +366,8 @@ std::vector<StackedLoraGrad> stacked_lora_grads(const LoadedLora& lora, const La
     for (int e = 0; e < E; ++e)
       for (int row = 0; row < g.out; ++row)
         for (int j = 0; j < r; ++j)
-          gb->values[peft_stacked_b_index(static_cast<std::size_t>(keys.first_row + row), j, e, r, E)] = g.b_of(e)[static_cast<std::size_t>(row) * r + j];
+          gb->values[peft_stacked_b_index(static_cast<std::size_t>(keys.first_row) + static_cast<std::size_t>(row) * keys.row_step, j, e, r, E)] =
+              g.b_of(e)[static_cast<std::size_t>(row) * r + j];
   }
   return out;
 }

@@ -44,6 +44,7 @@ struct PeftStackedEntry {
   std::string key_a, key_b;
   std::string parameter;  // PEFT's name of the target: "model.layers.1.mlp.experts.gate_up_proj"
   std::vector<std::pair<Projection, int>> parts;  // each projection it holds, with its first row in B
+  int row_step = 1;  // rows of a projection in B: first, first + row_step, ... (gpt-oss interleaves gate and up: 2)
   int rank = 0;
   double scale = 0;
 };
@@ -100,7 +101,7 @@ struct LoadedLora {
   // stacked tensors' dtypes.
   struct StackedKeys {
     std::string key_a, key_b;
-    int first_row = 0, b_rows = 0;
+    int first_row = 0, b_rows = 0, row_step = 1;
     io::Dtype dtype_a = io::Dtype::F32, dtype_b = io::Dtype::F32;
     bool empty() const { return key_a.empty(); }
   };

@@ -259,18 +259,18 @@ bool add_stacked_tensors(const PeftLayerOut& l, ExportDtype dtype, std::vector<O
     }
     // B: every projection sharing the key writes its rows; the first one creates the tensor.
     if (!first_of_b) continue;
-    std::vector<std::pair<LoraProjectionView, int>> writers;
+    std::vector<std::tuple<LoraProjectionView, int, int>> writers;  // view, first row, row step
     for (Projection q : kProjections)
-      if (l.stacked[static_cast<int>(q)].key_b == keys.key_b) writers.emplace_back(l.lora[q], l.stacked[static_cast<int>(q)].first_row);
+      if (const auto& k = l.stacked[static_cast<int>(q)]; k.key_b == keys.key_b) writers.emplace_back(l.lora[q], k.first_row, k.row_step);
     const io::Dtype db = target_dtype(dtype, keys.dtype_b);
     tensors.push_back({keys.key_b, db, {b_rows, static_cast<std::int64_t>(r) * E}, [writers, r, E, b_rows, db](std::byte* dst, std::size_t) {
                          const std::size_t cols = static_cast<std::size_t>(r) * E;
                          std::vector<float> full(static_cast<std::size_t>(b_rows) * cols, 0.0f);
-                         for (const auto& [w, row0] : writers)
+                         for (const auto& [w, row0, step] : writers)
                            for (int e = 0; e < E; ++e)
                              for (int row = 0; row < w.out; ++row)
                                for (int j = 0; j < r; ++j)
-                                 full[peft_stacked_b_index(static_cast<std::size_t>(row0 + row), j, e, r, E)] =
+                                 full[peft_stacked_b_index(static_cast<std::size_t>(row0) + static_cast<std::size_t>(row) * step, j, e, r, E)] =
                                      factor_value(w.b_of(e), w.dtype, static_cast<std::size_t>(row) * w.rank + j);
                          copy_matrix(reinterpret_cast<const std::byte*>(full.data()), io::Dtype::F32, static_cast<int>(cols), b_rows,
                                      static_cast<int>(cols), dst, db);

@@ -201,6 +201,7 @@ import tempfile  # noqa: E402
 lib.tilemoe_layer_load_adapter.argtypes = [C.c_void_p, C.c_char_p, C.c_int]
 lib.tilemoe_layer_adapter_stacked_keys.argtypes = [C.c_void_p, C.c_int, C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t,
                                                    C.POINTER(C.c_int), C.POINTER(C.c_int)]
+lib.tilemoe_layer_adapter_stacked_row_step.argtypes = [C.c_void_p, C.c_int, C.POINTER(C.c_int)]
 lib.tilemoe_layer_copy_lora.argtypes = [C.c_void_p, C.c_int, C.c_int, C.c_void_p, C.c_void_p, C.c_void_p, C.c_void_p]
 
 
@@ -232,6 +233,12 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(keys[0] == (prefix + "base_layer.lora_A.weight", prefix + "base_layer.lora_B.weight", 0, 2 * I) and
            keys[1] == (prefix + "base_layer.lora_A.weight", prefix + "base_layer.lora_B.weight", I, 2 * I) and
            keys[2] == (prefix + "lora_A.weight", prefix + "lora_B.weight", 0, H), f"stacked keys {keys}")
+    steps = []
+    for p in range(3):
+        step = C.c_int(-1)
+        check(lib.tilemoe_layer_adapter_stacked_row_step(layer, p, C.byref(step)))
+        steps.append(step.value)
+    expect(steps == [1, 1, 1], f"row steps {steps} (gate's rows first: 1; gpt-oss's interleaved: 2)")
     try:
         check(lib.tilemoe_layer_adapter_stacked_keys(layer, 0, C.create_string_buffer(8), 8, None, 0, None, None))
         expect(False, "a key buffer too small must fail")

@@ -1,8 +1,8 @@
 """The stacked forms against transformers v5 and PEFT themselves (an outside oracle; the device
 machine has both, elsewhere this test is SKIPPED): tiny Qwen3-MoE, Qwen2-MoE, DeepSeek-V3, GLM-4-MoE
 (both with a random e_score_correction_bias), Mixtral, OLMoE, ERNIE-4.5-MoE (its moe_statics bias random
-too), Hunyuan-MoE, GraniteMoE and DeepSeek-V4 (a clamped SwiGLU, saved in DeepSeek's own names, layer 0
-hash-routed) models as transformers v5 builds them (experts.gate_up_proj [E, 2I, H],
+too), Hunyuan-MoE, GraniteMoE, DeepSeek-V4 (a clamped SwiGLU, saved in DeepSeek's own names, layer 0
+hash-routed) and gpt-oss (x W stacks, gate and up interleaved, biases, its SwiGLU) models as transformers v5 builds them (experts.gate_up_proj [E, 2I, H],
 experts.down_proj [E, H, I]; saved per expert, or as Granite's input_linear / output_linear), saved
 with save_pretrained in bf16, and a PEFT LoRA on those tensors (target_parameters: PEFT's
 ParamWrapper, one A shared by gate and up), saved with PEFT's save_pretrained. For every MoE layer:
@@ -78,6 +78,10 @@ def tiny_model(kind):
         # rounding of one could be clamped by one side only.
         config = transformers.CONFIG_MAPPING[kind](moe_intermediate_size=40, n_routed_experts=5, n_shared_experts=1, q_lora_rank=32,
                                                    mlp_layer_types=["hash_moe", "moe"], swiglu_limit=5.0, **common)
+    elif kind == "gpt_oss":
+        # gpt-oss: experts stacked as x W with gate and up interleaved and biases; its module clamps at
+        # a fixed 7, which these weights meet once scaled (below), in the tail.
+        config = transformers.CONFIG_MAPPING[kind](intermediate_size=40, num_local_experts=5, **common)
     else:
         config = transformers.MixtralConfig(intermediate_size=40, num_local_experts=5, **common)
     torch.manual_seed(7)
@@ -90,6 +94,8 @@ def tiny_model(kind):
         for n, b in list(model.named_buffers()) + list(model.named_parameters()):
             if n.endswith("e_score_correction_bias"):
                 b.copy_((torch.randn(b.shape) * 0.3).to(torch.bfloat16).float())
+            if kind == "gpt_oss" and n.endswith("experts.gate_up_proj"):
+                b.copy_((b * 3.0).to(torch.bfloat16).float())
     return model
 
 
@@ -117,7 +123,8 @@ def stacked_grads(m, keys, experts):
         out[k["key_a"]] = torch.cat([grad(e, "A") for e in range(experts)])  # shared: gate's holds the sum
         b = torch.stack([grad(e, "B") for e in range(experts)], dim=2)  # [out, r, E]
         full = out.setdefault(k["key_b"], torch.zeros(k["b_rows"], b.shape[1] * experts))
-        full[k["first_row"]:k["first_row"] + b.shape[0]] = b.reshape(b.shape[0], -1)
+        first, step = k["first_row"], k.get("row_step", 1)  # gpt-oss interleaves gate's and up's rows
+        full[first:first + (b.shape[0] - 1) * step + 1:step] = b.reshape(b.shape[0], -1)
     return out
 
 
@@ -235,7 +242,7 @@ def run(kind, tmp):
         want = experts(xr, ids, w)
         (want * go).sum().backward()
         clamping = [mod for mod in experts.modules() if isinstance(getattr(mod, "limit", None), float)]
-        expect(bool(clamping) == (kind == "deepseek_v4"), f"{where}: {len(clamping)} experts modules with a swiglu limit")
+        expect(bool(clamping) == (kind in ("deepseek_v4", "gpt_oss")), f"{where}: {len(clamping)} experts modules with a swiglu limit")
         for mod in clamping:  # the limit must be met by this batch, or this checks nothing of it
             limit, mod.limit = mod.limit, float("inf")
             with torch.no_grad():
@@ -293,7 +300,7 @@ def run(kind, tmp):
 
 with tempfile.TemporaryDirectory() as tmp:
     for kind in ("qwen3_moe", "qwen2_moe", "deepseek_v3", "glm4_moe", "mixtral", "olmoe", "ernie4_5_moe", "hunyuan_v1_moe", "granitemoe",
-                 "deepseek_v4"):
+                 "deepseek_v4", "gpt_oss"):
         try:
             run(kind, tmp)
         except Exception as e:  # a failure of this test, named, not a crash of the others
