@@ -261,6 +261,10 @@ TEST_CASE("gpt-oss experts in MXFP4, as the hub ships them, load as their dequan
   CHECK(ck.load_layer_experts(1).gate == biases.gate);
   const auto refs = ck.expert_tensors(0);
   CHECK(refs[0][1].bytes == static_cast<std::size_t>(kI) * kH / 2 + static_cast<std::size_t>(kI) * kH / 32);
+  // `tilemoe quantize` names the MXFP4 layer's experts as the bf16 one's (one naming throughout).
+  const quant::QuantizedModelSpec spec = quant::spec_for_checkpoint(ck, WeightType::int4, 32, 1, {0, 1});
+  CHECK(spec.name_templates[0].find("gate_up_proj") == std::string::npos);
+  CHECK(spec.name_templates[0].find("_blocks") == std::string::npos);
 }
 
 TEST_CASE("malformed gpt-oss checkpoints are refused naming the file, layer and tensor", "[checkpoint][gpt_oss][errors]") {

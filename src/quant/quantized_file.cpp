@@ -348,8 +348,13 @@ QuantizedModelSpec spec_for_checkpoint(const Checkpoint& ck, WeightType type, in
     spec.config_json = ss.str();
   }
   // Stacked experts (transformers v5) get per-expert names in the quantized files.
+  // gpt-oss's MXFP4 stacks ("..._blocks") are named as the stacks they dequantize to.
   auto template_of = [](const ExpertTensorRef& ref, int layer, int expert, Projection p) {
-    return ref.stacked() ? stacked_expert_name_template(ref.name, layer, p) : expert_name_template(ref.name, layer, expert);
+    if (!ref.stacked()) return expert_name_template(ref.name, layer, expert);
+    constexpr std::string_view kBlocks = "_blocks";
+    const bool mxfp4 = !ref.scales.empty() && ref.name.size() > kBlocks.size() &&
+                       ref.name.compare(ref.name.size() - kBlocks.size(), kBlocks.size(), kBlocks) == 0;
+    return stacked_expert_name_template(mxfp4 ? ref.name.substr(0, ref.name.size() - kBlocks.size()) : ref.name, layer, p);
   };
   const auto first = ck.expert_tensors(layers.front());
   for (Projection p : kProjections)
