@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Fuzzes every file tilemoe reads (safetensors, config.json, PEFT adapters, convert-lora files,
 # checkpoints, quantized directories) with libFuzzer under ASan + UBSan: tests/fuzz/fuzz_loaders.cpp.
-#   scripts/fuzz.sh [seconds, default 600] [jobs, default 1]
+#   scripts/fuzz.sh [seconds, default 600] [jobs, default 1] [fixture: original_moe_tiny (default) or gpt_oss]
+# gpt_oss: a tiny gpt-oss checkpoint and PEFT adapter made by scripts/fuzz_gpt_oss_fixture.py (x W
+# stacks with biases, MXFP4 blocks, a router bias, a stacked adapter with interleaved rows).
 # Needs clang (Debian's clang-14 has libFuzzer) and the Release build's tilemoe (scripts/setup.sh
 # test), which writes the seed files. Everything goes to .fuzz/; findings to .fuzz/crashes/, each
 # replayed by running .fuzz/fuzz_loaders on it.
@@ -9,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-600}"
 jobs="${2:-1}"
+fixture="${3:-original_moe_tiny}"
 out=.fuzz
 command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ not found (apt-get install clang)" >&2; exit 1; }
 [ -x build/tilemoe ] || { echo "fuzz.sh: build/tilemoe not found: run scripts/setup.sh test first" >&2; exit 1; }
@@ -27,12 +30,20 @@ clang++ -fsanitize=fuzzer,address,undefined "$out"/obj/*.o -o "$out/fuzz_loaders
 
 # Seeds: each target's selector byte (tests/fuzz/fuzz_loaders.cpp, enum Target) and a valid file.
 fx=tests/data/original_moe_tiny
+if [ "$fixture" = gpt_oss ]; then
+  fx="$out/gpt_oss_fixture"
+  rm -rf "$fx" && python3 scripts/fuzz_gpt_oss_fixture.py "$fx"
+elif [ "$fixture" != original_moe_tiny ]; then
+  echo "fuzz.sh: fixture '$fixture': give original_moe_tiny or gpt_oss" >&2
+  exit 1
+fi
+export TILEMOE_FUZZ_FIXTURE="$fx"
 seed() { { printf "\\$(printf %03o "$1")"; cat "$2"; } > "$out/corpus/seed_$1_$(echo "$2" | tr / _)"; }
 rm -rf "$out/seed_dir" && mkdir -p "$out/seed_dir"
 build/tilemoe convert-lora --adapter "$fx/adapter" --model "$fx/model" --output "$out/seed_dir/lora.safetensors" > /dev/null
 build/tilemoe quantize --model "$fx/model" --output "$out/seed_dir/quantized" --weights int8 > /dev/null
 seed 0 "$fx/adapter/adapter_model.safetensors"
-for c in tests/data/*/model/config.json; do seed 1 "$c"; done
+for c in tests/data/*/model/config.json "$fx/model/config.json"; do seed 1 "$c"; done
 seed 2 "$fx/adapter/adapter_config.json"
 seed 3 "$fx/adapter/adapter_model.safetensors"
 seed 4 "$out/seed_dir/lora.safetensors"
