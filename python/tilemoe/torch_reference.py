@@ -8,13 +8,16 @@ from .naming import PeftNaming
 
 
 class LoraLinear(torch.nn.Module):
-    """y = W x + scale * B (A x), W frozen in `dtype`, A and B float32 as PEFT keeps adapters."""
+    """y = W x (+ b) + scale * B (A x), W and b frozen in `dtype`, A and B float32 as PEFT keeps adapters."""
 
-    def __init__(self, weight, lora_a, lora_b, scale, dtype):
+    def __init__(self, weight, lora_a, lora_b, scale, dtype, bias=None):
         super().__init__()
-        self.base_layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=dtype)
+        self.base_layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=dtype)
         self.base_layer.weight.data.copy_(weight)
         self.base_layer.weight.requires_grad_(False)
+        if bias is not None:
+            self.base_layer.bias.data.copy_(bias)
+            self.base_layer.bias.requires_grad_(False)
         self.lora_A = torch.nn.Linear(lora_a.shape[1], lora_a.shape[0], bias=False)
         self.lora_B = torch.nn.Linear(lora_b.shape[1], lora_b.shape[0], bias=False)
         self.lora_A.weight.data.copy_(lora_a)
@@ -27,27 +30,34 @@ class LoraLinear(torch.nn.Module):
 
 
 class Expert(torch.nn.Module):
-    def __init__(self, projections, swiglu_limit=0.0):
+    def __init__(self, projections, swiglu_limit=0.0, swiglu_alpha=1.0, swiglu_up_offset=0.0):
         super().__init__()
         for name, module in projections.items():
             self.add_module(name, module)
         self.names = list(projections)  # gate, up, down in that order
         self.swiglu_limit = swiglu_limit
+        self.swiglu_alpha, self.swiglu_up_offset = swiglu_alpha, swiglu_up_offset
 
     def forward(self, x):
         gate, up, down = (getattr(self, n) for n in self.names)
         g, u = gate(x), up(x)
-        if self.swiglu_limit > 0:  # DeepSeek-V4's clamped SwiGLU
+        if self.swiglu_limit > 0:  # DeepSeek-V4's and gpt-oss's clamped SwiGLU
             g = g.clamp(max=self.swiglu_limit)
             u = u.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
-        return down(torch.nn.functional.silu(g) * u)
+        if self.swiglu_alpha == 1.0 and self.swiglu_up_offset == 0.0:
+            return down(torch.nn.functional.silu(g) * u)
+        # gpt-oss's form, as GptOssExperts computes it.
+        return down((u + self.swiglu_up_offset) * (g * torch.sigmoid(g * self.swiglu_alpha)))
 
 
 class ReferenceMoE(torch.nn.Module):
     """gate, up [E, I, H], down [E, H, I] (any float dtype; used as `dtype`); lora: {"gate_a": [E, r, in],
-    "gate_b": [E, out, r], ...} float32; scale: alpha / r; swiglu_limit as MoEConfig's. Parameters are named like MoELoRA's."""
+    "gate_b": [E, out, r], ...} float32; scale: alpha / r; swiglu_limit, swiglu_alpha and swiglu_up_offset as
+    MoEConfig's; biases: {"gate": [E, I], "up": [E, I], "down": [E, H]} (gpt-oss's; any may be missing). Parameters
+    are named like MoELoRA's."""
 
-    def __init__(self, gate, up, down, lora, scale, naming=None, dtype=torch.float32, swiglu_limit=0.0):
+    def __init__(self, gate, up, down, lora, scale, naming=None, dtype=torch.float32, swiglu_limit=0.0, swiglu_alpha=1.0,
+                 swiglu_up_offset=0.0, biases=None):
         super().__init__()
         naming = naming or PeftNaming("base_model.model.model.layers.0.mlp.experts", ("gate_proj", "up_proj", "down_proj"))
         prefix, self.num_experts = naming.prefix, gate.shape[0]
@@ -55,9 +65,10 @@ class ReferenceMoE(torch.nn.Module):
         for e in range(self.num_experts):
             projections = {}
             for i, (name, w) in enumerate((("gate", gate), ("up", up), ("down", down))):
+                bias = (biases or {}).get(name)
                 projections[naming.projections[i]] = LoraLinear(w[e].to(dtype), lora[name + "_a"][e], lora[name + "_b"][e],
-                                                                 scale, dtype)
-            experts.append(Expert(projections, swiglu_limit))
+                                                                 scale, dtype, None if bias is None else bias[e].to(dtype))
+            experts.append(Expert(projections, swiglu_limit, swiglu_alpha, swiglu_up_offset))
         # The module path of PEFT's names ("base_model.model.model.layers.L.mlp.experts").
         node = self
         parts = prefix.split(".")

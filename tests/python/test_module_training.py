@@ -11,6 +11,8 @@
   batches, zeroing grads to None and to zero;
 - .grad semantics as autograd's: accumulation over micro-batches, a .grad the caller set is added
   to; the saved-forward stack: a dropped graph is popped, backward out of order and twice raise;
+- a clamped SwiGLU (DeepSeek-V4), and gpt-oss's form with the experts' biases: output, grad_input and
+  every LoRA gradient against autograd through tilemoe.torch_reference with torch.clamp;
 - casting or moving the module leaves the LoRA where the runtime reads it;
 - save_pretrained of a set with two ranks, per-expert scales and experts without LoRA writes PEFT's
   rank_pattern / alpha_pattern, and the runtime loads it back to the same set.
@@ -161,20 +163,28 @@ def loss_curve(set_to_none):
     expect(last < 0.7 * first, "the loss falls over the 50 steps")
 
 
-def clamped_swiglu():
-    """A swiglu_limit (DeepSeek-V4): forward, grad_input and every LoRA gradient against PyTorch's
-    autograd through torch.clamp. The gradient jumps at the clamp's bounds, and the runtime's gate
-    and up are within about 1e-4 of PyTorch's, not equal: the limit is put where no gate or up of
-    this batch lies within 2e-3 of a bound, in the tail (a few per cent of the values beyond it)."""
-    gen = torch.Generator().manual_seed(9)
+def clamped_swiglu(gpt_oss=False):
+    """A swiglu_limit (DeepSeek-V4; with gpt_oss, gpt-oss's form: alpha 1.702, up + 1, and the experts'
+    biases): forward, grad_input and every LoRA gradient against PyTorch's autograd through
+    torch.clamp. The gradient jumps at the clamp's bounds, and the runtime's gate and up are within
+    about 1e-4 of PyTorch's, not equal: the limit is put where no gate or up of this batch lies
+    within 2e-3 of a bound, in the tail (a few per cent of the values beyond it)."""
+    gen = torch.Generator().manual_seed(10 if gpt_oss else 9)
     E, K, H, I, T, R = 4, 2, 64, 40, 24, 4
     gate, up, down = random_experts(E, H, I, generator=gen)
     lora = random_lora(E, H, I, R, std=0.2, generator=gen)
     x, ids, w = random_batch(T, H, E, K, generator=gen)
     x = x.float()
     scale = 2.0  # lora_alpha / lora_rank below
-    g = torch.cat([x @ gate[e].float().T + scale * (x @ lora["gate_a"][e].T) @ lora["gate_b"][e].T for e in range(E)]).flatten()
-    u = torch.cat([x @ up[e].float().T + scale * (x @ lora["up_a"][e].T) @ lora["up_b"][e].T for e in range(E)]).flatten()
+    form = dict(swiglu_alpha=1.702, swiglu_up_offset=1.0) if gpt_oss else {}
+    biases = {n: (torch.randn(E, d, generator=gen) * 0.3).to(torch.bfloat16) for n, d in (("gate", I), ("up", I), ("down", H))} \
+        if gpt_oss else {}
+    what = "gpt-oss's SwiGLU" if gpt_oss else "clamped SwiGLU"
+    zero = torch.zeros(E, I)
+    g = torch.cat([x @ gate[e].float().T + biases.get("gate", zero)[e].float() + scale * (x @ lora["gate_a"][e].T) @ lora["gate_b"][e].T
+                   for e in range(E)]).flatten()
+    u = torch.cat([x @ up[e].float().T + biases.get("up", zero)[e].float() + scale * (x @ lora["up_a"][e].T) @ lora["up_b"][e].T
+                   for e in range(E)]).flatten()
     values = torch.cat([g, u, -u])
     spread = torch.cat([g, u]).std().item()
     candidates = torch.linspace(1.5 * spread, 2.5 * spread, 400)
@@ -182,18 +192,20 @@ def clamped_swiglu():
     limit = candidates[margin.argmax()].item()
     clamped = ((g > limit).sum() + (u.abs() > limit).sum()).item() / (g.numel() + u.numel())
     expect(margin.max().item() >= 2e-3 and clamped >= 0.01,
-           f"clamped SwiGLU: no limit in the tail clear of this batch's values ({margin.max().item():.1e}, {clamped:.3f} clamped)")
+           f"{what}: no limit in the tail clear of this batch's values ({margin.max().item():.1e}, {clamped:.3f} clamped)")
     cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, lora_rank=R, lora_alpha=scale * R,
-                            swiglu_limit=limit)
-    layer = tilemoe.MoELayer(cfg, gate, up, down)
+                            swiglu_limit=limit, **form)
+    layer = tilemoe.MoELayer(cfg, gate, up, down, **{n + "_bias": b for n, b in biases.items()})
     expect(abs(layer.config.swiglu_limit - limit) <= 1e-6 * limit,
            f"MoELayer.config.swiglu_limit is {layer.config.swiglu_limit}, not {limit}")
     m = MoELoRA(layer)
     with torch.no_grad():
         for name, p in m.flat_lora().items():
             p.copy_(lora[name])
-    ref = ReferenceMoE(gate, up, down, {k: v.clone() for k, v in lora.items()}, layer.lora_scale, naming=m.naming, swiglu_limit=limit)
-    plain = ReferenceMoE(gate, up, down, {k: v.clone() for k, v in lora.items()}, layer.lora_scale, naming=m.naming)
+    ref = ReferenceMoE(gate, up, down, {k: v.clone() for k, v in lora.items()}, layer.lora_scale, naming=m.naming, swiglu_limit=limit,
+                       biases=biases, **form)
+    plain = ReferenceMoE(gate, up, down, {k: v.clone() for k, v in lora.items()}, layer.lora_scale, naming=m.naming, biases=biases,
+                         **form)
     go = torch.randn(T, H, generator=gen)
     xm, xr, xp = x.clone().requires_grad_(), x.clone().requires_grad_(), x.clone().requires_grad_()
     out_m, out_r, out_p = m(xm, ids, w), ref(xr, ids, w), plain(xp, ids, w)
@@ -201,16 +213,16 @@ def clamped_swiglu():
     (out_r * go).sum().backward()
     (out_p * go).sum().backward()
     moved = rel_err(xp.grad, xr.grad)
-    expect(moved > 0.05, f"clamped SwiGLU: the limit {limit} changes grad_input by only {moved:.2e}")
+    expect(moved > 0.05, f"{what}: the limit {limit} changes grad_input by only {moved:.2e}")
     e_out, e_dx = rel_err(out_m.detach(), out_r.detach()), rel_err(xm.grad, xr.grad)
-    expect(e_out <= 1e-2 and e_dx <= 1e-2, f"clamped SwiGLU: output {e_out:.2e}, grad_input {e_dx:.2e} against PyTorch")
+    expect(e_out <= 1e-2 and e_dx <= 1e-2, f"{what}: output {e_out:.2e}, grad_input {e_dx:.2e} against PyTorch")
     ref_params = dict(ref.named_parameters())
     worst = 0.0
     for n, p in m.named_parameters():
         err = rel_err(p.grad, ref_params[n].grad)
         worst = max(worst, err)
-        expect(err <= 2e-2, f"clamped SwiGLU: the gradient of {n} differs from PyTorch's by {err:.2e}")
-    print(f"clamped SwiGLU (limit {limit:.4g}, {100 * clamped:.1f} % of gates and ups beyond it, none within "
+        expect(err <= 2e-2, f"{what}: the gradient of {n} differs from PyTorch's by {err:.2e}")
+    print(f"{what} (limit {limit:.4g}, {100 * clamped:.1f} % of gates and ups beyond it, none within "
           f"{margin.max().item():.1e}; grad_input moved {moved:.2f} by it): output {e_out:.2e}, grad_input {e_dx:.2e}, "
           f"LoRA gradients within {worst:.2e} of PyTorch's")
 
@@ -450,5 +462,6 @@ loss_curve(set_to_none=True)
 loss_curve(set_to_none=False)
 grad_semantics()
 clamped_swiglu()
+clamped_swiglu(gpt_oss=True)
 
 finish("all MoELoRA training checks passed")
