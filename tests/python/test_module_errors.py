@@ -86,6 +86,13 @@ raises(ValueError, ["up", "contiguous"], tilemoe.MoELayer, cfg, gate, up.transpo
 raises(TypeError, ["gate", "list"], tilemoe.MoELayer, cfg, gate.tolist(), up, down)
 raises(TypeError, ["gate", "int32"], tilemoe.MoELayer, cfg, np.zeros((E, I, H), np.int32), up, down)
 raises(TypeError, ["isa"], tilemoe.MoELayer, cfg, gate, up, down, isa=3)
+# The experts' biases (gpt-oss): shape, dtype and values named.
+raises(ValueError, ["gate_bias", "shape"], tilemoe.MoELayer, cfg, gate, up, down, gate_bias=torch.zeros(E, H, dtype=torch.bfloat16))
+raises(TypeError, ["down_bias", "bfloat16"], tilemoe.MoELayer, cfg, gate, up, down, down_bias=torch.zeros(E, H))
+raises(tilemoe.BadFileError, ["expert 1 up bias"], tilemoe.MoELayer, cfg, gate, up, down,
+       up_bias=torch.zeros(E, I, dtype=torch.bfloat16).index_fill_(0, torch.tensor([1]), float("nan")))
+raises(tilemoe.InvalidArgumentError, ["swiglu_alpha"], tilemoe.MoELayer,
+       Config(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, swiglu_alpha=0.0), gate, up, down)
 raises(tilemoe.InvalidArgumentError, ["ISA", "bogus"], tilemoe.Runtime, "bogus")
 if tilemoe.Runtime().isa != "amx":
     raises(tilemoe.UnsupportedError, ["AMX"], tilemoe.Runtime, "amx")
