@@ -7,6 +7,7 @@
 
 #include "amx/pack_bf16.hpp"
 #include "amx/pack_int.hpp"
+#include "src/layer/column_bias.hpp"
 #include "src/layer/swiglu_form.hpp"
 #include "src/layer/work_split.hpp"
 

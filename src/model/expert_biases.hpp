@@ -60,12 +60,4 @@ struct ExpertBiases {
   }
 };
 
-// c[i][j] += bias[j] for m rows of n columns (row stride ldc).
-inline void add_column_bias(float* c, std::size_t ldc, int m, int n, const float* bias) {
-  for (int i = 0; i < m; ++i) {
-    float* row = c + static_cast<std::size_t>(i) * ldc;
-    for (int j = 0; j < n; ++j) row[j] += bias[j];
-  }
-}
-
 }  // namespace tilemoe
