@@ -301,6 +301,13 @@ void Checkpoint::read_gpt_oss_tensor(const ExpertTensorRef& ref, int rows, int c
       const std::size_t r = e * total_rows + static_cast<std::size_t>(ref.first_row) + static_cast<std::size_t>(i) * ref.row_step;
       dequantize_mxfp4_row(blocks + r * groups * 16, scales + r * groups, cols, out + static_cast<std::size_t>(i) * cols);
     }
+    // As read_expert_tensor does, the expert's pages leave this process's memory once read: by the
+    // last projection that reads them (up of an interleaved gate_up; gate's reader, running beside
+    // it, faults back in what it still needs).
+    if (ref.first_row + 1 == ref.row_step) {
+      file.release(info.offset + e * total_rows * groups * 16, total_rows * groups * 16);
+      files_[sl->file]->release(sinfo.offset + e * total_rows * groups, total_rows * groups);
+    }
     return;
   }
   // x W: [E, in, out]; this projection's W x row i is column first_row + i * row_step.
@@ -312,6 +319,8 @@ void Checkpoint::read_gpt_oss_tensor(const ExpertTensorRef& ref, int rows, int c
     for (int i = 0; i < rows; ++i)
       out[static_cast<std::size_t>(i) * cols + k] = row[static_cast<std::size_t>(ref.first_row) + static_cast<std::size_t>(i) * ref.row_step];
   }
+  if (ref.first_row + 1 == ref.row_step)  // the last projection reading the expert (as above)
+    file.release(info.offset + e * static_cast<std::size_t>(cols) * total_cols * elem, static_cast<std::size_t>(cols) * total_cols * elem);
 }
 
 void Checkpoint::load_layer_biases(int layer, ExpertWeights& w) const {
