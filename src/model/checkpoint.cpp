@@ -209,13 +209,20 @@ void Checkpoint::add_stacked_experts(int layer, const std::string& name, const L
                                   "; expert weights must be BF16, F16, F32 or F8_E4M3");
   const std::size_t bytes =
       static_cast<std::size_t>(projection_out(s, first)) * static_cast<std::size_t>(cols) * io::dtype_size(info.dtype);
-  for (int e = 0; e < s.num_experts; ++e)
+  place_stacked_refs(layer, ExpertTensorRef{name, 0, 0, bytes}, parts, refs);
+}
+
+void Checkpoint::place_stacked_refs(int layer, const ExpertTensorRef& like, const std::vector<std::pair<Projection, int>>& parts,
+                                    std::array<std::vector<ExpertTensorRef>, 3>& refs) const {
+  for (int e = 0; e < config_.shape.num_experts; ++e)
     for (const auto& [p, first_row] : parts) {
       auto& slot = refs[static_cast<int>(p)][e];
       if (!slot.name.empty())
         fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
-                                      ": stored twice, as '" + slot.name + "' and in '" + name + "'");
-      slot = ExpertTensorRef{name, e, first_row, bytes};
+                                      ": stored twice, as '" + slot.name + "' and in '" + like.name + "'");
+      slot = like;
+      slot.stacked_expert = e;
+      slot.first_row = first_row;
     }
 }
 
@@ -275,14 +282,7 @@ void Checkpoint::add_gpt_oss_experts(int layer, const std::string& name, const L
   else parts = {{Projection::down, 0}};
   const std::size_t values = static_cast<std::size_t>(projection_out(s, parts.front().first)) * static_cast<std::size_t>(in);
   const std::size_t bytes = mxfp4 ? values / 2 + values / 32 : values * io::dtype_size(info.dtype);
-  for (int e = 0; e < s.num_experts; ++e)
-    for (const auto& [p, first] : parts) {
-      auto& slot = refs[static_cast<int>(p)][e];
-      if (!slot.name.empty())
-        fail(ErrorKind::bad_file, dir_ + ": layer " + std::to_string(layer) + " expert " + std::to_string(e) + " " + projection_name(p) +
-                                      ": stored twice, as '" + slot.name + "' and in '" + name + "'");
-      slot = ExpertTensorRef{name, e, first, bytes, gate_up ? 2 : 1, !mxfp4, scales};
-    }
+  place_stacked_refs(layer, ExpertTensorRef{name, 0, 0, bytes, gate_up ? 2 : 1, !mxfp4, scales}, parts, refs);
 }
 
 void Checkpoint::read_gpt_oss_tensor(const ExpertTensorRef& ref, int rows, int cols, bf16* out) const {

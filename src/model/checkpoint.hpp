@@ -86,6 +86,10 @@ class Checkpoint {
   void read_expert_tensor(const ExpertTensorRef& ref, int rows, int cols, const std::string& what, bf16* out) const;
   // Checks a stacked tensor of `layer` and points each expert's slots of `refs` at its rows.
   void add_stacked_experts(int layer, const std::string& name, const Location& loc, std::array<std::vector<ExpertTensorRef>, 3>& refs) const;
+  // Points every expert's slot of each projection in `parts` (with its first row) at the stacked
+  // tensor `like` describes (name, bytes, layout); a slot already taken is a tensor stored twice.
+  void place_stacked_refs(int layer, const ExpertTensorRef& like, const std::vector<std::pair<Projection, int>>& parts,
+                          std::array<std::vector<ExpertTensorRef>, 3>& refs) const;
   // gpt-oss's x W stacked tensors and their MXFP4 form (ModelConfig::gpt_oss_layout).
   void add_gpt_oss_experts(int layer, const std::string& name, const Location& loc, bool mxfp4,
                            std::array<std::vector<ExpertTensorRef>, 3>& refs) const;
