@@ -1,0 +1,48 @@
+// MXFP4 blocks to packed bf16 with AVX-512: a row pair of a block is 32 code bytes, widened to
+// words, split into its two nibbles, looked up (VPERMW) as bf16 bits and scaled by adding the
+// group's exponent to the bf16 exponent field of the non-zero values: the bits of
+// mxfp4_scaled_bits (amx/mxfp4_bits.hpp), 64 values at a time.
+#include "amx/immintrin_gcc12.hpp"
+
+#include <cstdint>
+
+#include "amx/mxfp4_bits.hpp"
+#include "amx/pack_mxfp4.hpp"
+
+namespace tilemoe::kernels {
+
+void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
+                                    bf16* out) {
+  alignas(64) std::uint16_t table[32];
+  for (int i = 0; i < 32; ++i) table[i] = kE2m1Bf16Bits[i & 15];
+  const __m512i lut = _mm512_load_si512(table);
+  const __m512i low_nibble = _mm512_set1_epi16(0x0f);
+  const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+  const int kbs = kb1 - kb0;
+  for (int nb = nb0; nb < nb1; ++nb) {
+    const std::size_t first = static_cast<std::size_t>(nb) * s.kblocks + kb0;
+    const std::uint8_t* src = w.codes + first * kMxfp4BlockCodeBytes;
+    const std::uint8_t* ex = w.exponents + first * kMxfp4BlockExponentBytes;
+    bf16* dst = out + static_cast<std::size_t>(nb - nb0) * kbs * kBlockElements;
+    for (int b = 0; b < kbs; ++b, src += kMxfp4BlockCodeBytes, ex += kMxfp4BlockExponentBytes, dst += kBlockElements) {
+      // Column c's addend in both words of dword c: words 2c and 2c + 1 of a block row.
+      __m512i addend = _mm512_slli_epi32(
+          _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ex))),
+                           _mm512_set1_epi32(kMxfp4ExponentBias)),
+          7);
+      addend = _mm512_and_si512(addend, _mm512_set1_epi32(0xffff));
+      addend = _mm512_or_si512(addend, _mm512_slli_epi32(addend, 16));
+      for (int j = 0; j < 8; ++j) {
+        const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j * 32)));
+        __m512i even = _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low_nibble), lut);
+        __m512i odd = _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), lut);
+        even = _mm512_mask_add_epi16(even, _mm512_test_epi16_mask(even, magnitude), even, addend);
+        odd = _mm512_mask_add_epi16(odd, _mm512_test_epi16_mask(odd, magnitude), odd, addend);
+        _mm512_storeu_si512(dst + (2 * j) * 32, even);
+        _mm512_storeu_si512(dst + (2 * j + 1) * 32, odd);
+      }
+    }
+  }
+}
+
+}  // namespace tilemoe::kernels

@@ -1,0 +1,66 @@
+#include "amx/gemm_mxfp4.hpp"
+
+#include <algorithm>
+
+#include "amx/aligned_vector.hpp"
+
+namespace tilemoe::kernels {
+namespace {
+
+// One worker's dequantized chunk; grown once to the largest chunk it meets.
+AlignedVector<bf16>& chunk_buffer(std::size_t elements) {
+  thread_local AlignedVector<bf16> buffer;
+  grow_to(buffer, std::max<std::size_t>(elements, kBlockElements));
+  return buffer;
+}
+
+// g's call restricted to W's panels [q0, q1) and k-blocks [kb0, kb1), read from `chunk`.
+GemmBf16Args chunk_args(const GemmBf16Args& g, const bf16* chunk, int q0, int q1, int kb0, int kb1) {
+  GemmBf16Args c = g;
+  c.packed_b = chunk;
+  c.panel_begin = 0;
+  c.panel_end = q1 - q0;
+  c.c = g.c + static_cast<std::size_t>(q0 - g.panel_begin) * kPanelColumns;
+  if (g.packed_b2 != nullptr && g.k2_padded > 0)
+    c.packed_b2 = g.packed_b2 + static_cast<std::size_t>(q0) * second_panel_stride(g.k2_padded, g.b2_panel_stride);
+  if (kb0 > 0 || kb1 < g.k_padded / kBlockK) {
+    c.a = g.a + static_cast<std::size_t>(kb0) * kBlockK;
+    c.k_padded = (kb1 - kb0) * kBlockK;
+  }
+  return c;
+}
+
+}  // namespace
+
+void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, GemmBf16Fn gemm,
+                DequantizeMxfp4Fn dequantize) {
+  const int kblocks = s.kblocks;
+  if (g.a_tiles || g.m > kMxfp4ChunkMaxRows) {
+    bf16* buffer = chunk_buffer(2 * static_cast<std::size_t>(kblocks) * kBlockElements).data();
+    for (int q0 = g.panel_begin; q0 < g.panel_end; q0 += 2) {
+      const int q1 = std::min(q0 + 2, g.panel_end);
+      dequantize(s, w, q0, q1, 0, kblocks, buffer);
+      gemm(chunk_args(g, buffer, q0, q1, 0, kblocks));
+    }
+    return;
+  }
+  bf16* buffer = chunk_buffer(static_cast<std::size_t>(kMxfp4ChunkPanels) * kMxfp4ChunkKBlocks * kBlockElements).data();
+  for (int q0 = g.panel_begin; q0 < g.panel_end; q0 += kMxfp4ChunkPanels) {
+    const int q1 = std::min(q0 + kMxfp4ChunkPanels, g.panel_end);
+    int kb0 = 0;
+    do {
+      const int kb1 = std::min(kb0 + kMxfp4ChunkKBlocks, kblocks);
+      dequantize(s, w, q0, q1, kb0, kb1, buffer);
+      GemmBf16Args c = chunk_args(g, buffer, q0, q1, kb0, kb1);
+      if (kb0 > 0) {
+        c.accumulate = true;
+        c.packed_b2 = nullptr;
+        c.k2_padded = 0;
+      }
+      gemm(c);
+      kb0 = kb1;
+    } while (kb0 < kblocks);
+  }
+}
+
+}  // namespace tilemoe::kernels

@@ -1,0 +1,82 @@
+#include "amx/pack_mxfp4.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "amx/mxfp4_bits.hpp"
+
+namespace tilemoe::kernels {
+
+PackedMxfp4Shape packed_mxfp4_shape(int n, int k) {
+  const PackedShape p = packed_shape(n, k);
+  PackedMxfp4Shape s;
+  s.n = p.n;
+  s.k = p.k;
+  s.n_padded = p.n_padded;
+  s.k_padded = p.k_padded;
+  s.panels = p.panels;
+  s.kblocks = p.kblocks;
+  return s;
+}
+
+void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::size_t ldq, const std::uint8_t* e,
+                        std::size_t lde, std::uint8_t* codes, std::uint8_t* exponents) {
+  auto code_of = [&](int row, int kk) -> unsigned {
+    if (row >= s.n || kk >= s.k) return 0;
+    const std::uint8_t byte = q[static_cast<std::size_t>(row) * ldq + kk / 2];
+    return (kk & 1) ? byte >> 4 : byte & 0x0fu;
+  };
+  for (int nb = 0; nb < s.panels; ++nb)
+    for (int kb = 0; kb < s.kblocks; ++kb) {
+      const std::size_t block = static_cast<std::size_t>(nb) * s.kblocks + kb;
+      std::uint8_t* dst = codes + block * kMxfp4BlockCodeBytes;
+      for (int j = 0; j < 8; ++j)
+        for (int c = 0; c < kPanelColumns; ++c)
+          for (int p = 0; p < 2; ++p) {
+            const int row = nb * kPanelColumns + c, kk = kb * kBlockK + 4 * j + p;
+            dst[j * 32 + c * 2 + p] = static_cast<std::uint8_t>(code_of(row, kk) | code_of(row, kk + 2) << 4);
+          }
+      std::uint8_t* ex = exponents + block * kMxfp4BlockExponentBytes;
+      for (int c = 0; c < kPanelColumns; ++c) {
+        const int row = nb * kPanelColumns + c;
+        ex[c] = row < s.n ? e[static_cast<std::size_t>(row) * lde + kb] : static_cast<std::uint8_t>(kMxfp4ExponentBias);
+      }
+    }
+}
+
+int packed_mxfp4_code(const PackedMxfp4Shape& s, const std::uint8_t* codes, int col, int kk) {
+  const int nb = col / kPanelColumns, c = col % kPanelColumns, kb = kk / kBlockK, r = (kk % kBlockK) / 2, p = kk % 2;
+  const std::uint8_t byte =
+      codes[(static_cast<std::size_t>(nb) * s.kblocks + kb) * kMxfp4BlockCodeBytes + (r / 2) * 32 + c * 2 + p];
+  return (r & 1) ? byte >> 4 : byte & 0x0f;
+}
+
+int packed_mxfp4_exponent(const PackedMxfp4Shape& s, const std::uint8_t* exponents, int col, int kk) {
+  const int nb = col / kPanelColumns, c = col % kPanelColumns, kb = kk / kBlockK;
+  return exponents[(static_cast<std::size_t>(nb) * s.kblocks + kb) * kMxfp4BlockExponentBytes + c];
+}
+
+bf16 mxfp4_value_bf16(int code, int exponent) {
+  return float_to_bf16(std::ldexp(kE2m1Values[code & 15], exponent - kMxfp4ExponentBias));
+}
+
+void dequantize_mxfp4_blocks_portable(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
+                                      bf16* out) {
+  const int kbs = kb1 - kb0;
+  for (int nb = nb0; nb < nb1; ++nb)
+    for (int kb = kb0; kb < kb1; ++kb) {
+      const std::size_t block = static_cast<std::size_t>(nb) * s.kblocks + kb;
+      const std::uint8_t* src = w.codes + block * kMxfp4BlockCodeBytes;
+      const std::uint8_t* ex = w.exponents + block * kMxfp4BlockExponentBytes;
+      bf16* dst = out + (static_cast<std::size_t>(nb - nb0) * kbs + (kb - kb0)) * kBlockElements;
+      for (int j = 0; j < 8; ++j)
+        for (int c = 0; c < kPanelColumns; ++c)
+          for (int p = 0; p < 2; ++p) {
+            const std::uint8_t byte = src[j * 32 + c * 2 + p];
+            dst[(2 * j) * 32 + c * 2 + p] = mxfp4_scaled_bits(byte & 0x0f, ex[c]);
+            dst[(2 * j + 1) * 32 + c * 2 + p] = mxfp4_scaled_bits(byte >> 4, ex[c]);
+          }
+    }
+}
+
+}  // namespace tilemoe::kernels

@@ -1,0 +1,81 @@
+#pragma once
+// MXFP4 weights (the OCP microscaling FP4 format gpt-oss ships its experts in): E2M1 codes, and
+// one power-of-two scale (E8M0: 2^(e - 127)) per 32 consecutive inputs of a row. The packed
+// layout mirrors the bf16 one (pack_bf16.hpp), one (panel nb, k-block kb) block at a time, so
+// that one block dequantizes to exactly one packed bf16 block (1 KiB, one AMX B tile):
+//
+//   codes:     256 bytes a block; byte j*32 + c*2 + p (j: 0..7) holds element (2j, c, p) in its
+//              low nibble and element (2j + 1, c, p) in its high nibble, where element (r, c, p)
+//              is Q[nb*16 + c][kb*32 + 2r + p] (r: k-pair, c: column, p: 0..1), as in pack_bf16;
+//   exponents: 16 bytes a block; byte c is the E8M0 exponent of row nb*16 + c's inputs
+//              kb*32 .. kb*32 + 31 (one MXFP4 group is one k-block).
+//
+// Both arrays hold the blocks panel by panel, a panel's k-blocks contiguous, so a panel streams
+// in order along K. Padding rows and inputs have code 0 (+0) and exponent 127 (scale 1).
+//
+// Every value of a group whose exponent lies in [kMxfp4MinExponent, kMxfp4MaxExponent] is a
+// normal bf16 number, so the dequantized weights are exact: the kernels compute with the very
+// weights the checkpoint holds (quant/quantize.hpp keeps exponents in that range).
+#include <cstddef>
+#include <cstdint>
+
+#include "amx/pack_bf16.hpp"
+#include "tilemoe/bf16.hpp"
+
+namespace tilemoe::kernels {
+
+inline constexpr int kMxfp4Group = kBlockK;
+inline constexpr std::size_t kMxfp4BlockCodeBytes = 256;
+inline constexpr std::size_t kMxfp4BlockExponentBytes = kPanelColumns;
+inline constexpr int kMxfp4ExponentBias = 127;
+inline constexpr int kMxfp4MinExponent = 2;    // 0.5 * 2^(2 - 127) = 2^-126, bf16's least normal
+inline constexpr int kMxfp4MaxExponent = 252;  // 6 * 2^(252 - 127) = 1.5 * 2^127 < bf16's largest
+
+// E2M1: bit 3 the sign, bits 2..1 the exponent (bias 1), bit 0 the mantissa.
+inline constexpr float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+struct PackedMxfp4Shape {
+  int n = 0, k = 0, n_padded = 0, k_padded = 0, panels = 0, kblocks = 0;
+
+  std::size_t blocks() const { return static_cast<std::size_t>(panels) * kblocks; }
+  std::size_t code_bytes() const { return blocks() * kMxfp4BlockCodeBytes; }
+  std::size_t exponent_bytes() const { return blocks() * kMxfp4BlockExponentBytes; }
+};
+
+// The bf16 layout's padding (pack_bf16.hpp); throws Error(invalid_argument) for negative sizes.
+PackedMxfp4Shape packed_mxfp4_shape(int n, int k);
+
+// One packed matrix: where the kernels read it.
+struct PackedMxfp4View {
+  const std::uint8_t* codes = nullptr;      // code_bytes()
+  const std::uint8_t* exponents = nullptr;  // exponent_bytes()
+};
+
+// Packs Q [n][k] (E2M1 nibbles, even k in the low nibble, (k + 1) / 2 bytes a row at stride ldq)
+// with its exponents [n][ceil(k / 32)] (row stride lde) into `codes` and `exponents`, which must
+// hold code_bytes() and exponent_bytes(); every byte of them is written.
+void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::size_t ldq, const std::uint8_t* e,
+                        std::size_t lde, std::uint8_t* codes, std::uint8_t* exponents);
+
+// The E2M1 code (0..15) and exponent of packed element (col, kk); for tests and references.
+int packed_mxfp4_code(const PackedMxfp4Shape& s, const std::uint8_t* codes, int col, int kk);
+int packed_mxfp4_exponent(const PackedMxfp4Shape& s, const std::uint8_t* exponents, int col, int kk);
+
+// The k-blocks [kb0, kb1) of panels [nb0, nb1), dequantized into the packed bf16 layout of a
+// matrix with kb1 - kb0 k-blocks a panel: out[((q*(kb1 - kb0) + j)*16 + r)*32 + c*2 + p] is
+// element (r, c, p) of block (nb0 + q, kb0 + j). Exact for exponents in
+// [kMxfp4MinExponent, kMxfp4MaxExponent] (and any exponent of a group whose codes are all ±0);
+// unspecified, but never a trap, for others. Pure: no allocation, no threads.
+using DequantizeMxfp4Fn = void (*)(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
+                                   bf16* out);
+void dequantize_mxfp4_blocks_portable(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
+                                      bf16* out);
+// Only where isa_available(Isa::avx512_bf16) (it needs AVX512-BW). The same bits as the portable one.
+void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
+                                    bf16* out);
+
+// E2M1 code times 2^(exponent - 127), rounded to bf16 (exact in the range above).
+bf16 mxfp4_value_bf16(int code, int exponent);
+
+}  // namespace tilemoe::kernels
