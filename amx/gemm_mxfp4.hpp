@@ -14,6 +14,12 @@
 
 namespace tilemoe::kernels {
 
+// An MXFP4 matrix where a caller passes its weights around (the layer's per expert and projection).
+struct Mxfp4Operand {
+  PackedMxfp4Shape shape;
+  PackedMxfp4View view;
+};
+
 inline constexpr int kMxfp4ChunkMaxRows = 15;
 inline constexpr int kMxfp4ChunkPanels = 4;
 inline constexpr int kMxfp4ChunkKBlocks = 8;

@@ -1,7 +1,7 @@
 #pragma once
-// Fine-tuning through a frozen int8/int4 base (QLoRA-style): forward_sft on the quantized weights
-// (int8 activations, as in inference), backward through the same weights dequantized k-block by
-// k-block, against the reference backward on the dequantized weights. The forward's activation
+// Fine-tuning through a frozen int8/int4/mxfp4 base (QLoRA-style): forward_sft on the quantized
+// weights (int8 activations for int8/int4, as in inference), backward through the same weights
+// dequantized k-block by k-block, against the reference backward on the dequantized weights. The forward's activation
 // quantization is the only difference between the two (the backward treats it as the identity,
 // the straight-through estimator), so the bars sit a little above the bf16 path's.
 #include <cstdio>
@@ -37,7 +37,7 @@ inline QuantSftErrors quantized_sft_errors(kernels::Isa isa, const QuantCase& qc
   // The forward's gate and up are W8A8's products of the codes (the clamp's gradient masks are
   // decided on them).
   ReferenceOptions backward_options;
-  backward_options.int8_activations = true;
+  backward_options.int8_activations = is_integer_weight_type(qc.type);
   backward_options.quantized = &q;
   reference_backward(dq.view(), lora, batch, go.data(), want_dx.data(), &want_grads, backward_options);
 
@@ -97,6 +97,7 @@ inline void run_quantized_backward_grid(kernels::Isa isa) {
 // packed as bf16, for every panel range the backward uses.
 inline void check_transposed_int_matches_bf16(kernels::PackTransposedIntFn transpose = kernels::pack_transposed_kblock_int_portable) {
   for (const QuantCase& qc : kQuantCases)
+    if (is_integer_weight_type(qc.type))
     for (auto [n, k] : {std::pair{17, 40}, {48, 64}, {100, 257}, {33, 128}, {16, 1}, {200, 384}}) {
       INFO(weight_type_name(qc.type) << " group " << qc.group << " n " << n << " k " << k);
       MoeShape s{k, n, 1, 1};  // gate: [intermediate n][hidden k]

@@ -430,11 +430,11 @@ TEST_CASE("bad configs, weights and calls are clear errors that change nothing",
   inference.forward(0, 3, nullptr, nullptr, nullptr, out.data());  // an empty batch is fine
 }
 
-TEST_CASE("int8 and int4 layers: quantized at construction, inference and training through them, split or not", "[api][quantized]") {
+TEST_CASE("int8, int4 and mxfp4 layers: quantized at construction, inference and training through them, split or not", "[api][quantized]") {
   ExpertWeights w = random_expert_weights(kShape, 41);
   TrainerLora lora(42);
   Runtime rt;
-  for (auto [type, group] : {std::pair{WeightType::int8, 128}, {WeightType::int4, 32}, {WeightType::int4, 64}})
+  for (auto [type, group] : {std::pair{WeightType::int8, 128}, {WeightType::int4, 32}, {WeightType::int4, 64}, {WeightType::mxfp4, 0}})
     for (int nodes : {1, 2}) {
       INFO(weight_type_name(type) << " group " << group << ", " << nodes << " node(s)");
       MoeLayerConfig cfg = config();
@@ -451,7 +451,7 @@ TEST_CASE("int8 and int4 layers: quantized at construction, inference and traini
       std::vector<float> want(b.x.size()), want_dx(b.x.size()), out(b.x.size()), dx(b.x.size());
       // Inference: the reference on the dequantized weights with the same int8 activations (one
       // node: each node quantizes its own slice of h, so the split is held to the looser bar below).
-      reference_forward(w.view(), lora.as_reference, mb, want.data(), ReferenceOptions{true, &q});
+      reference_forward(w.view(), lora.as_reference, mb, want.data(), ReferenceOptions{is_integer_weight_type(type), &q});
       layer.forward(b.tokens, kShape.top_k, b.xb.data(), b.routing.expert_ids.data(), b.routing.weights.data(), out.data());
       CHECK(rel_error(out, want) <= (nodes == 1 ? 1e-2 : 3e-2));
       // Training (QLoRA): gradients through the dequantized weights.
@@ -471,7 +471,7 @@ TEST_CASE("a layer from a quantized directory equals the same checkpoint quantiz
   Checkpoint ck = Checkpoint::open(model);
   const int layer_index = 1;
   Runtime rt;
-  for (auto [type, group] : {std::pair{WeightType::int8, 128}, {WeightType::int4, 64}}) {
+  for (auto [type, group] : {std::pair{WeightType::int8, 128}, {WeightType::int4, 64}, {WeightType::mxfp4, 32}}) {
     INFO(weight_type_name(type) << " group " << group);
     const std::string dir = test::temp_dir() + "/q_" + weight_type_name(type);
     {

@@ -259,6 +259,12 @@ TEST_CASE("gpt-oss experts in MXFP4, as the hub ships them, load as their dequan
   CHECK(bf16_to_float(got.gate_bias[5]) == 0.25f);
   CHECK(got.down_bias == biases.down_bias);
   CHECK(ck.load_layer_experts(1).gate == biases.gate);
+  // As mxfp4 weights the experts stay exactly the checkpoint's: each group's values come back.
+  const quant::QuantizedExperts mx = quant::quantize_experts(got.view(), WeightType::mxfp4, 0, nullptr);
+  const ExpertWeights back = quant::dequantize_experts(mx);
+  CHECK(back.gate == got.gate);
+  CHECK(back.up == got.up);
+  CHECK(back.down == got.down);
   const auto refs = ck.expert_tensors(0);
   CHECK(refs[0][1].bytes == static_cast<std::size_t>(kI) * kH / 2 + static_cast<std::size_t>(kI) * kH / 32);
   // `tilemoe quantize` names the MXFP4 layer's experts as the bf16 one's (one naming throughout).

@@ -137,7 +137,7 @@ TEST_CASE("quantize -> write -> load gives the same codes and scales, split over
     WeightType type;
     int group;
   };
-  for (Case c : {Case{WeightType::int8, 0}, Case{WeightType::int4, 32}, Case{WeightType::int4, 128}}) {
+  for (Case c : {Case{WeightType::int8, 0}, Case{WeightType::int4, 32}, Case{WeightType::int4, 128}, Case{WeightType::mxfp4, 32}}) {
     for (int nodes : {1, 2, 3}) {
       const std::string name = std::string(weight_type_name(c.type)) + "_g" + std::to_string(c.group) + "_n" + std::to_string(nodes);
       SECTION(name) {
@@ -299,6 +299,19 @@ TEST_CASE("a damaged or mismatched directory is an error naming the file and ten
       auto d = copy_of(good4, "bad_scale");
       test::rewrite_safetensors(d + f4, [&](test::StoredFile& s) { std::memcpy(s[gate1 + ".scales"].bytes.data() + 8, &bad, 4); });
       expect_load_error(d, {d + f4, gate1 + ".scales", "element 2 is", "scales must be finite and >= 0"});
+    }
+  }
+  SECTION("mxfp4 scales that are not powers of two in range") {
+    static const std::string good_mx = [] {
+      std::string d = fresh_path("good_mxfp4");
+      write_dir(d, spec_of(WeightType::mxfp4, 32, 3));
+      return d;
+    }();
+    for (float bad : {0.75f, 0.0f, std::ldexp(1.0f, 126), std::ldexp(1.0f, -126)}) {
+      INFO("scale " << bad);
+      auto d = copy_of(good_mx, "bad_mx_scale");
+      test::rewrite_safetensors(d + f4, [&](test::StoredFile& s) { std::memcpy(s[gate1 + ".scales"].bytes.data() + 8, &bad, 4); });
+      expect_load_error(d, {d + f4, gate1 + ".scales", "element 2 is", "mxfp4 scales are powers of two in [2^-125, 2^125]"});
     }
   }
   SECTION("int4 padding nibble") {

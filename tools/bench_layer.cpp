@@ -136,7 +136,7 @@ void check_memory(const LayerBenchOptions& o) {
       if (is_case(o, rank, lora_bf16)) cases += static_cast<int>(o.node_counts.size() * o.group_sizes.size());
   const bool bf16_weights = o.weight_type == WeightType::bf16;
   const double params = static_cast<double>(s.num_experts) * 3.0 * s.hidden * s.intermediate;
-  const double packed = params * (bf16_weights ? 2.0 : o.weight_type == WeightType::int8 ? 1.0 : 0.5);
+  const double packed = params * (bf16_weights ? 2.0 : o.weight_type == WeightType::int8 ? 1.0 : 0.53);
   const double quantized = bf16_weights ? 0.0 : packed * static_cast<double>(o.group_sizes.size());
   const double layer = packed * (o.weight_copy && bf16_weights ? 2.0 : 1.0);
   const double need = 2.0 * params + quantized + 2.0 * cases * layer + (o.onednn ? 2.0 * packed : 0.0);
@@ -232,8 +232,9 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
     for (int l = 0; l < b.layers; ++l) b.baselines.emplace_back(source.view());
   }
   // Integer products: VPDPBUSD and TDPBSSD do twice the multiply-adds of their bf16 twins per
-  // instruction, so the floor takes the integer peak as twice the measured bf16 one.
-  b.product_peak = o.weight_type == WeightType::bf16 ? b.peak : 2 * b.peak;
+  // instruction, so the floor takes the integer peak as twice the measured bf16 one. MXFP4 weights
+  // are multiplied as bf16.
+  b.product_peak = is_integer_weight_type(o.weight_type) ? 2 * b.peak : b.peak;
   return b;
 }
 

@@ -65,7 +65,9 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
   cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none); each gets its own layers and the ranks take turns call by call")->capture_default_str();
   cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
-  cmd->add_option("--weights", a->weights, "Base weight type: bf16, int8 (per-channel scales, int8 activations) or int4")
+  cmd->add_option("--weights", a->weights,
+                  "Base weight type: bf16, int8 (per-channel scales, int8 activations), int4 or mxfp4 (E2M1, a power-of-two scale per 32 "
+                  "inputs, bf16 activations)")
       ->capture_default_str();
   cmd->add_option("--group-size", a->group_sizes,
                   "int4: inputs per scale (32, 64 or 128). Several (128,64): each gets its own layers and they take turns call by call")

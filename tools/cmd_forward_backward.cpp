@@ -46,11 +46,12 @@ void add_layer_options(CLI::App* cmd, LayerArgs& a) {
                   "Split the layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's")
       ->capture_default_str();
   cmd->add_option("--weights", a.weights,
-                  "Base weights: bf16, or int8 / int4 quantized at load (int8 activations per token; backward trains through them)")
+                  "Base weights: bf16, or int8 / int4 / mxfp4 quantized at load (int8 activations per token, mxfp4 bf16 ones; "
+                  "backward trains through them; a gpt-oss MXFP4 checkpoint's experts are exact in mxfp4)")
       ->capture_default_str();
   cmd->add_option("--group-size", a.group_size, "int4: inputs per scale (32, 64 or 128)")->capture_default_str();
   cmd->add_option("--quantized", a.quantized,
-                  "A directory written by `tilemoe quantize` from --model: its int8/int4 experts are used as they are");
+                  "A directory written by `tilemoe quantize` from --model: its int8/int4/mxfp4 experts are used as they are");
 }
 
 void check_input_choice(const LayerArgs& a) {

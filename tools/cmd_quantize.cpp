@@ -64,13 +64,15 @@ void add_quantize_command(CLI::App& app, int& status) {
     int group = quant::kDefaultInt4Group, numa_nodes = 1, threads = 0;
   };
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("quantize", "Quantize a checkpoint's routed experts to int8 or int4 and write them to a directory");
+  auto* cmd = app.add_subcommand("quantize", "Quantize a checkpoint's routed experts to int8, int4 or mxfp4 and write them to a directory");
   cmd->add_option("--model", a->model, "Hugging Face checkpoint directory (bf16, f16, f32 or FP8 with block scales)")->required();
   cmd->add_option("--output", a->output, "Output directory: new or empty (layer files, quantization.json, config.json, router.safetensors)")
       ->required();
-  cmd->add_option("--weights", a->weights, "int8 (one scale per output row) or int4 (one scale per group of inputs)")
+  cmd->add_option("--weights", a->weights,
+                  "int8 (one scale per output row), int4 (one scale per group of inputs) or mxfp4 (E2M1, a power-of-two scale per 32 "
+                  "inputs; a gpt-oss MXFP4 checkpoint's experts come out exact)")
       ->required()
-      ->check(CLI::IsMember({"int8", "int4"}));
+      ->check(CLI::IsMember({"int8", "int4", "mxfp4"}));
   auto* group = cmd->add_option("--group-size", a->group, "int4 only: inputs per scale, 32, 64 or 128")->capture_default_str();
   cmd->add_option("--numa-nodes", a->numa_nodes,
                   "Split each layer into this many files, one per NUMA node, by slices of the intermediate dimension (multiples of 128)")
@@ -80,9 +82,9 @@ void add_quantize_command(CLI::App& app, int& status) {
   cmd->callback([a, group, &status] {
     using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
-    const WeightType type = a->weights == "int4" ? WeightType::int4 : WeightType::int8;
-    if (type == WeightType::int8 && group->count() > 0)
-      fail(ErrorKind::invalid_argument, "--group-size applies to int4 only (int8 has one scale per output row)");
+    const WeightType type = quant::parse_weight_type(a->weights, "--weights");
+    if (type != WeightType::int4 && group->count() > 0)
+      fail(ErrorKind::invalid_argument, "--group-size applies to int4 only (int8 has one scale per output row, mxfp4 one per 32 inputs)");
     if (a->numa_nodes < 1) fail(ErrorKind::invalid_argument, "--numa-nodes " + std::to_string(a->numa_nodes) + ": give 1 or more");
     if (type == WeightType::int4 && !quant::valid_int4_group(a->group))
       fail(ErrorKind::invalid_argument, "--group-size " + std::to_string(a->group) + ": int4 groups are 32, 64 or 128");

@@ -71,7 +71,8 @@ typedef struct tilemoe_layer_config {
   double lora_alpha;
   int use_rslora;
   int max_cache_depth; /* 0: inference only */
-  int weight_type;     /* 0: bf16, 1: int8 (a scale per output channel), 2: int4 (a scale per group_size inputs) */
+  int weight_type;     /* 0: bf16, 1: int8 (a scale per output channel), 2: int4 (a scale per group_size inputs),
+                          3: mxfp4 (E2M1 with a power-of-two scale per 32 inputs, bf16 activations; since 0.4.0) */
   int numa_nodes;      /* split over NUMA nodes: 0 or 1 none, N > 1 real or virtual nodes, -1 the machine's */
   int group_size;      /* int4: 32, 64 or 128 (0: 128) */
   int backward_weight_copy; /* 1: backward reads a Wᵀ copy of the bf16 weights (twice their memory, faster) */
@@ -111,7 +112,7 @@ typedef struct tilemoe_checkpoint_options {
   int use_rslora;
   const char* adapter; /* PEFT directory or `tilemoe convert-lora` file, or NULL */
   int numa_nodes;      /* as in tilemoe_layer_config */
-  int weight_type;     /* 0: bf16, 1: int8, 2: int4, quantized at load (or the type of quantized_dir) */
+  int weight_type;     /* 0: bf16, 1: int8, 2: int4, 3: mxfp4, quantized at load (or the type of quantized_dir) */
   int group_size;      /* int4: 32, 64 or 128 (0: 128) */
   const char* quantized_dir; /* a `tilemoe quantize` directory of this checkpoint, or NULL */
   int backward_weight_copy;  /* as in tilemoe_layer_config */

@@ -40,14 +40,23 @@ inline bool valid_swiglu_up_offset(double offset) {
 
 // How the base weights of the routed experts are stored and multiplied (LoRA is always f32/bf16):
 // bf16; int8 with one scale per output channel (activations quantized per token at run time);
-// int4 with one scale per group of the reduction dimension.
-enum class WeightType { bf16, int8, int4 };
+// int4 with one scale per group of the reduction dimension; mxfp4 (OCP microscaling FP4, gpt-oss's
+// format): E2M1 values with one power-of-two scale per 32 inputs, multiplied with bf16
+// activations (W4A16) as the exact bf16 weights they stand for.
+enum class WeightType { bf16, int8, int4, mxfp4 };
+
+// int8 and int4 multiply integer codes (activations quantized to int8 per token); bf16 and mxfp4
+// multiply bf16 activations.
+inline bool is_integer_weight_type(WeightType t) { return t == WeightType::int8 || t == WeightType::int4; }
+// int4 and mxfp4 hold two codes a byte and one scale per group of inputs.
+inline bool is_four_bit_weight_type(WeightType t) { return t == WeightType::int4 || t == WeightType::mxfp4; }
 
 inline const char* weight_type_name(WeightType t) {
   switch (t) {
     case WeightType::bf16: return "bf16";
     case WeightType::int8: return "int8";
     case WeightType::int4: return "int4";
+    case WeightType::mxfp4: return "mxfp4";
   }
   return "?";
 }

@@ -25,12 +25,13 @@ int int_field(py::handle config, const char* name) {
 
 WeightType weight_type_of(py::handle config) {
   py::object v = field(config, "weight_type");
-  if (!py::isinstance<py::str>(v)) type_error("MoEConfig.weight_type: expected 'bf16', 'int8' or 'int4'");
+  if (!py::isinstance<py::str>(v)) type_error("MoEConfig.weight_type: expected 'bf16', 'int8', 'int4' or 'mxfp4'");
   std::string s = v.cast<std::string>();
   if (s == "bf16") return WeightType::bf16;
   if (s == "int8") return WeightType::int8;
   if (s == "int4") return WeightType::int4;
-  value_error("MoEConfig.weight_type: '" + s + "'; expected 'bf16', 'int8' or 'int4'");
+  if (s == "mxfp4") return WeightType::mxfp4;
+  value_error("MoEConfig.weight_type: '" + s + "'; expected 'bf16', 'int8', 'int4' or 'mxfp4'");
 }
 
 const char* weight_type_str(WeightType t) {
@@ -38,6 +39,7 @@ const char* weight_type_str(WeightType t) {
     case WeightType::bf16: return "bf16";
     case WeightType::int8: return "int8";
     case WeightType::int4: return "int4";
+    case WeightType::mxfp4: return "mxfp4";
   }
   return "bf16";
 }

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 from typing import Optional
 
-_WEIGHT_TYPES = ("bf16", "int8", "int4")
+_WEIGHT_TYPES = ("bf16", "int8", "int4", "mxfp4")
 
 
 @dataclass
@@ -13,9 +13,10 @@ class MoEConfig:
     call may pass). max_tokens: the largest batch of one call. lora_rank: the largest LoRA rank the
     layer accepts (0: no LoRA); lora_alpha and use_rslora give the scale of sets passed to
     update_lora_weights, alpha / r (or alpha / sqrt(r)); lora_alpha None means lora_rank (scale 1).
-    max_cache_depth: forwards saved for backward at once (0: inference only). weight_type: "bf16", or "int8" / "int4"
+    max_cache_depth: forwards saved for backward at once (0: inference only). weight_type: "bf16", or "int8" / "int4" / "mxfp4"
     (quantized at construction: int8 one scale per output channel, int4 one per group_size
-    inputs, 32, 64 or 128; LoRA stays float; training through them is QLoRA). numa_nodes: NUMA nodes to split the layer over (1: none, 0: the
+    inputs, 32, 64 or 128, mxfp4 E2M1 with a power-of-two scale per 32 inputs and bf16 activations,
+    exact for weights that came from MXFP4 such as gpt-oss's; LoRA stays float; training through them is QLoRA). numa_nodes: NUMA nodes to split the layer over (1: none, 0: the
     machine's, more than it has: virtual nodes). threads: the runtime's worker threads, None or 0 for one per core.
     backward_weight_copy: backward reads a second copy of the bf16 weights packed transposed (twice
     the weight memory, a faster fine-tuning step) instead of repacking what it needs on every call.

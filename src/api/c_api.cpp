@@ -93,7 +93,7 @@ const char* tilemoe_status_name(tilemoe_status status) {
   return "unknown status";
 }
 
-const char* tilemoe_version(void) { return "0.3.0"; }  // CMakeLists.txt's project VERSION
+const char* tilemoe_version(void) { return "0.4.0"; }  // CMakeLists.txt's project VERSION
 
 tilemoe_status tilemoe_runtime_create(const char* isa, int threads, tilemoe_runtime** out) {
   return guard([&] {
@@ -128,9 +128,10 @@ tilemoe::WeightType weight_type_of(int v, const char* who) {
     case 0: return tilemoe::WeightType::bf16;
     case 1: return tilemoe::WeightType::int8;
     case 2: return tilemoe::WeightType::int4;
+    case 3: return tilemoe::WeightType::mxfp4;
   }
   tilemoe::fail(tilemoe::ErrorKind::invalid_argument,
-                std::string(who) + ": weight_type " + std::to_string(v) + " is not 0 (bf16), 1 (int8) or 2 (int4)");
+                std::string(who) + ": weight_type " + std::to_string(v) + " is not 0 (bf16), 1 (int8), 2 (int4) or 3 (mxfp4)");
 }
 }  // namespace
 

@@ -49,15 +49,16 @@ void check_config(const MoeLayerConfig& c) {
   if (c.lora_rank > 0 && !std::isfinite(c.lora_alpha)) bad("lora_alpha must be finite");
   if (c.max_cache_depth < 0 || c.max_cache_depth > 1024)
     bad("max_cache_depth " + std::to_string(c.max_cache_depth) + " must be in [0, 1024]");
-  if (c.weight_type != WeightType::bf16 && c.weight_type != WeightType::int8 && c.weight_type != WeightType::int4)
-    bad("weight_type " + std::to_string(static_cast<int>(c.weight_type)) + " is not bf16, int8 or int4");
+  if (c.weight_type != WeightType::bf16 && c.weight_type != WeightType::int8 && c.weight_type != WeightType::int4 &&
+      c.weight_type != WeightType::mxfp4)
+    bad("weight_type " + std::to_string(static_cast<int>(c.weight_type)) + " is not bf16, int8, int4 or mxfp4");
   if (c.weight_type == WeightType::int4 && c.group_size != 32 && c.group_size != 64 && c.group_size != 128)
     bad("group_size " + std::to_string(c.group_size) + " must be 32, 64 or 128 for int4 weights");
   if (c.numa_nodes < 0 || c.numa_nodes > 1024)
     bad("numa_nodes " + std::to_string(c.numa_nodes) + " must be in [0, 1024] (0: the machine's NUMA nodes)");
   if (c.backward_weight_copy && c.weight_type != WeightType::bf16)
     bad(std::string("backward_weight_copy needs bf16 weights, not ") + weight_type_name(c.weight_type) +
-        " (training through int8/int4 weights dequantizes them per k-block instead)");
+        " (training through int8/int4/mxfp4 weights dequantizes them per k-block instead)");
   if (!valid_swiglu_limit(c.swiglu_limit))
     bad("swiglu_limit " + std::to_string(c.swiglu_limit) + " must be 0 (no clamp) or a finite value > 0");
   if (!valid_swiglu_alpha(c.swiglu_alpha))
@@ -282,7 +283,7 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
   m->cfg.numa_nodes = nodes.size();
   const MoeShape shape = quantized ? quantized->shape : w.shape;
   const WeightType type = quantized ? quantized->type : WeightType::bf16;
-  const int group = quantized && quantized->type == WeightType::int4 ? quantized->group : cfg.group_size;
+  const int group = quantized && is_four_bit_weight_type(quantized->type) ? quantized->group : cfg.group_size;
   m->cfg.weight_type = type;
   m->cfg.group_size = group;
   m->sft = std::make_unique<TensorParallelLayer>(

@@ -258,12 +258,17 @@ kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, in
   return grad_target(g.b_of(e, rank, out), g.dtype);
 }
 
+void gemm_main_weights(const kernels::KernelTable& kt, const kernels::GemmBf16Args& g, const kernels::Mxfp4Operand* mxfp4) {
+  if (mxfp4) kernels::gemm_mxfp4(g, mxfp4->shape, mxfp4->view, kt.gemm_bf16, kt.dequantize_mxfp4);
+  else kt.gemm_bf16(g);
+}
+
 void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
-                          int panel_shift, int n) {
+                          int panel_shift, int n, const kernels::Mxfp4Operand* mxfp4) {
   const LoraTerm* fused = nullptr;
   for (int t = 0; t < term_count && !fused; ++t)
     if (terms[t] && terms[t]->fuse_into(g, panel_shift)) fused = terms[t];
-  kt.gemm_bf16(g);
+  gemm_main_weights(kt, g, mxfp4);
   const int col0 = (g.panel_begin + panel_shift) * kernels::kPanelColumns;
   for (int t = 0; t < term_count; ++t) {
     const LoraTerm* term = terms[t];

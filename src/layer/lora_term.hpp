@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "amx/aligned_vector.hpp"
+#include "amx/gemm_mxfp4.hpp"
 #include "amx/kernel_table.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/lora_rows.hpp"
@@ -147,7 +148,10 @@ class LoraTerm {
 // term: the first packed one fused as extra K steps, the others added after. n: the real
 // columns of C from global column col0. g carries a, lda, m, k_padded, packed_b, the panel
 // range, c and ldc.
+// With `mxfp4`, the main product's weights are that MXFP4 matrix (g.packed_b unused; gemm_mxfp4.hpp).
 void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
-                          int panel_shift, int n);
+                          int panel_shift, int n, const kernels::Mxfp4Operand* mxfp4 = nullptr);
+// g's product on bf16 weights, or on `mxfp4`'s when given.
+void gemm_main_weights(const kernels::KernelTable& kt, const kernels::GemmBf16Args& g, const kernels::Mxfp4Operand* mxfp4);
 
 }  // namespace tilemoe

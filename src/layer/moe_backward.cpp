@@ -5,6 +5,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "amx/aligned_vector.hpp"
 #include "amx/pack_transposed.hpp"
 #include "amx/zero_streaming.hpp"
 #include "src/layer/swiglu_form.hpp"
@@ -65,8 +66,20 @@ void sum_partials(const float* partials, int count, std::size_t stride, int m, i
 }  // namespace
 
 // W's panels [nb0, nb1) at k-block kb as two Wᵀ panels, from bf16 packed weights or, training
-// through a frozen quantized base, dequantized from the int8/int4 codes.
+// through a frozen quantized base, dequantized from the int8/int4 codes or the MXFP4 ones (that
+// k-block of those panels into a small bf16 buffer first, then transposed as bf16 weights are).
 std::function<void(int, int, int, bf16*, std::size_t)> MoeBackward::transposer(Projection p, int e) const {
+  if (w_.weight_type() == WeightType::mxfp4) {
+    const kernels::Mxfp4Operand mx = w_.packed_mxfp4(p, e);
+    const kernels::DequantizeMxfp4Fn dequantize = kt_.dequantize_mxfp4;
+    const kernels::PackTransposedFn fn = kt_.pack_transposed_kblock;
+    return [mx, dequantize, fn](int nb0, int nb1, int kb, bf16* dst, std::size_t stride) {
+      thread_local AlignedVector<bf16> block;
+      grow_to(block, static_cast<std::size_t>(nb1 - nb0) * kernels::kBlockElements);
+      dequantize(mx.shape, mx.view, nb0, nb1, kb, kb + 1, block.data());
+      fn(block.data(), nb1 - nb0, 1, 0, dst, stride);
+    };
+  }
   if (w_.weight_type() != WeightType::bf16) {
     const kernels::PackedIntShape* s = &w_.int_shape(p);
     const kernels::PackedIntView v = w_.packed_int(p, e);

@@ -87,17 +87,19 @@ bool MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
                                  float* c, std::size_t ldc, int n, ItemCountdowns* ready, std::size_t ready_counter, std::size_t ready_slot,
                                  bf16* y, std::size_t ldy) {
   const bool f32_form = term != nullptr && term->active() && !term->packed();
-  if (w_.weight_type() == WeightType::bf16) {
-    kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, static_cast<int>(a.ld), w_.packed(p, e), p0, p1, c, ldc);
+  if (!is_integer_weight_type(w_.weight_type())) {
+    const bool mx = w_.weight_type() == WeightType::mxfp4;
+    const kernels::Mxfp4Operand mxfp4 = mx ? w_.packed_mxfp4(p, e) : kernels::Mxfp4Operand{};
+    kernels::GemmBf16Args g = kernels::gemm_args(a.p, a.ld, m, static_cast<int>(a.ld), mx ? nullptr : w_.packed(p, e), p0, p1, c, ldc);
     g.a_tiles = a.tiles;
     if (f32_form && ready) {
       // The product first: its x Aᵀ is computed by another item meanwhile.
-      kt_.gemm_bf16(g);
+      gemm_main_weights(kt_, g, mx ? &mxfp4 : nullptr);
       ready->wait(ready_counter, ready_slot);
       term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
       return false;
     }
-    gemm_with_lora_terms(kt_, g, &term, 1, 0, n);
+    gemm_with_lora_terms(kt_, g, &term, 1, 0, n, mx ? &mxfp4 : nullptr);
     return false;
   }
   const bool down = p == Projection::down;
@@ -177,7 +179,7 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
   // bytes of f32 rows (at 4096 tokens of DeepSeek-V2-Lite 100 MB instead of 201).
   const std::size_t y_ld = padded_row_stride<bf16>(hidden, kernels::kBlockK);
   grow_to(y_, static_cast<std::size_t>(rows) * y_ld);
-  const bool quantized = w_.weight_type() != WeightType::bf16;
+  const bool quantized = is_integer_weight_type(w_.weight_type());
   const std::size_t xq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::gate).k_padded) : 0;
   const std::size_t hq_ld = quantized ? static_cast<std::size_t>(w_.int_shape(Projection::down).k_padded) : 0;
   if (quantized) {
@@ -411,8 +413,8 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
 
   // gate_up
   const int up_panels = w_.up_shape().panels;
-  // Integer weights are 2x (int8) or 4x (int4) denser than bf16: items of as many bytes.
-  const int denser = w_.weight_type() == WeightType::int8 ? 2 : w_.weight_type() == WeightType::int4 ? 4 : 1;
+  // Integer and MXFP4 weights are 2x (int8) or 4x (int4, mxfp4) denser than bf16: items of as many bytes.
+  const int denser = w_.weight_type() == WeightType::int8 ? 2 : is_four_bit_weight_type(w_.weight_type()) ? 4 : 1;
   const std::vector<ExpertItem> items =
       split_expert_columns(active_, groups, up_panels, 1, s.hidden, denser, kt_.few_row_item_panels, decode_item_panels(denser));
   // Each expert's prep items (above) run in this phase, some items ahead of its first GEMM item.

@@ -1,6 +1,7 @@
 #include "src/layer/packed_experts.hpp"
 
 #include <string>
+#include <vector>
 
 #include "tilemoe/error.hpp"
 
@@ -40,6 +41,7 @@ PackedExpertWeights PackedExpertWeights::pack_slice(const ExpertWeightsView& w, 
 }
 
 PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
+  if (q.type == WeightType::mxfp4) return pack_mxfp4(q, pool, node);
   PackedExpertWeights p;
   const MoeShape& s = q.shape;
   p.shape_ = s;
@@ -83,6 +85,60 @@ PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedEx
   return p;
 }
 
+PackedExpertWeights PackedExpertWeights::pack_mxfp4(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
+  PackedExpertWeights p;
+  const MoeShape& s = q.shape;
+  p.shape_ = s;
+  p.type_ = q.type;
+  p.biases_ = q.biases;
+  p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
+  p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
+  p.mx_up_ = kernels::packed_mxfp4_shape(s.intermediate, s.hidden);
+  p.mx_down_ = kernels::packed_mxfp4_shape(s.hidden, s.intermediate);
+  for (Projection proj : kProjections) {
+    const quant::QuantizedProjection& qp = q[proj];
+    if (qp.type != q.type || qp.group != quant::kMxfp4Group || qp.experts != s.num_experts || qp.n != projection_out(s, proj) ||
+        qp.k != projection_in(s, proj) || qp.codes.size() != qp.expert_code_bytes() * s.num_experts ||
+        qp.scales.size() != qp.expert_scale_count() * s.num_experts)
+      fail(ErrorKind::invalid_argument, std::string("pack_quantized: the ") + projection_name(proj) +
+                                            " projection does not match the layer's shape and weight type");
+    // Checked here, before any packing: the kernels multiply exactly only these.
+    for (int e = 0; e < s.num_experts; ++e) {
+      const float* scales = qp.scales_of(e);
+      for (std::size_t i = 0; i < qp.expert_scale_count(); ++i)
+        if (!quant::valid_mxfp4_scale(scales[i]))
+          fail(ErrorKind::invalid_argument, "pack_quantized: expert " + std::to_string(e) + " " + projection_name(proj) + " row " +
+                                                std::to_string(i / static_cast<std::size_t>(qp.groups_per_row())) + ": mxfp4 scale " +
+                                                std::to_string(scales[i]) + " is not a power of two in [2^-125, 2^125]");
+    }
+    const kernels::PackedMxfp4Shape& ms = proj == Projection::down ? p.mx_down_ : p.mx_up_;
+    const int i = static_cast<int>(proj);
+    p.codes_[i] = numa::NodeBuffer<std::uint8_t>(ms.code_bytes() * s.num_experts, node);
+    p.exponents_[i] = numa::NodeBuffer<std::uint8_t>(ms.exponent_bytes() * s.num_experts, node);
+  }
+  pool.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
+    const int e = static_cast<int>(item / 3);
+    const Projection proj = static_cast<Projection>(item % 3);
+    const quant::QuantizedProjection& qp = q[proj];
+    const kernels::PackedMxfp4Shape& ms = proj == Projection::down ? p.mx_down_ : p.mx_up_;
+    const int i = static_cast<int>(proj);
+    thread_local std::vector<std::uint8_t> exponents;
+    exponents.resize(qp.expert_scale_count());
+    const float* scales = qp.scales_of(e);
+    for (std::size_t j = 0; j < exponents.size(); ++j) exponents[j] = static_cast<std::uint8_t>(quant::mxfp4_scale_exponent(scales[j]));
+    kernels::pack_mxfp4_weights(ms, reinterpret_cast<const std::uint8_t*>(qp.codes_of(e)), qp.row_bytes(), exponents.data(),
+                                static_cast<std::size_t>(qp.groups_per_row()), p.codes_[i].data() + ms.code_bytes() * e,
+                                p.exponents_[i].data() + ms.exponent_bytes() * e);
+  });
+  return p;
+}
+
+kernels::Mxfp4Operand PackedExpertWeights::packed_mxfp4(Projection p, int e) const {
+  const kernels::PackedMxfp4Shape& ms = p == Projection::down ? mx_down_ : mx_up_;
+  const int i = static_cast<int>(p);
+  return {ms, {codes_[i].data() + ms.code_bytes() * e, exponents_[i].data() + ms.exponent_bytes() * e}};
+}
+
 const bf16* PackedExpertWeights::packed(Projection p, int e) const {
   std::size_t per = p == Projection::down ? static_cast<std::size_t>(down_shape_.n_padded) * down_shape_.k_padded
                                           : static_cast<std::size_t>(gate_up_.n_padded) * gate_up_.k_padded;
@@ -112,7 +168,7 @@ std::size_t PackedExpertWeights::bytes() const {
   if (type_ == WeightType::bf16) return (gate_.size() + up_.size() + down_.size()) * sizeof(bf16);
   std::size_t total = 0;
   for (int i = 0; i < 3; ++i)
-    total += codes_[i].size() + (scales_[i].size() + colsums_[i].size() + column_scales_[i].size()) * 4 + group_multiples_[i].size();
+    total += codes_[i].size() + exponents_[i].size() + (scales_[i].size() + colsums_[i].size() + column_scales_[i].size()) * 4 + group_multiples_[i].size();
   return total;
 }
 

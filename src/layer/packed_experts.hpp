@@ -1,11 +1,13 @@
 #pragma once
 // A layer's expert weights packed once, at load, into the layout the GEMM kernels read, per
 // expert, padded to tiles: gate and up as [I x H], down as [H x I]. Either bf16
-// (amx/pack_bf16.hpp) or int8/int4 codes with their scales (amx/pack_int.hpp).
+// (amx/pack_bf16.hpp), int8/int4 codes with their scales (amx/pack_int.hpp), or MXFP4 codes with
+// their exponents (amx/pack_mxfp4.hpp).
 #include <array>
 #include <vector>
 
 #include "amx/pack_bf16.hpp"
+#include "amx/gemm_mxfp4.hpp"
 #include "amx/pack_int.hpp"
 #include "numa/node_memory.hpp"
 #include "numa/thread_pool.hpp"
@@ -37,6 +39,9 @@ class PackedExpertWeights {
   const kernels::PackedShape& down_shape() const { return down_shape_; }   // down: n = H, k = I
   const bf16* packed(Projection p, int expert) const;  // bf16 only
 
+  // mxfp4 only.
+  kernels::Mxfp4Operand packed_mxfp4(Projection p, int expert) const;
+
   // int8/int4 only.
   const kernels::PackedIntShape& int_shape(Projection p) const { return p == Projection::down ? int_down_ : int_up_; }
   kernels::PackedIntView packed_int(Projection p, int expert) const;
@@ -44,16 +49,21 @@ class PackedExpertWeights {
   // (pack_int.hpp), which lets the AMX kernel take int4 at any group size.
   bool int4_column_form(int expert) const;
 
+  // Every byte the kernels read: codes, scales and their helpers.
   std::size_t bytes() const;
   std::size_t bytes_per_expert() const { return bytes() / static_cast<std::size_t>(shape_.num_experts); }
 
  private:
+  static PackedExpertWeights pack_mxfp4(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node);
+
   MoeShape shape_;
   WeightType type_ = WeightType::bf16;
   ExpertBiases biases_;
   kernels::PackedShape gate_up_{}, down_shape_{};
   numa::NodeBuffer<bf16> gate_, up_, down_;
   kernels::PackedIntShape int_up_{}, int_down_{};
+  kernels::PackedMxfp4Shape mx_up_{}, mx_down_{};
+  std::array<numa::NodeBuffer<std::uint8_t>, 3> exponents_;  // mxfp4 (codes_ holds its codes)
   std::array<numa::NodeBuffer<std::uint8_t>, 3> codes_;
   std::array<numa::NodeBuffer<float>, 3> scales_;
   std::array<numa::NodeBuffer<std::int32_t>, 3> colsums_;

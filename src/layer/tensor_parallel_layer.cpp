@@ -34,6 +34,7 @@ int node_slice_align(WeightType type, int int4_group) {
     case WeightType::bf16: return 32;
     case WeightType::int8: return 64;
     case WeightType::int4: return std::max(64, int4_group);
+    case WeightType::mxfp4: return 32;  // one group, one bf16 k-block
   }
   return 128;
 }
@@ -206,7 +207,7 @@ void TensorParallelLayer::forward_sft(int tokens, int top_k, const bf16* x, cons
       shared = shared_gather_.get();
       shared_in_use = std::unique_lock<std::mutex>(shared->in_use);
       const PackedExpertWeights& w = shards_[0]->weights;
-      const bool quantized = type_ != WeightType::bf16;
+      const bool quantized = is_integer_weight_type(type_);
       shared->prepare(groups, quantized ? 0 : static_cast<std::size_t>(w.up_shape().k_padded),
                       quantized ? static_cast<std::size_t>(w.int_shape(Projection::gate).k_padded) : 0, n_nodes, tokens);
     }

@@ -28,7 +28,7 @@ std::vector<IntermediateSlice> numa_slices(int intermediate, int nodes) {
 QuantizedExperts slice_experts(const QuantizedExperts& q, IntermediateSlice s) {
   const MoeShape& full = q.shape;
   // int4 down rows must split on a group boundary (whole groups, whole bytes); int8 anywhere.
-  const int align = q.type == WeightType::int4 ? q.group : 1;
+  const int align = is_four_bit_weight_type(q.type) ? q.group : 1;
   if (s.begin < 0 || s.end > full.intermediate || s.begin >= s.end || s.begin % align != 0)
     fail(ErrorKind::invalid_argument, "slice [" + std::to_string(s.begin) + ", " + std::to_string(s.end) + ") of intermediate " +
                                           std::to_string(full.intermediate) + " is empty, out of range or not aligned to " +
@@ -51,8 +51,8 @@ QuantizedExperts slice_experts(const QuantizedExperts& q, IntermediateSlice s) {
         continue;
       }
       // Columns [begin, end) of every row. An int4 begin is a multiple of the group, so even: bytes split cleanly.
-      const std::size_t byte0 = q.type == WeightType::int4 ? s.begin / 2 : s.begin;
-      const int group0 = q.type == WeightType::int4 ? s.begin / q.group : 0;
+      const std::size_t byte0 = is_four_bit_weight_type(q.type) ? s.begin / 2 : s.begin;
+      const int group0 = is_four_bit_weight_type(q.type) ? s.begin / q.group : 0;
       for (int r = 0; r < dst.n; ++r) {
         std::memcpy(dst.codes_of(e) + dst.row_bytes() * r, src.codes_of(e) + src.row_bytes() * r + byte0, dst.row_bytes());
         std::memcpy(dst.scales_of(e) + static_cast<std::size_t>(dst.groups_per_row()) * r,

@@ -30,9 +30,8 @@ void QuantizationError::add_layer(const ExpertWeightsView& w, const QuantizedExp
       const float* row_scales = scales + static_cast<std::size_t>(groups) * r;
       const bf16* wr = src + static_cast<std::size_t>(qp.k) * r;
       for (int kk = 0; kk < qp.k; ++kk) {
-        const int code = qp.type == WeightType::int4 ? int4_code(row, kk) : row[kk];
         const double ref_v = bf16_to_float(wr[kk]);
-        const double d = static_cast<double>(code) * row_scales[kk / qp.group] - ref_v;
+        const double d = static_cast<double>(quantized_code_value(qp.type, row, kk)) * row_scales[kk / qp.group] - ref_v;
         e2 += d * d;
         r2 += ref_v * ref_v;
       }

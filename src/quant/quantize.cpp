@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "amx/pack_int.hpp"
+#include "amx/pack_mxfp4.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/quant/quantize_into.hpp"
 #include "tilemoe/error.hpp"
@@ -69,7 +70,8 @@ WeightType parse_weight_type(const std::string& name, const std::string& what) {
   if (name == "bf16") return WeightType::bf16;
   if (name == "int8") return WeightType::int8;
   if (name == "int4") return WeightType::int4;
-  fail(ErrorKind::invalid_argument, what + ": weight type '" + name + "' is not bf16, int8 or int4");
+  if (name == "mxfp4") return WeightType::mxfp4;
+  fail(ErrorKind::invalid_argument, what + ": weight type '" + name + "' is not bf16, int8, int4 or mxfp4");
 }
 
 bool valid_int4_group(int group) { return group == 32 || group == 64 || group == 128; }
@@ -80,7 +82,7 @@ QuantizedProjection QuantizedProjection::allocate(WeightType type, int experts, 
   q.experts = experts;
   q.n = n;
   q.k = k;
-  q.group = type == WeightType::int8 ? std::max(k, 1) : group;
+  q.group = type == WeightType::int8 ? std::max(k, 1) : type == WeightType::mxfp4 ? kMxfp4Group : group;
   q.codes.assign(q.expert_code_bytes() * experts, 0);
   q.scales.assign(q.expert_scale_count() * experts, 0.0f);
   return q;
@@ -163,6 +165,96 @@ void quantize_int4_matrix(const bf16* w, int n, int k, std::size_t ldw, int grou
   }
 }
 
+namespace {
+
+constexpr int kMxfp4MinScaleLog2 = kernels::kMxfp4MinExponent - kernels::kMxfp4ExponentBias;  // -125
+constexpr int kMxfp4MaxScaleLog2 = kernels::kMxfp4MaxExponent - kernels::kMxfp4ExponentBias;  // 125
+
+// The nearest E2M1 magnitude code of |x|, ties to the even code (as round-to-nearest-even does
+// with E2M1's one mantissa bit); beyond 6 it saturates.
+int e2m1_magnitude_code(float a) {
+  if (a <= 0.25f) return 0;
+  if (a < 0.75f) return 1;
+  if (a <= 1.25f) return 2;
+  if (a < 1.75f) return 3;
+  if (a <= 2.5f) return 4;
+  if (a < 3.5f) return 5;
+  if (a <= 5.0f) return 6;
+  return 7;
+}
+
+// The sign kept for zeros too (-0 is E2M1's code 8), as IEEE rounding keeps it: weights that came
+// from MXFP4 come back bit for bit.
+int e2m1_code(float x) {
+  const int m = e2m1_magnitude_code(std::fabs(x));
+  return std::signbit(x) ? m | 8 : m;
+}
+
+}  // namespace
+
+bool valid_mxfp4_scale(float scale) {
+  if (!(scale > 0.0f) || !std::isfinite(scale)) return false;
+  int exponent = 0;
+  const float mantissa = std::frexp(scale, &exponent);  // scale = mantissa * 2^exponent, mantissa in [0.5, 1)
+  return mantissa == 0.5f && exponent - 1 >= kMxfp4MinScaleLog2 && exponent - 1 <= kMxfp4MaxScaleLog2;
+}
+
+int mxfp4_scale_exponent(float scale) {
+  int exponent = 0;
+  std::frexp(scale, &exponent);
+  return exponent - 1 + kernels::kMxfp4ExponentBias;
+}
+
+float quantized_code_value(WeightType type, const std::int8_t* row, int kk) {
+  switch (type) {
+    case WeightType::int4: return static_cast<float>(int4_code(row, kk));
+    case WeightType::mxfp4: {
+      const auto byte = static_cast<std::uint8_t>(row[kk / 2]);
+      return kernels::kE2m1Values[(kk & 1) ? byte >> 4 : byte & 0x0f];
+    }
+    default: return static_cast<float>(row[kk]);
+  }
+}
+
+void quantize_mxfp4_matrix(const bf16* w, int n, int k, std::size_t ldw, std::int8_t* codes, float* scales) {
+  const std::size_t row_bytes = static_cast<std::size_t>(k + 1) / 2;
+  const int groups = (k + kMxfp4Group - 1) / kMxfp4Group;
+  for (int r = 0; r < n; ++r) {
+    const bf16* row = w + ldw * r;
+    auto* out = reinterpret_cast<std::uint8_t*>(codes + row_bytes * r);
+    std::fill(out, out + row_bytes, std::uint8_t{0});
+    for (int g = 0; g < groups; ++g) {
+      const int k0 = g * kMxfp4Group, k1 = std::min(k, k0 + kMxfp4Group);
+      float amax = 0.0f;
+      for (int kk = k0; kk < k1; ++kk) amax = std::max(amax, std::fabs(bf16_to_float(row[kk])));
+      int chosen = 0;
+      if (amax > 0.0f) {
+        int exponent = 0;
+        std::frexp(amax, &exponent);  // floor(log2 amax) = exponent - 1; E2M1's largest exponent is 2
+        const int first = std::clamp(exponent - 3, kMxfp4MinScaleLog2, kMxfp4MaxScaleLog2);
+        double best = -1.0;
+        for (int log2 = first; log2 <= std::min(first + 1, kMxfp4MaxScaleLog2); ++log2) {
+          double err = 0.0;
+          for (int kk = k0; kk < k1; ++kk) {
+            const float v = bf16_to_float(row[kk]);
+            const double d = static_cast<double>(std::ldexp(kernels::kE2m1Values[e2m1_code(std::ldexp(v, -log2))], log2)) - v;
+            err += d * d;
+          }
+          if (best < 0.0 || err < best) {
+            best = err;
+            chosen = log2;
+          }
+        }
+      }
+      scales[static_cast<std::size_t>(groups) * r + g] = std::ldexp(1.0f, chosen);
+      for (int kk = k0; kk < k1; ++kk) {
+        const auto code = static_cast<std::uint8_t>(e2m1_code(std::ldexp(bf16_to_float(row[kk]), -chosen)));
+        out[kk / 2] |= (kk & 1) ? static_cast<std::uint8_t>(code << 4) : code;
+      }
+    }
+  }
+}
+
 void dequantize_expert(const QuantizedProjection& q, int e, float* out) {
   const std::int8_t* codes = q.codes_of(e);
   const float* scales = q.scales_of(e);
@@ -170,8 +262,7 @@ void dequantize_expert(const QuantizedProjection& q, int e, float* out) {
   for (int r = 0; r < q.n; ++r) {
     const std::int8_t* row = codes + q.row_bytes() * r;
     for (int kk = 0; kk < q.k; ++kk) {
-      const int code = q.type == WeightType::int4 ? int4_code(row, kk) : row[kk];
-      out[static_cast<std::size_t>(q.k) * r + kk] = static_cast<float>(code) * scales[static_cast<std::size_t>(groups) * r + kk / q.group];
+      out[static_cast<std::size_t>(q.k) * r + kk] = quantized_code_value(q.type, row, kk) * scales[static_cast<std::size_t>(groups) * r + kk / q.group];
     }
   }
 }

@@ -8,12 +8,13 @@
 namespace tilemoe::quant {
 
 void quantize_experts_into(const ExpertWeightsView& w, WeightType type, int group, numa::ThreadPool* pool, QuantizedExperts& out) {
-  if (type != WeightType::int8 && type != WeightType::int4)
-    fail(ErrorKind::invalid_argument, std::string("quantize: weight type ") + weight_type_name(type) + " is not int8 or int4");
+  if (type != WeightType::int8 && type != WeightType::int4 && type != WeightType::mxfp4)
+    fail(ErrorKind::invalid_argument, std::string("quantize: weight type ") + weight_type_name(type) + " is not int8, int4 or mxfp4");
   if (type == WeightType::int4 && !valid_int4_group(group))
     fail(ErrorKind::invalid_argument, "quantize: int4 group size " + std::to_string(group) + " is not 32, 64 or 128");
   const MoeShape& s = w.shape;
-  const int q_group = type == WeightType::int4 ? group : 0;
+  if (type == WeightType::mxfp4) group = kMxfp4Group;
+  const int q_group = type == WeightType::int8 ? 0 : group;
   const bool reusable = out.type == type && out.group == q_group && out.shape.hidden == s.hidden &&
                         out.shape.intermediate == s.intermediate && out.shape.num_experts == s.num_experts &&
                         !out[Projection::gate].codes.empty();
@@ -34,6 +35,8 @@ void quantize_experts_into(const ExpertWeightsView& w, WeightType type, int grou
     QuantizedProjection& qp = out[p];
     if (type == WeightType::int8)
       quantize_int8_matrix(w.projection(p, e), qp.n, qp.k, qp.k, qp.codes_of(e), qp.scales_of(e));
+    else if (type == WeightType::mxfp4)
+      quantize_mxfp4_matrix(w.projection(p, e), qp.n, qp.k, qp.k, qp.codes_of(e), qp.scales_of(e));
     else
       quantize_int4_matrix(w.projection(p, e), qp.n, qp.k, qp.k, group, qp.codes_of(e), qp.scales_of(e));
   };

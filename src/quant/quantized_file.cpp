@@ -172,7 +172,7 @@ std::map<std::string, std::string> file_metadata(const QuantizedModelInfo& info,
           {"source_hash", info.source_hash}};
 }
 
-io::Dtype code_dtype(WeightType type) { return type == WeightType::int4 ? io::Dtype::U8 : io::Dtype::I8; }
+io::Dtype code_dtype(WeightType type) { return is_four_bit_weight_type(type) ? io::Dtype::U8 : io::Dtype::I8; }
 
 MoeShape slice_shape(const MoeShape& full, IntermediateSlice s) {
   MoeShape out = full;
@@ -182,7 +182,7 @@ MoeShape slice_shape(const MoeShape& full, IntermediateSlice s) {
 
 std::vector<std::int64_t> qweight_shape(WeightType type, const MoeShape& s, Projection p) {
   const std::int64_t n = projection_out(s, p), k = projection_in(s, p);
-  return {n, type == WeightType::int4 ? (k + 1) / 2 : k};
+  return {n, is_four_bit_weight_type(type) ? (k + 1) / 2 : k};
 }
 
 std::vector<std::int64_t> scales_shape(WeightType type, int group, const MoeShape& s, Projection p) {
@@ -192,8 +192,10 @@ std::vector<std::int64_t> scales_shape(WeightType type, int group, const MoeShap
 }
 
 void check_spec(const QuantizedModelSpec& spec) {
-  if (spec.type != WeightType::int8 && spec.type != WeightType::int4)
-    fail(ErrorKind::invalid_argument, std::string("quantized weights: type ") + weight_type_name(spec.type) + " is not int8 or int4");
+  if (spec.type != WeightType::int8 && spec.type != WeightType::int4 && spec.type != WeightType::mxfp4)
+    fail(ErrorKind::invalid_argument, std::string("quantized weights: type ") + weight_type_name(spec.type) + " is not int8, int4 or mxfp4");
+  if (spec.type == WeightType::mxfp4 && spec.group != kMxfp4Group)
+    fail(ErrorKind::invalid_argument, "quantized weights: mxfp4 group size " + std::to_string(spec.group) + " is not 32");
   if (spec.type == WeightType::int4 && !valid_int4_group(spec.group))
     fail(ErrorKind::invalid_argument, "quantized weights: int4 group size " + std::to_string(spec.group) + " is not 32, 64 or 128");
   numa_slices(spec.shape.intermediate, spec.numa_nodes);  // throws for a count that does not fit
@@ -247,10 +249,12 @@ QuantizedModelInfo parse_index(const std::string& text, const std::string& path)
   const std::string type = r.string(j, "weight_type", "weight_type");
   if (type == "int8") info.type = WeightType::int8;
   else if (type == "int4") info.type = WeightType::int4;
-  else r.bad("weight_type", "is '" + type + "', expected int8 or int4");
+  else if (type == "mxfp4") info.type = WeightType::mxfp4;
+  else r.bad("weight_type", "is '" + type + "', expected int8, int4 or mxfp4");
   info.group = r.integer(j, "group_size", "group_size", 0, 1 << 20);
   if (info.type == WeightType::int8 && info.group != 0) r.bad("group_size", "is " + std::to_string(info.group) + "; int8 has none (0)");
   if (info.type == WeightType::int4 && !valid_int4_group(info.group)) r.bad("group_size", "is " + std::to_string(info.group) + ", not 32, 64 or 128");
+  if (info.type == WeightType::mxfp4 && info.group != kMxfp4Group) r.bad("group_size", "is " + std::to_string(info.group) + "; mxfp4's is 32");
   info.model_type = r.string(j, "model_type", "model_type");
 
   const json& shape = r.object(j, "shape", "shape");
@@ -334,7 +338,7 @@ QuantizedModelSpec spec_for_checkpoint(const Checkpoint& ck, WeightType type, in
                                             cfg.moe_layers_string() + ")");
   QuantizedModelSpec spec;
   spec.type = type;
-  spec.group = type == WeightType::int4 ? group : 0;
+  spec.group = type == WeightType::int4 ? group : type == WeightType::mxfp4 ? kMxfp4Group : 0;
   spec.numa_nodes = numa_nodes;
   spec.layers = layers;
   spec.shape = cfg.shape;

@@ -16,8 +16,10 @@
 //   <base>.qweight  int8: I8 [n, k], codes -127..127
 //                   int4: U8 [n, (k + 1) / 2], two codes a byte, the even input in the low
 //                         nibble, two's complement (-8..7); an odd k leaves a zero high nibble
+//                   mxfp4: U8 [n, (k + 1) / 2], E2M1 codes laid out as int4's
 //   <base>.scales   F32, finite and >= 0: int8 [n], one per output row (a node's down slice
-//                   keeps its whole row's scale); int4 [n, ceil(k / group)]
+//                   keeps its whole row's scale); int4 [n, ceil(k / group)]; mxfp4 [n, ceil(k / 32)],
+//                   each a power of two in [2^-125, 2^125]
 // and nothing else: the codes and scales of QuantizedExperts (src/quant/quantize.hpp) as they
 // are in memory. The file's safetensors __metadata__ repeats format, format_version,
 // weight_type, group_size, layer, node, numa_nodes, slice_begin, slice_end, hidden,
@@ -25,7 +27,7 @@
 //
 // quantization.json:
 //   {"format": "tilemoe.quantized_experts", "format_version": 1,
-//    "weight_type": "int8" | "int4", "group_size": 0 (int8) | 32 | 64 | 128,
+//    "weight_type": "int8" | "int4" | "mxfp4", "group_size": 0 (int8) | 32 | 64 | 128 (int4) | 32 (mxfp4),
 //    "model_type": "deepseek_v2", "shape": {"hidden", "intermediate", "num_experts", "top_k"},
 //    "layers": [1, 2, ...], "numa_nodes": N, "slices": [[begin, end], ...] (intermediate ranges),
 //    "files": {"1": ["layer_1.safetensors"], ...}, "router": {"file": "router.safetensors", "layers": [...]},
@@ -52,7 +54,7 @@ inline constexpr const char* kQuantizedIndexFile = "quantization.json";
 // What quantization.json says.
 struct QuantizedModelInfo {
   WeightType type = WeightType::int8;
-  int group = 0;  // int4 group size; 0 for int8
+  int group = 0;  // int4 group size; 32 for mxfp4; 0 for int8
   std::string model_type;
   MoeShape shape;
   std::vector<int> layers;                        // ascending
@@ -85,7 +87,7 @@ QuantizedModelInfo read_quantized_info(const std::string& dir);
 // Checks quantization.json against `expected` (hidden, intermediate and expert count; top-k
 // too when both give one) and, when `source_hash` is not empty, against the checkpoint the
 // caller runs (checkpoint_fingerprint); then every file's metadata, every tensor's presence,
-// dtype and shape, int8 codes (-128 is refused), int4 padding, and scales (finite, >= 0). The
+// dtype and shape, int8 codes (-128 is refused), int4 and mxfp4 padding, and scales (finite, >= 0; mxfp4's powers of two in range). The
 // first problem found is a tilemoe::Error naming the file and the tensor or field: invalid_argument
 // for a directory that does not fit the model, bad_file for a damaged or inconsistent one. The
 // experts' swiglu_limit is `expected`'s (an activation, which the files do not store).
@@ -99,7 +101,7 @@ QuantizedExperts load_quantized_layer_slice(const std::string& dir, int layer, i
 // What a writer needs to know before the first layer.
 struct QuantizedModelSpec {
   WeightType type = WeightType::int8;
-  int group = 0;  // int4: 32, 64 or 128; ignored for int8
+  int group = 0;  // int4: 32, 64 or 128; mxfp4: 32; ignored for int8
   int numa_nodes = 1;
   std::vector<int> layers;  // those that will be written, ascending
   MoeShape shape;

@@ -92,11 +92,15 @@ void check_codes(const io::SafetensorsFile& f, const io::TensorInfo& t, WeightTy
                                     ": the padding nibble after the last input is not 0");
 }
 
-void check_scales(const io::SafetensorsFile& f, const io::TensorInfo& t, const float* v, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
+void check_scales(const io::SafetensorsFile& f, const io::TensorInfo& t, WeightType type, const float* v, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(v[i]) || v[i] < 0.0f)
       fail(ErrorKind::bad_file, f.path() + ": tensor '" + t.name + "' element " + std::to_string(i) + " is " + std::to_string(v[i]) +
                                     "; scales must be finite and >= 0");
+    if (type == WeightType::mxfp4 && !valid_mxfp4_scale(v[i]))
+      fail(ErrorKind::bad_file, f.path() + ": tensor '" + t.name + "' element " + std::to_string(i) + " is " + std::to_string(v[i]) +
+                                    "; mxfp4 scales are powers of two in [2^-125, 2^125]");
+  }
 }
 
 // Reads node `node`'s file of `layer` into `dst`, whose intermediate columns start at
@@ -127,16 +131,16 @@ void read_node(const std::string& dir, const QuantizedModelInfo& info, int layer
         std::memcpy(qp.codes_of(e) + qp.row_bytes() * offset, f.data(codes), codes.nbytes);
         float* to = qp.scales_of(e) + static_cast<std::size_t>(qp.groups_per_row()) * offset;
         std::memcpy(to, f.data(scales), scales.nbytes);
-        check_scales(f, scales, to, scale_count);
+        check_scales(f, scales, info.type, to, scale_count);
         continue;
       }
       const std::size_t row_bytes = static_cast<std::size_t>(codes.shape[1]);
-      const std::size_t byte0 = info.type == WeightType::int4 ? offset / 2 : offset;
+      const std::size_t byte0 = is_four_bit_weight_type(info.type) ? offset / 2 : offset;
       for (int r = 0; r < qp.n; ++r)
         std::memcpy(qp.codes_of(e) + qp.row_bytes() * r + byte0, f.data(codes) + row_bytes * r, row_bytes);
       down_scales.resize(scale_count);
       std::memcpy(down_scales.data(), f.data(scales), scales.nbytes);
-      check_scales(f, scales, down_scales.data(), scale_count);
+      check_scales(f, scales, info.type, down_scales.data(), scale_count);
       if (info.type == WeightType::int8) {
         if (first) std::copy(down_scales.begin(), down_scales.end(), qp.scales_of(e));
         else if (!std::equal(down_scales.begin(), down_scales.end(), qp.scales_of(e)))

@@ -36,7 +36,7 @@ void check_layer(const QuantizedModelInfo& info, int layer, const QuantizedExper
   for (Projection p : kProjections) {
     const QuantizedProjection& qp = q[p];
     if (qp.type != info.type || qp.experts != info.shape.num_experts || qp.n != projection_out(info.shape, p) ||
-        qp.k != projection_in(info.shape, p) || (info.type == WeightType::int4 && qp.group != info.group) ||
+        qp.k != projection_in(info.shape, p) || (is_four_bit_weight_type(info.type) && qp.group != info.group) ||
         qp.codes.size() != qp.expert_code_bytes() * qp.experts || qp.scales.size() != qp.expert_scale_count() * qp.experts)
       fail(ErrorKind::invalid_argument, what + ": the " + projection_name(p) + " projection's type, shape or buffers do not match its shape");
   }
@@ -165,7 +165,7 @@ std::size_t QuantizedModelWriter::write_layer(int layer, const QuantizedExperts&
         }
         // Down columns [begin, end) of every row, gathered into the file as it is written.
         // begin is a multiple of 128: even (whole int4 bytes) and a multiple of the group.
-        const std::size_t byte0 = info_.type == WeightType::int4 ? s.begin / 2 : s.begin;
+        const std::size_t byte0 = is_four_bit_weight_type(info_.type) ? s.begin / 2 : s.begin;
         const std::size_t row_bytes = static_cast<std::size_t>(codes_shape[1]);
         w.add_streamed(base + ".qweight", codes_dtype, std::move(codes_shape), [&qp, e, byte0, row_bytes](std::byte* dst, std::size_t) {
           for (int r = 0; r < qp.n; ++r) std::memcpy(dst + row_bytes * r, qp.codes_of(e) + qp.row_bytes() * r + byte0, row_bytes);

@@ -304,8 +304,8 @@ static void test_memory_layer(tilemoe_runtime* rt) {
     tilemoe_layer_destroy(pl);
     tilemoe_layer_destroy(zb);
   }
-  /* int8 and int4 layers from the same weights: quantized here, reported by get_config. */
-  for (int type = 1; type <= 2; ++type) {
+  /* int8, int4 and mxfp4 layers from the same weights: quantized here, reported by get_config. */
+  for (int type = 1; type <= 3; ++type) {
     tilemoe_layer_config qc = cfg;
     qc.weight_type = type;
     qc.group_size = type == 2 ? 32 : 0;
