@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "amx/aligned_vector.hpp"
+#include "amx/mxfp4_bits.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -32,9 +33,42 @@ GemmBf16Args chunk_args(const GemmBf16Args& g, const bf16* chunk, int q0, int q1
 
 }  // namespace
 
-void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, GemmBf16Fn gemm,
-                DequantizeMxfp4Fn dequantize) {
+void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
+  for (int nb = g.panel_begin; nb < g.panel_end; ++nb)
+    for (int i = 0; i < g.m; ++i) {
+      float acc[kPanelColumns] = {};
+      for (int kb = 0; kb < s.kblocks; ++kb) {
+        const std::size_t block = static_cast<std::size_t>(nb) * s.kblocks + kb;
+        const std::uint8_t* codes = w.codes + block * kMxfp4BlockCodeBytes;
+        const std::uint8_t* ex = w.exponents + block * kMxfp4BlockExponentBytes;
+        const bf16* a = g.a + static_cast<std::size_t>(i) * g.lda + static_cast<std::size_t>(kb) * kBlockK;
+        for (int r = 0; r < kBlockK / 2; ++r)
+          for (int c = 0; c < kPanelColumns; ++c)
+            for (int p = 0; p < 2; ++p) {
+              const std::uint8_t byte = codes[(r / 2) * 32 + c * 2 + p];
+              const bf16 v = mxfp4_scaled_bits((r & 1) ? byte >> 4 : byte & 0x0f, ex[c]);
+              acc[c] += bf16_to_float(a[2 * r + p]) * bf16_to_float(v);
+            }
+      }
+      float* c = g.c + static_cast<std::size_t>(i) * g.ldc + static_cast<std::size_t>(nb - g.panel_begin) * kPanelColumns;
+      for (int col = 0; col < kPanelColumns; ++col) c[col] = g.accumulate ? c[col] + acc[col] : acc[col];
+    }
+}
+
+void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Mxfp4Kernels& k) {
+  const GemmBf16Fn gemm = k.gemm;
+  const DequantizeMxfp4Fn dequantize = k.dequantize;
   const int kblocks = s.kblocks;
+  if (k.rows && !g.a_tiles && g.m <= kMxfp4RowsMaxRows) {
+    k.rows(g, s, w);
+    if (g.packed_b2 != nullptr && g.k2_padded > 0) {
+      GemmBf16Args second = g;
+      second.k_padded = 0;
+      second.accumulate = true;
+      gemm(second);
+    }
+    return;
+  }
   if (g.a_tiles || g.m > kMxfp4ChunkMaxRows) {
     bf16* buffer = chunk_buffer(2 * static_cast<std::size_t>(kblocks) * kBlockElements).data();
     for (int q0 = g.panel_begin; q0 < g.panel_end; q0 += 2) {

@@ -7,8 +7,10 @@
 //
 // Rows in tile order or 16 and more: a pair of panels over all of K at a time (at K = 2880 that is
 // 180 KiB, in L2), the unit the AMX kernel reads per pass, every row multiplied by a pair before
-// the next is dequantized. Fewer rows by rows (decode): 4 panels x 8 k-blocks at a time (32 KiB,
-// in L1), C accumulated over K's chunks, the second product with the first chunk.
+// the next is dequantized. 5-15 rows by rows: 4 panels x 8 k-blocks at a time (32 KiB, in L1), C
+// accumulated over K's chunks, the second product with the first chunk. Up to 4 rows by rows
+// (decode): the `rows` kernel, which dequantizes in registers and multiplies there, never writing
+// the bf16 weights anywhere; the second product is then the bf16 kernel's, added to C.
 #include "amx/gemm_bf16.hpp"
 #include "amx/pack_mxfp4.hpp"
 
@@ -20,11 +22,26 @@ struct Mxfp4Operand {
   PackedMxfp4View view;
 };
 
+inline constexpr int kMxfp4RowsMaxRows = 4;
 inline constexpr int kMxfp4ChunkMaxRows = 15;
 inline constexpr int kMxfp4ChunkPanels = 4;
 inline constexpr int kMxfp4ChunkKBlocks = 8;
 
-void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, GemmBf16Fn gemm,
-                DequantizeMxfp4Fn dequantize);
+// The main product of g (no second product; g.a by rows, g.m <= kMxfp4RowsMaxRows) over MXFP4
+// weights, C = or += per g.accumulate: each block dequantized in registers (mxfp4_bits.hpp's bits)
+// and multiplied as gemm_bf16's AVX-512 kernel multiplies a packed bf16 block.
+using GemmMxfp4RowsFn = void (*)(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
+void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
+// Only where isa_available(Isa::avx512_bf16).
+void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
+
+// An ISA's kernels for gemm_mxfp4 (the kernel table's).
+struct Mxfp4Kernels {
+  GemmBf16Fn gemm;
+  DequantizeMxfp4Fn dequantize;
+  GemmMxfp4RowsFn rows;
+};
+
+void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Mxfp4Kernels& k);
 
 }  // namespace tilemoe::kernels

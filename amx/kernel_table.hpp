@@ -10,6 +10,7 @@
 #include "amx/isa.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/lora_rows.hpp"
+#include "amx/gemm_mxfp4.hpp"
 #include "amx/pack_mxfp4.hpp"
 #include "amx/pack_strided.hpp"
 #include "amx/pack_transposed.hpp"
@@ -44,6 +45,7 @@ struct KernelTable {
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int
   DequantizeMxfp4Fn dequantize_mxfp4;  // MXFP4 weights into gemm_bf16's layout (gemm_mxfp4.hpp)
+  GemmMxfp4RowsFn gemm_mxfp4_rows;     // MXFP4 weights' decode rows, dequantized in registers
   AdamWUpdateFn adamw_update;      // the optimizer step over the caller's LoRA arrays
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.

@@ -20,6 +20,7 @@ namespace tilemoe::kernels::test {
 inline DequantizeMxfp4Fn raw_dequantize_mxfp4(Isa isa) {
   return isa == Isa::portable ? dequantize_mxfp4_blocks_portable : dequantize_mxfp4_blocks_avx512;
 }
+inline GemmMxfp4RowsFn raw_gemm_mxfp4_rows(Isa isa) { return isa == Isa::portable ? gemm_mxfp4_rows_portable : gemm_mxfp4_rows_avx512; }
 
 // W [n][k] in MXFP4's canonical form (nibbles, exponents [n][groups]) and packed.
 struct Mxfp4Weights {
@@ -141,7 +142,8 @@ struct Mxfp4GemmCase {
 
 // gemm_mxfp4 through `gemm` against `gemm` on the dequantized weights (the same A, A2, W2 and C),
 // within f32 reordering (K's chunks), and both against a double reference; padding untouched.
-inline void check_mxfp4_gemm_case(GemmBf16Fn gemm, DequantizeMxfp4Fn dequantize, const Mxfp4GemmCase& tc, std::mt19937& rng) {
+inline void check_mxfp4_gemm_case(const Mxfp4Kernels& kernels, const Mxfp4GemmCase& tc, std::mt19937& rng) {
+  const GemmBf16Fn gemm = kernels.gemm;
   Mxfp4Weights w(rng, tc.n, tc.k);
   const PackedMxfp4Shape& s = w.shape;
   const int pb = tc.panel_begin, pe = tc.panel_end < 0 ? s.panels : tc.panel_end;
@@ -190,7 +192,7 @@ inline void check_mxfp4_gemm_case(GemmBf16Fn gemm, DequantizeMxfp4Fn dequantize,
   g.ldc = ldc;
   g.accumulate = tc.accumulate;
   g.c = got.data();
-  gemm_mxfp4(g, s, w.view(), gemm, dequantize);
+  gemm_mxfp4(g, s, w.view(), kernels);
   const std::vector<bf16> dequantized = w.packed_bf16();
   g.packed_b = dequantized.data();
   g.c = want.data();
@@ -225,7 +227,7 @@ inline void check_mxfp4_gemm_case(GemmBf16Fn gemm, DequantizeMxfp4Fn dequantize,
     }
 }
 
-inline void check_mxfp4_gemm_grid(GemmBf16Fn gemm, DequantizeMxfp4Fn dequantize) {
+inline void check_mxfp4_gemm_grid(const Mxfp4Kernels& kernels) {
   std::mt19937 rng(29);
   static const int ms[] = {1, 2, 3, 4, 15, 16, 17, 40, 129};
   static const int ns[] = {1, 17, 33, 100};
@@ -233,7 +235,7 @@ inline void check_mxfp4_gemm_grid(GemmBf16Fn gemm, DequantizeMxfp4Fn dequantize)
   for (int m : ms)
     for (int n : ns)
       for (int k : ks) {
-        check_mxfp4_gemm_case(gemm, dequantize, Mxfp4GemmCase{m, n, k}, rng);
+        check_mxfp4_gemm_case(kernels, Mxfp4GemmCase{m, n, k}, rng);
         Mxfp4GemmCase tc{m, n, k};
         tc.k2 = std::vector<int>{0, 1, 16, 33}[rng() % 4];
         tc.accumulate = rng() % 2 == 0;
@@ -242,7 +244,7 @@ inline void check_mxfp4_gemm_grid(GemmBf16Fn gemm, DequantizeMxfp4Fn dequantize)
         tc.panel_begin = static_cast<int>(rng() % panels);
         tc.panel_end = tc.panel_begin + 1 + static_cast<int>(rng() % (panels - tc.panel_begin));
         tc.ldc_extra = static_cast<int>(rng() % 6);
-        check_mxfp4_gemm_case(gemm, dequantize, tc, rng);
+        check_mxfp4_gemm_case(kernels, tc, rng);
       }
 }
 
@@ -254,8 +256,15 @@ inline void check_mxfp4_kernels(Isa isa) {
     check_mxfp4_dequantize(raw_dequantize_mxfp4(isa));
     check_mxfp4_dequantize(table.dequantize_mxfp4);
   }
-  SECTION("mxfp4 gemm through the table's bf16 kernel") { check_mxfp4_gemm_grid(table.gemm_bf16, table.dequantize_mxfp4); }
-  SECTION("mxfp4 gemm through the raw bf16 kernel") { check_mxfp4_gemm_grid(raw_gemm(isa), raw_dequantize_mxfp4(isa)); }
+  SECTION("mxfp4 gemm through the table's kernels") {
+    check_mxfp4_gemm_grid({table.gemm_bf16, table.dequantize_mxfp4, table.gemm_mxfp4_rows});
+  }
+  SECTION("mxfp4 gemm through the raw kernels") {
+    check_mxfp4_gemm_grid({raw_gemm(isa), raw_dequantize_mxfp4(isa), raw_gemm_mxfp4_rows(isa)});
+  }
+  SECTION("mxfp4 gemm with every row count through dequantized chunks") {
+    check_mxfp4_gemm_grid({table.gemm_bf16, table.dequantize_mxfp4, nullptr});
+  }
 }
 
 }  // namespace tilemoe::kernels::test
