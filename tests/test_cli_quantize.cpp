@@ -132,6 +132,7 @@ TEST_CASE("quantize every fixture checkpoint: the directory holds the checkpoint
       const std::string model = c.dir + "/model", out = test::temp_dir() + "/" + c.name + ".q";
       check_quantize(model, out, "--weights int8", WeightType::int8, 0, c.layers);
       check_quantize(model, out, "--weights int4 --group-size 64", WeightType::int4, 64, c.layers);
+      check_quantize(model, out, "--weights mxfp4", WeightType::mxfp4, 32, c.layers);
       // The routers are copied as stored.
       auto ck = Checkpoint::open(model);
       auto router = io::SafetensorsFile::open(out + "/router.safetensors");
@@ -160,6 +161,8 @@ TEST_CASE("quantize a synthetic F32 checkpoint of odd shape: NUMA slices, --laye
   check_quantize(model, out, "--weights int8 --numa-nodes 2 --layers 2,0 --threads 2", WeightType::int8, 0, {0, 2});
   CHECK_FALSE(fs::exists(out + "/layer_1.node_0.safetensors"));
   CHECK(quant::read_quantized_info(out).router_layers == std::vector<int>{0, 2});
+  check_quantize(model, out, "--weights mxfp4 --numa-nodes 3", WeightType::mxfp4, 32, {0, 1, 2});
+  CHECK(quant::read_quantized_info(out).group == 32);
 }
 
 TEST_CASE("quantize an FP8 checkpoint straight to int8", "[cli][quant][fp8]") {
@@ -175,6 +178,7 @@ TEST_CASE("quantize errors: one line naming the problem, exit 1, nothing written
   expect_failure("quantize --output " + out + " --weights int8", "--model is required", out);
   expect_failure(base + " --weights int3", "--weights", out);
   expect_failure(base + " --weights int8 --group-size 64", "--group-size applies to int4 only", out);
+  expect_failure(base + " --weights mxfp4 --group-size 32", "--group-size applies to int4 only", out);
   expect_failure(base + " --weights int4 --group-size 48", "--group-size 48: int4 groups are 32, 64 or 128", out);
   expect_failure(base + " --weights int8 --numa-nodes 0", "--numa-nodes 0", out);
   expect_failure(base + " --weights int8 --numa-nodes 3", "intermediate size 176 has 2 block(s) of 128, too few for 3 nodes", out);

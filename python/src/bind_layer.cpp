@@ -47,7 +47,8 @@ std::unique_ptr<PyLayer> from_checkpoint(py::object model_dir, py::object layer,
     if (w == "bf16") o.weight_type = WeightType::bf16;
     else if (w == "int8") o.weight_type = WeightType::int8;
     else if (w == "int4") o.weight_type = WeightType::int4;
-    else value_error("weights: '" + w + "'; expected 'bf16', 'int8' or 'int4'");
+    else if (w == "mxfp4") o.weight_type = WeightType::mxfp4;
+    else value_error("weights: '" + w + "'; expected 'bf16', 'int8', 'int4' or 'mxfp4'");
   }
   o.group_size = int_arg(group_size, "group_size");
   o.quantized_dir = optional_str_arg(quantized, "quantized").value_or("");

@@ -1,8 +1,8 @@
-"""int8 / int4 base weights and the NUMA split through the Python module: layers quantized at load
-from every fixture checkpoint, against PyTorch's bf16 outputs (int8 within 2.5e-2, int4 within
-0.15, the quantization's own error) and trained through (QLoRA: grad_input within 5e-2 for int8);
-MoEConfig(weight_type=...) from tensors; and a layer split over 2 virtual NUMA nodes equal to the
-unsplit one within rounding.
+"""int8 / int4 / mxfp4 base weights and the NUMA split through the Python module: layers quantized at
+load from every fixture checkpoint, against PyTorch's bf16 outputs (int8 within 2.5e-2, int4 and
+mxfp4 within 0.15, the quantization's own error) and trained through (QLoRA: grad_input within 5e-2
+for int8); MoEConfig(weight_type=...) from tensors (mxfp4 of weights that are MXFP4 values: the bf16
+layer's output); and a layer split over 2 virtual NUMA nodes equal to the unsplit one within rounding.
 
 Usage: test_module_quantized.py <tests/data>. Exits 77 (SKIPPED) without numpy.
 """
@@ -32,7 +32,7 @@ for case in ("deepseek_tiny", "mixtral_tiny"):
     w = np.ascontiguousarray(ref[p + "weights"], dtype=np.float32)
     go = np.ascontiguousarray(ref[p + "grad_output"], dtype=np.float32)
     outs = {}
-    for weights, group, bar, dx_bar in (("int8", 128, 2.5e-2, 5e-2), ("int4", 32, 0.15, 0.15)):
+    for weights, group, bar, dx_bar in (("int8", 128, 2.5e-2, 5e-2), ("int4", 32, 0.15, 0.15), ("mxfp4", 32, 0.15, 0.15)):
         for nodes in (1, 2):
             layer = tilemoe.MoELayer.from_checkpoint(f"{DATA}/{case}/model", layer_index, adapter=f"{DATA}/{case}/adapter",
                                                      numa_nodes=nodes, max_tokens=64, weights=weights, group_size=group)
@@ -67,6 +67,25 @@ for weights, group, bar in (("int8", 128, 3e-2), ("int4", 64, 0.2)):
     err = rel(got, want)
     print(f"from tensors, {weights}: {err:.2e} from bf16")
     expect(err <= bar, f"from tensors, {weights}: {err:.2e} from bf16")
+# Weights that are MXFP4 values (E2M1 times a power of two per 32 inputs): an mxfp4 layer computes
+# with exactly them, so it gives the bf16 layer's output up to f32 rounding.
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def mxfp4_values(shape):
+    codes = rng.integers(0, 16, shape)
+    scales = np.exp2(rng.integers(-9, -3, shape[:-1] + (shape[-1] // 32,))).astype(np.float32)
+    return tilemoe.float32_to_bf16(E2M1[codes] * np.repeat(scales, 32, axis=-1))
+
+
+mg, mu, md = mxfp4_values((E, I, H)), mxfp4_values((E, I, H)), mxfp4_values((E, H, I))
+want = tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I), mg, mu, md).forward(
+    x, ids, wts, np.zeros((5, H), np.float32))
+mx = tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, weight_type="mxfp4"), mg, mu, md)
+expect(mx.config.weight_type == "mxfp4", f"mxfp4 config.weight_type {mx.config.weight_type}")
+err = rel(mx.forward(x, ids, wts, np.zeros((5, H), np.float32)), want)
+print(f"from MXFP4 values, mxfp4: {err:.2e} from bf16")
+expect(err <= 1e-5, f"from MXFP4 values, mxfp4: {err:.2e} from bf16")
 try:
     tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, weight_type="int4", group_size=48), gate, up,
                      down)
@@ -74,4 +93,4 @@ try:
 except ValueError as e:
     expect("group_size 48" in str(e), f"group_size 48: {e}")
 
-finish("int8 / int4 layers and the NUMA split pass through the module")
+finish("int8 / int4 / mxfp4 layers and the NUMA split pass through the module")
