@@ -1,4 +1,4 @@
-// `tilemoe quantize`: a Hugging Face checkpoint's routed experts -> a directory of int8 or int4
+// `tilemoe quantize`: a Hugging Face checkpoint's routed experts -> a directory of int8, int4 or mxfp4
 // experts (src/quant/quantized_file.hpp), one layer at a time: read (bf16, F16, F32 or FP8 with
 // block scales) and quantize on every core, write that layer's file(s), go on to the next layer
 // in the same buffers. Memory stays near one layer's bf16 weights plus its quantized form

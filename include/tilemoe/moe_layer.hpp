@@ -44,8 +44,10 @@ struct MoeLayerConfig {
   int intermediate = 0;
   int max_tokens = 0;    // the largest batch of one call
   // Base weights: bf16, or quantized at construction to int8 (one scale per output channel) or
-  // int4 (one scale per group_size inputs: 32, 64 or 128), with int8 activations per token. LoRA
-  // stays f32/bf16 on every type; training through int weights reads them dequantized (QLoRA).
+  // int4 (one scale per group_size inputs: 32, 64 or 128), with int8 activations per token, or to
+  // mxfp4 (E2M1 with a power-of-two scale per 32 inputs; bf16 activations; weights that are MXFP4
+  // values, such as a gpt-oss checkpoint's, are held exactly). LoRA stays f32/bf16 on every type;
+  // training through quantized weights reads them dequantized (QLoRA).
   WeightType weight_type = WeightType::bf16;
   int group_size = 128;  // int4 only
   // Tensor parallel over NUMA nodes: each node holds and computes a slice of every expert's
@@ -134,7 +136,7 @@ struct CheckpointLayerOptions {
   std::string adapter;      // PEFT adapter directory or `tilemoe convert-lora` file; empty: none
   AdapterStorage adapter_storage = AdapterStorage::as_stored;  // how the layer holds it, as in load_adapter
   int numa_nodes = 1;       // as in MoeLayerConfig
-  // int8/int4: quantize the checkpoint's experts at load, or read them from `quantized_dir` (written
+  // int8/int4/mxfp4: quantize the checkpoint's experts at load, or read them from `quantized_dir` (written
   // by `tilemoe quantize` from this checkpoint: checked against it, never re-quantized; its type
   // and group are used, and a weight_type given here that differs is an error).
   WeightType weight_type = WeightType::bf16;

@@ -252,7 +252,7 @@ ModelConfig model_of(const MoeLayerConfig& c) {
 
 // `cfg` is checked by the callers, before anything is loaded; checkpoint loads check finiteness
 // tensor by tensor as they read, so only the caller's memory is scanned here. `quantized`, when
-// given, holds the experts already quantized (w is then not read); otherwise int8/int4 layers
+// given, holds the experts already quantized (w is then not read); otherwise int8/int4/mxfp4 layers
 // quantize w here.
 std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cfg, ExpertWeightsView w, ModelConfig model,
                                       int model_layer, std::unique_ptr<HeldAdapter> adapter, bool weights_checked,

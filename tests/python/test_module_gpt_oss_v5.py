@@ -5,7 +5,8 @@ the gates and ups past the clamp.
 - forward: tilemoe.MoELayer given the experts de-interleaved and transposed to Hugging Face's W x
   orientation (gate = gate_up_proj[..., ::2]ᵀ, up = [..., 1::2]ᵀ) and the biases split the same way
   gives GptOssExperts' output within 1e-2, split over 2 nodes too; int8 weights (W8A8) within 5e-2
-  of it, where the plain SwiGLU without biases is more than 0.2 off;
+  of it, where the plain SwiGLU without biases is more than 0.2 off; mxfp4 weights on a module whose
+  weights are MXFP4 values (as the hub's gpt-oss) within 1e-2 of it;
 - backward: MoELoRA on the layer against PyTorch's autograd through GptOssExperts itself whose
   parameters are W + s B A (the LoRA delta interleaved as gate_up_proj is): grad_input and every
   LoRA factor's gradient within 2e-2.
@@ -92,6 +93,30 @@ with torch.no_grad():
     err = rel(got, want)
     print(f"forward, int8 weights: {err:.2e} from the bf16 module")
     expect(err <= 5e-2, f"int8 forward: {err:.2e} from GptOssExperts")
+    # MXFP4 as the hub ships gpt-oss: the module given weights that are E2M1 values times a power of
+    # two per 32 inputs (dequantized exactly, as transformers does); tilemoe's mxfp4 layer holds those
+    # very values (4.25 bits a weight) and multiplies them with bf16 activations.
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+    def mxfp4_values(n_in, n_out):  # [E, n_in, n_out], groups of 32 along n_in
+        codes = torch.randint(0, 16, (E, n_in, n_out), generator=gen)
+        exps = torch.randint(-8, -2, (E, (n_in + 31) // 32, n_out), generator=gen).float()
+        return e2m1[codes] * torch.exp2(exps.repeat_interleave(32, dim=1)[:, :n_in])
+
+    mx_experts = GptOssExperts(config).float()
+    mx_experts.gate_up_proj.copy_(mxfp4_values(H, 2 * I))
+    mx_experts.gate_up_proj_bias.copy_(experts.gate_up_proj_bias)
+    mx_experts.down_proj.copy_(mxfp4_values(I, H))
+    mx_experts.down_proj_bias.copy_(experts.down_proj_bias)
+    mgu = mx_experts.gate_up_proj
+    mx_cfg = tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T, weight_type="mxfp4",
+                               swiglu_limit=7.0, swiglu_alpha=1.702, swiglu_up_offset=1.0)
+    mx_layer = tilemoe.MoELayer(mx_cfg, mgu[:, :, 0::2].transpose(1, 2).contiguous().to(torch.bfloat16),
+                                mgu[:, :, 1::2].transpose(1, 2).contiguous().to(torch.bfloat16),
+                                mx_experts.down_proj.transpose(1, 2).contiguous().to(torch.bfloat16), **biases)
+    err = rel(mx_layer.forward(x.to(torch.bfloat16), ids, w), mx_experts(x, ids, w))
+    print(f"forward, mxfp4 weights: {err:.2e} from the module on the same MXFP4 values")
+    expect(err <= 1e-2, f"mxfp4 forward: {err:.2e} from GptOssExperts on its MXFP4 values")
     # Without the form or the biases the layer would be far off: the check above can fail.
     plain = tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, max_tokens=T), gate, up, down)
     expect(rel(plain.forward(x.to(torch.bfloat16), ids, w), want) > 0.2, "the plain SwiGLU is as close: the test checks nothing")
