@@ -42,6 +42,7 @@ seed() { { printf "\\$(printf %03o "$1")"; cat "$2"; } > "$out/corpus/seed_$1_$(
 rm -rf "$out/seed_dir" && mkdir -p "$out/seed_dir"
 build/tilemoe convert-lora --adapter "$fx/adapter" --model "$fx/model" --output "$out/seed_dir/lora.safetensors" > /dev/null
 build/tilemoe quantize --model "$fx/model" --output "$out/seed_dir/quantized" --weights int8 > /dev/null
+build/tilemoe quantize --model "$fx/model" --output "$out/seed_dir/quantized_mxfp4" --weights mxfp4 > /dev/null
 seed 0 "$fx/adapter/adapter_model.safetensors"
 for c in tests/data/*/model/config.json "$fx/model/config.json"; do seed 1 "$c"; done
 seed 2 "$fx/adapter/adapter_config.json"
@@ -50,6 +51,8 @@ seed 4 "$out/seed_dir/lora.safetensors"
 seed 5 "$fx/model/model.safetensors"
 seed 6 "$out/seed_dir/quantized/quantization.json"
 seed 7 "$(ls "$out"/seed_dir/quantized/layer_*.safetensors | head -1)"
+seed 8 "$out/seed_dir/quantized_mxfp4/quantization.json"
+seed 9 "$(ls "$out"/seed_dir/quantized_mxfp4/layer_*.safetensors | head -1)"
 # The stacked forms: transformers v5's experts.gate_up_proj, PEFT's target_parameters LoRA.
 python3 scripts/fuzz_stacked_seeds.py "$fx" "$out/seed_dir"
 seed 3 "$out/seed_dir/stacked_adapter.safetensors"

@@ -26,12 +26,15 @@ using namespace tilemoe;
 namespace {
 
 // What each selector feeds (the first byte modulo kTargets).
-enum Target { safetensors, model_config, peft_config, peft_tensors, converted_lora, checkpoint, quantization_json, quantized_layer, kTargets };
+enum Target {
+  safetensors, model_config, peft_config, peft_tensors, converted_lora, checkpoint, quantization_json, quantized_layer,
+  quantization_json_mxfp4, quantized_layer_mxfp4, kTargets
+};
 
 struct Dirs {
   std::string fixture;    // tests/data/<case>: model/ and adapter/
   std::string work;       // per process
-  std::string model, adapter, quantized;
+  std::string model, adapter, quantized, quantized_mxfp4;  // int8 and mxfp4 directories
   ModelConfig config;
   int layer = 0;          // the fixture's first MoE layer
   ~Dirs() {
@@ -49,6 +52,7 @@ Dirs& dirs() {
     d.model = d.work + "/model";
     d.adapter = d.work + "/adapter";
     d.quantized = d.work + "/quantized";
+    d.quantized_mxfp4 = d.work + "/quantized_mxfp4";
     fs::remove_all(d.work);
     fs::create_directories(d.work);
     fs::copy(d.fixture + "/model", d.model, fs::copy_options::recursive);
@@ -59,6 +63,9 @@ Dirs& dirs() {
     quant::QuantizedModelWriter writer(d.quantized, quant::spec_for_checkpoint(ck, WeightType::int8, 0, 1, {d.layer}));
     writer.write_layer(d.layer, quant::quantize_experts(ck.load_layer_experts(d.layer).view(), WeightType::int8, 0, nullptr));
     writer.commit();
+    quant::QuantizedModelWriter mx(d.quantized_mxfp4, quant::spec_for_checkpoint(ck, WeightType::mxfp4, 0, 1, {d.layer}));
+    mx.write_layer(d.layer, quant::quantize_experts(ck.load_layer_experts(d.layer).view(), WeightType::mxfp4, 0, nullptr));
+    mx.commit();
     return d;
   }();
   return d;
@@ -134,6 +141,16 @@ void run(Target t, const std::uint8_t* data, std::size_t size) {
     case quantized_layer: {
       Swap s(d.quantized + "/layer_" + std::to_string(d.layer) + ".safetensors", data, size);
       (void)quant::load_quantized_layer(d.quantized, d.layer, d.config.shape);
+      return;
+    }
+    case quantization_json_mxfp4: {
+      Swap s(d.quantized_mxfp4 + "/quantization.json", data, size);
+      (void)quant::load_quantized_layer(d.quantized_mxfp4, d.layer, d.config.shape);
+      return;
+    }
+    case quantized_layer_mxfp4: {
+      Swap s(d.quantized_mxfp4 + "/layer_" + std::to_string(d.layer) + ".safetensors", data, size);
+      (void)quant::load_quantized_layer(d.quantized_mxfp4, d.layer, d.config.shape);
       return;
     }
     case kTargets: return;
