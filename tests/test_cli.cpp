@@ -279,6 +279,25 @@ TEST_CASE("info --model says what tilemoe reads of a checkpoint, and which layer
   CHECK(btext.find("layer 2: not readable: ") != std::string::npos);
   CHECK(btext.find("layer 2 expert 1 up weight is missing") != std::string::npos);
   CHECK(btext.find("1 of 2 MoE layers do not read") != std::string::npos);
+
+  // A checkpoint that says its experts are MXFP4 (gpt-oss's hub files): info names the weight type that keeps them.
+  const std::string mx = test::temp_dir() + "/info_mxfp4";
+  fs::remove_all(mx);
+  fs::create_directories(mx);
+  {
+    std::ifstream in(ds + "/config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto config = nlohmann::json::parse(ss.str());
+    config["quantization_config"] = {{"quant_method", "mxfp4"}};
+    std::ofstream(mx + "/config.json") << config.dump();
+    for (const char* f : {"/model-00001-of-00002.safetensors", "/model-00002-of-00002.safetensors", "/model.safetensors.index.json"})
+      if (fs::exists(ds + f)) fs::copy_file(ds + f, mx + f);
+  }
+  auto [mstatus, mtext] = cli_stdout("info --model " + mx);
+  INFO(mtext);
+  CHECK(mtext.find("quant_method 'mxfp4' (read as bf16 by default; --weights mxfp4 keeps the experts' MXFP4 values exactly") !=
+        std::string::npos);
 }
 
 TEST_CASE("train-demo's loss falls, on the portable kernels and the fastest", "[cli][train]") {

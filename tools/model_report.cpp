@@ -131,7 +131,11 @@ int print_model_report(const std::string& model_dir, bool as_json) {
   if (c.gpt_oss_layout)
     std::printf("experts: gpt-oss's x W tensors (gate and up interleaved, or MXFP4 blocks) with biases; router logits with a bias\n");
   std::printf("router: %s\n", router_text(c).c_str());
-  if (!c.quant_method.empty()) std::printf("quantization_config: quant_method '%s'\n", c.quant_method.c_str());
+  if (!c.quant_method.empty())
+    std::printf("quantization_config: quant_method '%s'%s\n", c.quant_method.c_str(),
+                c.quant_method == "mxfp4" ? " (read as bf16 by default; --weights mxfp4 keeps the experts' MXFP4 values exactly, "
+                                            "4.25 bits a weight)"
+                                          : "");
   for (const auto& [n, layers] : namings) {
     std::printf("layers %s, stored as (%s):\n", layer_list(layers).c_str(), n.dtype.c_str());
     const char* names[3] = {"gate", "up", "down"};
