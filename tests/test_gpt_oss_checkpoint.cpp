@@ -20,6 +20,7 @@
 #include "src/layer/moe_compute.hpp"
 #include "src/layer/synthetic_layer.hpp"
 #include "src/model/checkpoint.hpp"
+#include "src/quant/mxfp4_checkpoint.hpp"
 #include "src/quant/quantized_file.hpp"
 #include "src/reference/moe_reference.hpp"
 #include "src/routing/router.hpp"
@@ -221,6 +222,12 @@ TEST_CASE("gpt-oss experts in MXFP4, as the hub ships them, load as their dequan
   std::vector<std::uint8_t> gub, gus, db, ds;
   make(2 * kI, kH, gub, gus);
   make(kH, kI, db, ds);
+  // Groups of zeros whose exponents lie outside what the kernels multiply exactly (0 and 253):
+  // their values are zeros all the same.
+  gus[0] = 0;
+  std::fill(gub.begin(), gub.begin() + 16, std::uint8_t{0});
+  ds[3] = 253;
+  std::fill(db.begin() + 3 * 16, db.begin() + 4 * 16, std::uint8_t{0x88});  // -0
   ExpertWeights biases = random_expert_weights(gpt_oss_shape(), 6);
   const std::string p = "model.layers.0.mlp.experts.";
   t.add_u8(p + "gate_up_proj_blocks", {kE, 2 * kI, kH / 32, 16}, gub);
@@ -265,6 +272,57 @@ TEST_CASE("gpt-oss experts in MXFP4, as the hub ships them, load as their dequan
   CHECK(back.gate == got.gate);
   CHECK(back.up == got.up);
   CHECK(back.down == got.down);
+  // Read as stored (no bf16 copy): the same values, the codes byte for byte, the biases.
+  quant::QuantizedExperts native;
+  REQUIRE(quant::read_mxfp4_layer(ck, 0, native));
+  CHECK(native.type == WeightType::mxfp4);
+  CHECK(native[Projection::down].codes_of(1)[0] == static_cast<std::int8_t>(db[static_cast<std::size_t>(kH) * kI / 2]));
+  const ExpertWeights native_values = quant::dequantize_experts(native);
+  CHECK(native_values.gate == got.gate);
+  CHECK(native_values.up == got.up);
+  CHECK(native_values.down == got.down);
+  CHECK(native.biases.down == ExpertBiases::of_view(got.view()).down);
+  CHECK(native.biases.gate == ExpertBiases::of_view(got.view()).gate);
+  quant::QuantizedExperts not_mxfp4;
+  CHECK_FALSE(quant::read_mxfp4_layer(ck, 1, not_mxfp4));  // layer 1 is bf16 x W
+  {
+    // A layer in mxfp4 from the checkpoint computes as the bf16 layer of the same values.
+    Runtime rt;
+    CheckpointLayerOptions o;
+    o.max_tokens = 9;
+    MoeLayer bf = MoeLayer::from_checkpoint(rt, dir, 0, o);
+    o.weight_type = WeightType::mxfp4;
+    MoeLayer mxl = MoeLayer::from_checkpoint(rt, dir, 0, o);
+    CHECK(mxl.config().weight_type == WeightType::mxfp4);
+    CHECK(mxl.weight_bytes() * 3 < bf.weight_bytes());
+    const RandomRouting routing = random_routing(9, gpt_oss_shape(), 4);
+    const std::vector<float> x = random_activations(static_cast<std::size_t>(9) * kH, 5);
+    const std::vector<bf16> xb = to_bf16(x.data(), x.size());
+    std::vector<float> a(x.size()), b(x.size());
+    bf.forward(9, kK, xb.data(), routing.expert_ids.data(), routing.weights.data(), a.data());
+    mxl.forward(9, kK, xb.data(), routing.expert_ids.data(), routing.weights.data(), b.data());
+    CHECK(test::rel_error(b, a) <= 1e-5);
+  }
+  {
+    // A group with values whose exponent is outside that range: not taken as stored (the caller
+    // quantizes the bf16 experts instead).
+    const std::string tiny = fresh_dir("gpt_oss_mxfp4_tiny");
+    write_config(tiny, R"(,"quantization_config":{"quant_method":"mxfp4"})");
+    Tensors u;
+    std::vector<std::uint8_t> low = ds;
+    low[5] = 1;
+    db[5 * 16] = 0x11;
+    u.add_u8(p + "gate_up_proj_blocks", {kE, 2 * kI, kH / 32, 16}, gub);
+    u.add_u8(p + "gate_up_proj_scales", {kE, 2 * kI, kH / 32}, gus);
+    u.add_u8(p + "down_proj_blocks", {kE, kH, kI / 32, 16}, db);
+    u.add_u8(p + "down_proj_scales", {kE, kH, kI / 32}, low);
+    u.add(p + "gate_up_proj_bias", {kE, 2 * kI}, gu_bias);
+    u.add(p + "down_proj_bias", {kE, kH}, biases.down_bias);
+    add_bf16_experts(u, 1, biases);
+    u.w.write(tiny + "/model.safetensors");
+    quant::QuantizedExperts refused;
+    CHECK_FALSE(quant::read_mxfp4_layer(Checkpoint::open(tiny), 0, refused));
+  }
   const auto refs = ck.expert_tensors(0);
   CHECK(refs[0][1].bytes == static_cast<std::size_t>(kI) * kH / 2 + static_cast<std::size_t>(kI) * kH / 32);
   // `tilemoe quantize` names the MXFP4 layer's experts as the bf16 one's (one naming throughout).

@@ -6,6 +6,7 @@
 #include "src/layer/moe_compute.hpp"
 #include "src/model/checkpoint.hpp"
 #include "src/quant/checkpoint_fingerprint.hpp"
+#include "src/quant/mxfp4_checkpoint.hpp"
 #include "src/quant/quantized_file.hpp"
 #include "src/routing/router.hpp"
 #include "tilemoe/error.hpp"
@@ -121,9 +122,16 @@ void run(const LayerArgs& a, bool backward) {
   if (opt.weight_type == WeightType::int4 && a.group_size != 32 && a.group_size != 64 && a.group_size != 128)
     fail(ErrorKind::invalid_argument, "--group-size " + std::to_string(a.group_size) + ": give 32, 64 or 128");
   resolve_backend(a.isa);  // fail fast, before loading anything
-  // With --quantized the bf16 experts are not read at all.
-  LoadedLayer l = load_layer(a.model, a.layer, a.adapter, /*load_experts=*/a.quantized.empty());
+  // With --quantized, or mxfp4 from a checkpoint that stores MXFP4 (taken as stored), the bf16
+  // experts are not read at all.
   quant::QuantizedExperts loaded;
+  const bool native_mxfp4 =
+      a.quantized.empty() && opt.weight_type == WeightType::mxfp4 && quant::read_mxfp4_layer(Checkpoint::open(a.model), a.layer, loaded);
+  LoadedLayer l = load_layer(a.model, a.layer, a.adapter, /*load_experts=*/a.quantized.empty() && !native_mxfp4);
+  if (native_mxfp4) {
+    opt.quantized = &loaded;
+    l.experts.shape = l.config.shape;
+  }
   if (!a.quantized.empty()) {
     const Checkpoint ck = Checkpoint::open(a.model);
     loaded = quant::load_quantized_layer(a.quantized, a.layer, l.config.shape, quant::checkpoint_fingerprint(ck));

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "src/layer/moe_compute.hpp"
+#include "src/quant/mxfp4_checkpoint.hpp"
 #include "src/quant/quantization_error.hpp"
 #include "src/quant/quantize_into.hpp"
 #include "src/quant/quantized_file.hpp"
@@ -98,6 +99,7 @@ void add_quantize_command(CLI::App& app, int& status) {
     numa::ThreadPool& pool = pool_for_threads(a->threads);
     quant::QuantizationError error;
     std::size_t read_total = 0, written = 0;
+    int as_stored = 0;  // mxfp4 layers the checkpoint stores as MXFP4: copied, exact (no error to add)
     {
       ProgressBar bar("quantizing");
       const std::vector<std::size_t> layer_bytes = stored_bytes(ck, layers);
@@ -109,6 +111,13 @@ void add_quantize_command(CLI::App& app, int& status) {
       for (std::size_t i = 0; i < layers.size(); ++i) {
         // Reading a layer is the first half of its share of the bar; quantizing and writing it, the second.
         const std::size_t before = read_total;
+        if (type == WeightType::mxfp4 && quant::read_mxfp4_layer(ck, layers[i], q, &pool)) {
+          written += writer.write_layer(layers[i], q);
+          read_total += layer_bytes[i];
+          bar.update(read_total, total);
+          ++as_stored;
+          continue;
+        }
         ck.load_layer_experts(layers[i], w, [&](std::size_t done, std::size_t) { bar.update(before + done / 2, total); }, &pool);
         quant::quantize_experts_into(w.view(), type, a->group, &pool, q);
         error.add_layer(w.view(), q, &pool);
@@ -125,6 +134,9 @@ void add_quantize_command(CLI::App& app, int& status) {
                 written / 1e9, s);
     std::printf("quantization error (norm-wise relative, dequantized vs bf16): gate %.3e, up %.3e, down %.3e\n",
                 error.relative(Projection::gate), error.relative(Projection::up), error.relative(Projection::down));
+    if (as_stored > 0)
+      std::printf("%d of %zu layers copied as the checkpoint stores them (MXFP4: exact, no bf16 copy); the error above is the "
+                  "other layers'\n", as_stored, layers.size());
     status = 0;
   });
 }

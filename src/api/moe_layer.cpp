@@ -23,6 +23,7 @@
 #include "src/model/finite_check.hpp"
 #include "src/model/tensor_names.hpp"
 #include "src/quant/checkpoint_fingerprint.hpp"
+#include "src/quant/mxfp4_checkpoint.hpp"
 #include "src/quant/numa_slices.hpp"
 #include "src/quant/quantize.hpp"
 #include "src/quant/quantized_file.hpp"
@@ -385,6 +386,14 @@ MoeLayer MoeLayer::from_checkpoint(Runtime& runtime, const std::string& model_di
     return MoeLayer(with_checkpoint_names(build(runtime, cfg, ExpertWeightsView{model.shape, nullptr, nullptr, nullptr}, model,
                                                 layer, std::move(adapter), /*weights_checked=*/true, &q),
                                           ckpt, layer));
+  }
+  if (options.weight_type == WeightType::mxfp4) {
+    // MXFP4 experts (gpt-oss's hub files) are taken as stored: no bf16 copy, the exact values.
+    quant::QuantizedExperts q;
+    if (quant::read_mxfp4_layer(ckpt, layer, q, runtime.impl().pool))
+      return MoeLayer(with_checkpoint_names(build(runtime, cfg, ExpertWeightsView{model.shape, nullptr, nullptr, nullptr}, model, layer,
+                                                  std::move(adapter), /*weights_checked=*/true, &q),
+                                            ckpt, layer));
   }
   ExpertWeights experts = ckpt.load_layer_experts(layer);
   return MoeLayer(

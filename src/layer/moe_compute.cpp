@@ -86,9 +86,10 @@ void moe_forward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBat
   const quant::QuantizedExperts* q = quantized_for(w, opt, holder);
   if (backend == "reference") {
     if (!q) return reference_forward(w, lora, batch, output);
-    // The quantized model: dequantized weights, int8 activations per token, as the kernels run it.
+    // The quantized model: dequantized weights, int8 activations per token (mxfp4: bf16 ones), as
+    // the kernels run it.
     const ExpertWeights dq = quant::dequantize_experts(*q);
-    return reference_forward(dq.view(), lora, batch, output, ReferenceOptions{true, q});
+    return reference_forward(dq.view(), lora, batch, output, ReferenceOptions{is_integer_weight_type(q->type), q});
   }
   auto isa = *kernels::parse_isa(backend);
   const LayerLoraView view = lora_view(lora);
@@ -108,7 +109,7 @@ void moe_backward(const ExpertWeightsView& w, const LayerLora& lora, const MoeBa
     ExpertWeights dq;
     if (q) dq = quant::dequantize_experts(*q);
     const ExpertWeightsView rw = q ? dq.view() : w;
-    const ReferenceOptions ro = q ? ReferenceOptions{true, q} : ReferenceOptions{};
+    const ReferenceOptions ro = q ? ReferenceOptions{is_integer_weight_type(q->type), q} : ReferenceOptions{};
     if (output) reference_forward(rw, lora, batch, output, ro);
     return reference_backward(rw, lora, batch, grad_output, grad_input, lora_grad, ro);
   }

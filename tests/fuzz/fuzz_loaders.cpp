@@ -16,6 +16,7 @@
 #include "src/lora/peft_adapter.hpp"
 #include "src/model/checkpoint.hpp"
 #include "src/model/model_config.hpp"
+#include "src/quant/mxfp4_checkpoint.hpp"
 #include "src/quant/quantize.hpp"
 #include "src/quant/quantized_file.hpp"
 #include "tilemoe/error.hpp"
@@ -129,6 +130,10 @@ void run(Target t, const std::uint8_t* data, std::size_t size) {
       const Checkpoint ck = Checkpoint::open(d.model);
       for (int l : ck.config().moe_layers) {
         try { (void)ck.load_layer_experts(l); } catch (const Error&) {}
+        try {
+          quant::QuantizedExperts q;  // MXFP4 layers (the gpt_oss fixture) taken as stored
+          (void)quant::read_mxfp4_layer(ck, l, q);
+        } catch (const Error&) {}
         try { (void)ck.load_router(l); } catch (const Error&) {}
       }
       return;
