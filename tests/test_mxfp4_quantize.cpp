@@ -9,7 +9,9 @@
 #include "catch.hpp"
 #include "numa/thread_pool.hpp"
 #include "src/layer/packed_experts.hpp"
+#include "src/layer/moe_compute.hpp"
 #include "src/layer/synthetic_layer.hpp"
+#include "src/reference/moe_reference.hpp"
 #include "src/quant/quantize.hpp"
 #include "test_util.hpp"
 #include "tilemoe/error.hpp"
@@ -131,4 +133,27 @@ TEST_CASE("an mxfp4 layer with a scale the kernels cannot multiply exactly is re
   INFO(message);
   CHECK(message.find("expert 2 down row 2") != std::string::npos);
   CHECK(message.find("not a power of two") != std::string::npos);
+}
+
+TEST_CASE("the reference backend runs an mxfp4 layer on its values with bf16 activations, as the kernels do", "[quant][mxfp4][reference]") {
+  const MoeShape s{96, 72, 6, 2};
+  const ExpertWeights w = random_expert_weights(s, 21);
+  const LayerLora lora = random_lora(s, 4, 8.0f, 22);
+  const int tokens = 11;
+  const RandomRouting routing = random_routing(tokens, s, 23);
+  std::vector<float> x = random_activations(static_cast<std::size_t>(tokens) * s.hidden, 24);
+  for (float& v : x) v = bf16_to_float(float_to_bf16(v));
+  const MoeBatch<float> batch{tokens, s.top_k, x.data(), routing.expert_ids.data(), routing.weights.data()};
+  ComputeOptions opt;
+  opt.isa = "reference";
+  opt.weight_type = WeightType::mxfp4;
+  std::vector<float> got(x.size()), want(x.size()), kernels(x.size());
+  moe_forward(w.view(), lora, batch, opt, got.data());
+  // The plain reference on the dequantized weights: the same numbers (no int8 rounding of x or h).
+  const ExpertWeights values = dequantize_experts(quantize_experts(w.view(), WeightType::mxfp4, 0, nullptr));
+  reference_forward(values.view(), lora, batch, want.data());
+  CHECK(got == want);
+  opt.isa = "auto";
+  moe_forward(w.view(), lora, batch, opt, kernels.data());
+  CHECK(test::rel_error(kernels, want) <= 1e-2);
 }
