@@ -426,7 +426,7 @@ TEST_CASE("bench reads LoRA factors stored as f32, bf16 or both in turns (--lora
   test::expect_failure("bench --lora-dtype f16 --shape mini --tokens 1 --layers 1", "--lora-dtype f16", "");
 }
 
-TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run", "[cli][bench]") {
+TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run; and mxfp4 weights", "[cli][bench]") {
   // stdout into a file: the rows are what is checked.
   auto bench_out = [](const std::string& args, std::string& out) {
     const std::string file = test::temp_dir() + "/bench_groups.txt";
@@ -456,4 +456,14 @@ TEST_CASE("bench takes several int4 group sizes, each with its own layers, in on
   test::expect_failure("bench --weights int8 --group-size 64,128 --shape mini --tokens 1 --layers 1",
                        "several group sizes apply to int4 only", "");
   test::expect_failure("bench --weights int4 --group-size 64,48 --shape mini --tokens 1 --layers 1", "48", "");
+  // mxfp4: its own kernels, a layer of 4.25 bits a weight, a floor at the bf16 peak.
+  std::string mx;
+  REQUIRE(bench_out("--weights mxfp4 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json", mx) == 0);
+  INFO(mx);
+  CHECK(mx.find("\"weights\":\"mxfp4\"") != std::string::npos);
+  std::istringstream mx_lines(mx);
+  int mx_cases = 0;
+  for (std::string line; std::getline(mx_lines, line);)
+    if (line.find("\"weights\":\"mxfp4\"") != std::string::npos && line.find("\"ms\":") != std::string::npos) ++mx_cases;
+  CHECK(mx_cases == 4);
 }
