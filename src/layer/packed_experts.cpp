@@ -40,24 +40,33 @@ PackedExpertWeights PackedExpertWeights::pack_slice(const ExpertWeightsView& w, 
   return p;
 }
 
-PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
-  if (q.type == WeightType::mxfp4) return pack_mxfp4(q, pool, node);
-  PackedExpertWeights p;
+PackedExpertWeights PackedExpertWeights::quantized_layer(const quant::QuantizedExperts& q) {
   const MoeShape& s = q.shape;
+  for (Projection proj : kProjections) {
+    const quant::QuantizedProjection& qp = q[proj];
+    if (qp.type != q.type || qp.experts != s.num_experts || qp.n != projection_out(s, proj) || qp.k != projection_in(s, proj) ||
+        qp.codes.size() != qp.expert_code_bytes() * s.num_experts || qp.scales.size() != qp.expert_scale_count() * s.num_experts ||
+        (q.type == WeightType::mxfp4 && qp.group != quant::kMxfp4Group))
+      fail(ErrorKind::invalid_argument, std::string("pack_quantized: the ") + projection_name(proj) +
+                                            " projection does not match the layer's shape and weight type");
+  }
+  PackedExpertWeights p;
   p.shape_ = s;
   p.type_ = q.type;
   p.biases_ = q.biases;
   p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
   p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
+  return p;
+}
+
+PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
+  if (q.type == WeightType::mxfp4) return pack_mxfp4(q, pool, node);
+  PackedExpertWeights p = quantized_layer(q);
+  const MoeShape& s = q.shape;
   const int bits = q.type == WeightType::int8 ? 8 : 4;
   p.int_up_ = kernels::packed_int_shape(bits, s.intermediate, s.hidden, q.group);
   p.int_down_ = kernels::packed_int_shape(bits, s.hidden, s.intermediate, q.group);
   for (Projection proj : kProjections) {
-    const quant::QuantizedProjection& qp = q[proj];
-    if (qp.type != q.type || qp.experts != s.num_experts || qp.n != projection_out(s, proj) || qp.k != projection_in(s, proj) ||
-        qp.codes.size() != qp.expert_code_bytes() * s.num_experts || qp.scales.size() != qp.expert_scale_count() * s.num_experts)
-      fail(ErrorKind::invalid_argument, std::string("pack_quantized: the ") + projection_name(proj) +
-                                            " projection does not match the layer's shape and weight type");
     const kernels::PackedIntShape& is = p.int_shape(proj);
     const int i = static_cast<int>(proj);
     p.codes_[i] = numa::NodeBuffer<std::uint8_t>(is.code_bytes() * s.num_experts, node);
@@ -86,22 +95,12 @@ PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedEx
 }
 
 PackedExpertWeights PackedExpertWeights::pack_mxfp4(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
-  PackedExpertWeights p;
+  PackedExpertWeights p = quantized_layer(q);
   const MoeShape& s = q.shape;
-  p.shape_ = s;
-  p.type_ = q.type;
-  p.biases_ = q.biases;
-  p.gate_up_ = kernels::packed_shape(s.intermediate, s.hidden);
-  p.down_shape_ = kernels::packed_shape(s.hidden, s.intermediate);
   p.mx_up_ = kernels::packed_mxfp4_shape(s.intermediate, s.hidden);
   p.mx_down_ = kernels::packed_mxfp4_shape(s.hidden, s.intermediate);
   for (Projection proj : kProjections) {
     const quant::QuantizedProjection& qp = q[proj];
-    if (qp.type != q.type || qp.group != quant::kMxfp4Group || qp.experts != s.num_experts || qp.n != projection_out(s, proj) ||
-        qp.k != projection_in(s, proj) || qp.codes.size() != qp.expert_code_bytes() * s.num_experts ||
-        qp.scales.size() != qp.expert_scale_count() * s.num_experts)
-      fail(ErrorKind::invalid_argument, std::string("pack_quantized: the ") + projection_name(proj) +
-                                            " projection does not match the layer's shape and weight type");
     // Checked here, before any packing: the kernels multiply exactly only these.
     for (int e = 0; e < s.num_experts; ++e) {
       const float* scales = qp.scales_of(e);

@@ -54,6 +54,9 @@ class PackedExpertWeights {
   std::size_t bytes_per_expert() const { return bytes() / static_cast<std::size_t>(shape_.num_experts); }
 
  private:
+  // q's layer-wide fields (shape, type, biases, the bf16 layout's shapes), its projections checked
+  // against them; no weights yet.
+  static PackedExpertWeights quantized_layer(const quant::QuantizedExperts& q);
   static PackedExpertWeights pack_mxfp4(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node);
 
   MoeShape shape_;
