@@ -219,14 +219,20 @@ float quantized_code_value(WeightType type, const std::int8_t* row, int kk) {
 void quantize_mxfp4_matrix(const bf16* w, int n, int k, std::size_t ldw, std::int8_t* codes, float* scales) {
   const std::size_t row_bytes = static_cast<std::size_t>(k + 1) / 2;
   const int groups = (k + kMxfp4Group - 1) / kMxfp4Group;
+  float v[kMxfp4Group];
   for (int r = 0; r < n; ++r) {
     const bf16* row = w + ldw * r;
     auto* out = reinterpret_cast<std::uint8_t*>(codes + row_bytes * r);
     std::fill(out, out + row_bytes, std::uint8_t{0});
     for (int g = 0; g < groups; ++g) {
-      const int k0 = g * kMxfp4Group, k1 = std::min(k, k0 + kMxfp4Group);
+      const int k0 = g * kMxfp4Group, len = std::min(k, k0 + kMxfp4Group) - k0;
       float amax = 0.0f;
-      for (int kk = k0; kk < k1; ++kk) amax = std::max(amax, std::fabs(bf16_to_float(row[kk])));
+      for (int i = 0; i < len; ++i) {
+        v[i] = bf16_to_float(row[k0 + i]);
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      // Scales are powers of two in [2^-125, 2^125], so v * (1 / scale) and code * scale are exact
+      // (or rounded once, as ldexp would round, where a product falls below the normal range).
       int chosen = 0;
       if (amax > 0.0f) {
         int exponent = 0;
@@ -234,10 +240,10 @@ void quantize_mxfp4_matrix(const bf16* w, int n, int k, std::size_t ldw, std::in
         const int first = std::clamp(exponent - 3, kMxfp4MinScaleLog2, kMxfp4MaxScaleLog2);
         double best = -1.0;
         for (int log2 = first; log2 <= std::min(first + 1, kMxfp4MaxScaleLog2); ++log2) {
+          const float scale = std::ldexp(1.0f, log2), inv = std::ldexp(1.0f, -log2);
           double err = 0.0;
-          for (int kk = k0; kk < k1; ++kk) {
-            const float v = bf16_to_float(row[kk]);
-            const double d = static_cast<double>(std::ldexp(kernels::kE2m1Values[e2m1_code(std::ldexp(v, -log2))], log2)) - v;
+          for (int i = 0; i < len; ++i) {
+            const double d = static_cast<double>(kernels::kE2m1Values[e2m1_code(v[i] * inv)] * scale) - v[i];
             err += d * d;
           }
           if (best < 0.0 || err < best) {
@@ -247,8 +253,10 @@ void quantize_mxfp4_matrix(const bf16* w, int n, int k, std::size_t ldw, std::in
         }
       }
       scales[static_cast<std::size_t>(groups) * r + g] = std::ldexp(1.0f, chosen);
-      for (int kk = k0; kk < k1; ++kk) {
-        const auto code = static_cast<std::uint8_t>(e2m1_code(std::ldexp(bf16_to_float(row[kk]), -chosen)));
+      const float inv = std::ldexp(1.0f, -chosen);
+      for (int i = 0; i < len; ++i) {
+        const int kk = k0 + i;
+        const auto code = static_cast<std::uint8_t>(e2m1_code(v[i] * inv));
         out[kk / 2] |= (kk & 1) ? static_cast<std::uint8_t>(code << 4) : code;
       }
     }
