@@ -1,7 +1,7 @@
-// MXFP4 blocks to packed bf16 with AVX-512: a row pair of a block is 32 code bytes, widened to
-// words, split into its two nibbles, looked up (VPERMW) as bf16 bits and scaled by adding the
-// group's exponent to the bf16 exponent field of the non-zero values: the bits of
-// mxfp4_scaled_bits (amx/mxfp4_bits.hpp), 64 values at a time.
+// MXFP4 blocks to packed bf16 with AVX-512: a code line (four rows of a block, pack_mxfp4.hpp)
+// shifted by 0, 4, 8 and 12 bits and looked up (VPERMW) as bf16 bits, each row scaled by adding
+// the group's exponent to the bf16 exponent field of its non-zero values: the bits of
+// mxfp4_scaled_bits (amx/mxfp4_bits.hpp), 128 values a line.
 #include "amx/immintrin_gcc12.hpp"
 
 #include <cstdint>
@@ -16,7 +16,6 @@ void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4
   alignas(64) std::uint16_t table[32];
   for (int i = 0; i < 32; ++i) table[i] = kE2m1Bf16Bits[i & 15];
   const __m512i lut = _mm512_load_si512(table);
-  const __m512i low_nibble = _mm512_set1_epi16(0x0f);
   const __m512i magnitude = _mm512_set1_epi16(0x7fff);
   const int kbs = kb1 - kb0;
   for (int nb = nb0; nb < nb1; ++nb) {
@@ -32,14 +31,14 @@ void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4
           7);
       addend = _mm512_and_si512(addend, _mm512_set1_epi32(0xffff));
       addend = _mm512_or_si512(addend, _mm512_slli_epi32(addend, 16));
-      for (int j = 0; j < 8; ++j) {
-        const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j * 32)));
-        __m512i even = _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low_nibble), lut);
-        __m512i odd = _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), lut);
-        even = _mm512_mask_add_epi16(even, _mm512_test_epi16_mask(even, magnitude), even, addend);
-        odd = _mm512_mask_add_epi16(odd, _mm512_test_epi16_mask(odd, magnitude), odd, addend);
-        _mm512_storeu_si512(dst + (2 * j) * 32, even);
-        _mm512_storeu_si512(dst + (2 * j + 1) * 32, odd);
+      for (int j = 0; j < 4; ++j) {
+        const __m512i line = _mm512_loadu_si512(src + j * 64);
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          __m512i row = _mm512_permutexvar_epi16(t == 0 ? line : _mm512_srli_epi16(line, 4 * t), lut);
+          row = _mm512_mask_add_epi16(row, _mm512_test_epi16_mask(row, magnitude), row, addend);
+          _mm512_storeu_si512(dst + (4 * j + t) * 32, row);
+        }
       }
     }
   }

@@ -45,8 +45,7 @@ void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, 
         for (int r = 0; r < kBlockK / 2; ++r)
           for (int c = 0; c < kPanelColumns; ++c)
             for (int p = 0; p < 2; ++p) {
-              const std::uint8_t byte = codes[(r / 2) * 32 + c * 2 + p];
-              const bf16 v = mxfp4_scaled_bits((r & 1) ? byte >> 4 : byte & 0x0f, ex[c]);
+              const bf16 v = mxfp4_scaled_bits(mxfp4_block_code(codes, r, c, p), ex[c]);
               acc[c] += bf16_to_float(a[2 * r + p]) * bf16_to_float(v);
             }
       }

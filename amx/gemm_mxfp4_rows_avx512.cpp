@@ -1,8 +1,12 @@
-// MXFP4 decode rows with AVX-512: the bf16 kernel's register blocking (gemm_bf16_avx512.cpp: up to
-// 4 rows x 4 panels, a k-pair of each A row broadcast, one _mm512_dpbf16_ps per 16 columns x 2 k),
-// fed by block rows dequantized in registers as dequantize_mxfp4_avx512.cpp does. The weights
-// stream at 4.25 bits each and never exist as bf16 in memory, so decode reads a quarter of bf16's
-// bytes. Each panel stream asks for its codes two blocks (8 lines) ahead.
+// MXFP4 decode rows with AVX-512: the bf16 kernel's register blocking (gemm_bf16_avx512.cpp: a
+// k-pair of each A row broadcast, one _mm512_dpbf16_ps per 16 columns x 2 k), fed by rows of
+// E2M1 values looked up in registers from the packed code lines (pack_mxfp4.hpp: one 64-byte line,
+// shifted by 0, 4, 8 and 12 bits, is four rows of a block after one VPERMW each). The group's
+// power of two is not put into the values (that takes a zero test and a masked add per row, on
+// the shuffle port the lookups need): a block's products go into their own sums, which are then
+// multiplied by 2^(e - 127) as f32, exactly, and added to the row's. The weights stream at 4.25
+// bits each and never exist as bf16 in memory. Each panel stream asks for its codes two blocks
+// (8 lines) ahead.
 #include "amx/immintrin_gcc12.hpp"
 
 #include <cstdint>
@@ -15,8 +19,12 @@ namespace tilemoe::kernels {
 namespace {
 
 constexpr int kMaxRows = kMxfp4RowsMaxRows;
-constexpr int kMaxPanels = 4;
 constexpr int kPrefetchBlocks = 2;
+
+// Panels a block call reads at once: four streams where the registers allow (a row's sums and its
+// block's sums for each panel), two for three and four rows.
+template <int R>
+constexpr int kPanelsFor = R <= 2 ? 4 : 2;
 
 inline __m512i broadcast_pair(const bf16* p) {
   std::int32_t v;
@@ -25,34 +33,25 @@ inline __m512i broadcast_pair(const bf16* p) {
 }
 
 struct Decoder {
-  __m512i lut, low_nibble, magnitude, bias, word;
+  __m512i lut, least_scale;
   Decoder() {
     alignas(64) std::uint16_t table[32];
     for (int i = 0; i < 32; ++i) table[i] = kE2m1Bf16Bits[i & 15];
     lut = _mm512_load_si512(table);
-    low_nibble = _mm512_set1_epi16(0x0f);
-    magnitude = _mm512_set1_epi16(0x7fff);
-    bias = _mm512_set1_epi32(kMxfp4ExponentBias);
-    word = _mm512_set1_epi32(0xffff);
+    least_scale = _mm512_set1_epi32(0x00400000);  // 2^-127, E8M0's exponent 0, as an f32 subnormal
   }
-  // Column c's exponent addend in both words of dword c.
-  __m512i addend(const std::uint8_t* exponents) const {
-    __m512i a = _mm512_slli_epi32(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(exponents))), bias), 7);
-    a = _mm512_and_si512(a, word);
-    return _mm512_or_si512(a, _mm512_slli_epi32(a, 16));
+  // 2^(e - 127) as f32 for each column's exponent e (exponent 255, not a number in E8M0, gives
+  // infinity: pack_mxfp4.hpp leaves exponents outside its range unspecified).
+  __m512 scales(const std::uint8_t* exponents) const {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(exponents)));
+    return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_slli_epi32(e, 23), least_scale));
   }
-  // Block rows 2j (even) and 2j + 1 (odd) from their 32 code bytes.
-  void rows(const std::uint8_t* codes, __m512i addend, __m512i& even, __m512i& odd) const {
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
-    even = _mm512_permutexvar_epi16(_mm512_and_si512(bytes, low_nibble), lut);
-    odd = _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), lut);
-    even = _mm512_mask_add_epi16(even, _mm512_test_epi16_mask(even, magnitude), even, addend);
-    odd = _mm512_mask_add_epi16(odd, _mm512_test_epi16_mask(odd, magnitude), odd, addend);
-  }
+  // Row 4j + t of a block (unscaled E2M1 values as bf16) from its code line j.
+  __m512i row(__m512i line, int t) const { return _mm512_permutexvar_epi16(t == 0 ? line : _mm512_srli_epi16(line, 4 * t), lut); }
 };
 
 template <int R, int P>
-void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, int row0, int panel) {
+__attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, int row0, int panel) {
   __m512 acc[R][P];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
@@ -65,31 +64,42 @@ void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4Vi
   const bf16* a0 = g.a + static_cast<std::size_t>(row0) * g.lda;
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const std::uint8_t* codes = codes0 + static_cast<std::size_t>(kb) * kMxfp4BlockCodeBytes;
-    const std::uint8_t* exponents = exponents0 + static_cast<std::size_t>(kb) * kMxfp4BlockExponentBytes;
-    __m512i addend[P];
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) addend[p] = d.addend(exponents + p * exponent_stride);
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * kBlockK;
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
-      __m512i x_even[R], x_odd[R];
+    __m512 part[R][P];
 #pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) {
-        x_even[i] = broadcast_pair(ak + i * g.lda + 4 * j);
-        x_odd[i] = broadcast_pair(ak + i * g.lda + 4 * j + 2);
-      }
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) part[i][p] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      __m512i line[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
-        const std::uint8_t* row = codes + p * code_stride + j * 32;
-        if (j % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row + kPrefetchBlocks * kMxfp4BlockCodeBytes), _MM_HINT_T0);
-        __m512i even, odd;
-        d.rows(row, addend[p], even, odd);
+        const std::uint8_t* line_at = codes + p * code_stride + j * 64;
+        _mm_prefetch(reinterpret_cast<const char*>(line_at + kPrefetchBlocks * kMxfp4BlockCodeBytes), _MM_HINT_T0);
+        line[p] = _mm512_loadu_si512(line_at);
+      }
+      // One row of every panel at a time, so a row's broadcast serves all P panels and the
+      // registers hold P rows, not 4 P.
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        __m512i row[P];
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) row[p] = d.row(line[p], t);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
-          acc[i][p] = _mm512_dpbf16_ps(acc[i][p], (__m512bh)x_even[i], (__m512bh)even);
-          acc[i][p] = _mm512_dpbf16_ps(acc[i][p], (__m512bh)x_odd[i], (__m512bh)odd);
+          const __m512bh x = (__m512bh)broadcast_pair(ak + i * g.lda + 8 * j + 2 * t);
+#pragma GCC unroll 4
+          for (int p = 0; p < P; ++p) part[i][p] = _mm512_dpbf16_ps(part[i][p], x, (__m512bh)row[p]);
         }
       }
+    }
+    const std::uint8_t* exponents = exponents0 + static_cast<std::size_t>(kb) * kMxfp4BlockExponentBytes;
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const __m512 scale = d.scales(exponents + p * exponent_stride);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) acc[i][p] = _mm512_fmadd_ps(part[i][p], scale, acc[i][p]);
     }
   }
 #pragma GCC unroll 4
@@ -103,13 +113,18 @@ void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4Vi
 
 template <int R>
 void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, int row0) {
+  constexpr int kPanels = kPanelsFor<R>;
   int panel = g.panel_begin;
-  for (; panel + kMaxPanels <= g.panel_end; panel += kMaxPanels) block<R, kMaxPanels>(g, s, w, d, row0, panel);
-  switch (g.panel_end - panel) {
-    case 3: block<R, 3>(g, s, w, d, row0, panel); break;
-    case 2: block<R, 2>(g, s, w, d, row0, panel); break;
-    case 1: block<R, 1>(g, s, w, d, row0, panel); break;
-    default: break;
+  for (; panel + kPanels <= g.panel_end; panel += kPanels) block<R, kPanels>(g, s, w, d, row0, panel);
+  if constexpr (kPanels == 4) {
+    switch (g.panel_end - panel) {
+      case 3: block<R, 3>(g, s, w, d, row0, panel); break;
+      case 2: block<R, 2>(g, s, w, d, row0, panel); break;
+      case 1: block<R, 1>(g, s, w, d, row0, panel); break;
+      default: break;
+    }
+  } else if (panel < g.panel_end) {
+    block<R, 1>(g, s, w, d, row0, panel);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "amx/pack_mxfp4.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -8,15 +9,7 @@
 namespace tilemoe::kernels {
 
 PackedMxfp4Shape packed_mxfp4_shape(int n, int k) {
-  const PackedShape p = packed_shape(n, k);
-  PackedMxfp4Shape s;
-  s.n = p.n;
-  s.k = p.k;
-  s.n_padded = p.n_padded;
-  s.k_padded = p.k_padded;
-  s.panels = p.panels;
-  s.kblocks = p.kblocks;
-  return s;
+  return PackedMxfp4Shape{packed_shape(n, k)};
 }
 
 void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::size_t ldq, const std::uint8_t* e,
@@ -30,12 +23,12 @@ void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::s
     for (int kb = 0; kb < s.kblocks; ++kb) {
       const std::size_t block = static_cast<std::size_t>(nb) * s.kblocks + kb;
       std::uint8_t* dst = codes + block * kMxfp4BlockCodeBytes;
-      for (int j = 0; j < 8; ++j)
+      std::fill(dst, dst + kMxfp4BlockCodeBytes, std::uint8_t{0});
+      for (int r = 0; r < kBlockK / 2; ++r)
         for (int c = 0; c < kPanelColumns; ++c)
-          for (int p = 0; p < 2; ++p) {
-            const int row = nb * kPanelColumns + c, kk = kb * kBlockK + 4 * j + p;
-            dst[j * 32 + c * 2 + p] = static_cast<std::uint8_t>(code_of(row, kk) | code_of(row, kk + 2) << 4);
-          }
+          for (int p = 0; p < 2; ++p)
+            dst[mxfp4_code_byte(r, c, p)] |=
+                static_cast<std::uint8_t>(code_of(nb * kPanelColumns + c, kb * kBlockK + 2 * r + p) << mxfp4_code_shift(r));
       std::uint8_t* ex = exponents + block * kMxfp4BlockExponentBytes;
       for (int c = 0; c < kPanelColumns; ++c) {
         const int row = nb * kPanelColumns + c;
@@ -46,9 +39,7 @@ void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::s
 
 int packed_mxfp4_code(const PackedMxfp4Shape& s, const std::uint8_t* codes, int col, int kk) {
   const int nb = col / kPanelColumns, c = col % kPanelColumns, kb = kk / kBlockK, r = (kk % kBlockK) / 2, p = kk % 2;
-  const std::uint8_t byte =
-      codes[(static_cast<std::size_t>(nb) * s.kblocks + kb) * kMxfp4BlockCodeBytes + (r / 2) * 32 + c * 2 + p];
-  return (r & 1) ? byte >> 4 : byte & 0x0f;
+  return mxfp4_block_code(codes + (static_cast<std::size_t>(nb) * s.kblocks + kb) * kMxfp4BlockCodeBytes, r, c, p);
 }
 
 int packed_mxfp4_exponent(const PackedMxfp4Shape& s, const std::uint8_t* exponents, int col, int kk) {
@@ -69,13 +60,9 @@ void dequantize_mxfp4_blocks_portable(const PackedMxfp4Shape& s, const PackedMxf
       const std::uint8_t* src = w.codes + block * kMxfp4BlockCodeBytes;
       const std::uint8_t* ex = w.exponents + block * kMxfp4BlockExponentBytes;
       bf16* dst = out + (static_cast<std::size_t>(nb - nb0) * kbs + (kb - kb0)) * kBlockElements;
-      for (int j = 0; j < 8; ++j)
+      for (int r = 0; r < kBlockK / 2; ++r)
         for (int c = 0; c < kPanelColumns; ++c)
-          for (int p = 0; p < 2; ++p) {
-            const std::uint8_t byte = src[j * 32 + c * 2 + p];
-            dst[(2 * j) * 32 + c * 2 + p] = mxfp4_scaled_bits(byte & 0x0f, ex[c]);
-            dst[(2 * j + 1) * 32 + c * 2 + p] = mxfp4_scaled_bits(byte >> 4, ex[c]);
-          }
+          for (int p = 0; p < 2; ++p) dst[r * 32 + c * 2 + p] = mxfp4_scaled_bits(mxfp4_block_code(src, r, c, p), ex[c]);
     }
 }
 

@@ -4,11 +4,16 @@
 // layout mirrors the bf16 one (pack_bf16.hpp), one (panel nb, k-block kb) block at a time, so
 // that one block dequantizes to exactly one packed bf16 block (1 KiB, one AMX B tile):
 //
-//   codes:     256 bytes a block; byte j*32 + c*2 + p (j: 0..7) holds element (2j, c, p) in its
-//              low nibble and element (2j + 1, c, p) in its high nibble, where element (r, c, p)
-//              is Q[nb*16 + c][kb*32 + 2r + p] (r: k-pair, c: column, p: 0..1), as in pack_bf16;
+//   codes:     256 bytes a block, four 64-byte lines; the 16-bit word w = c*2 + p of line j
+//              (j: 0..3, little-endian bytes 2w, 2w + 1) holds element (4j + t, c, p) in its
+//              nibble t (bits 4t..4t + 3, t: 0..3), where element (r, c, p) is
+//              Q[nb*16 + c][kb*32 + 2r + p] (r: k-pair, c: column, p: 0..1), as in pack_bf16;
 //   exponents: 16 bytes a block; byte c is the E8M0 exponent of row nb*16 + c's inputs
 //              kb*32 .. kb*32 + 31 (one MXFP4 group is one k-block).
+//
+// So one line shifted right by 4t and looked up (VPERMW, which reads only an index word's low 5
+// bits, against a 32-entry table that repeats the 16 values) is one row of the bf16 block: four
+// rows a line, with no widening of bytes to words (a shuffle each) in between.
 //
 // Both arrays hold the blocks panel by panel, a panel's k-blocks contiguous, so a panel streams
 // in order along K. Padding rows and inputs have code 0 (+0) and exponent 127 (scale 1).
@@ -21,23 +26,18 @@
 
 #include "amx/pack_bf16.hpp"
 #include "tilemoe/bf16.hpp"
+#include "tilemoe/mxfp4.hpp"
 
 namespace tilemoe::kernels {
 
-inline constexpr int kMxfp4Group = kBlockK;
+static_assert(kMxfp4Group == kBlockK, "one MXFP4 group is one k-block");
 inline constexpr std::size_t kMxfp4BlockCodeBytes = 256;
 inline constexpr std::size_t kMxfp4BlockExponentBytes = kPanelColumns;
-inline constexpr int kMxfp4ExponentBias = 127;
 inline constexpr int kMxfp4MinExponent = 2;    // 0.5 * 2^(2 - 127) = 2^-126, bf16's least normal
 inline constexpr int kMxfp4MaxExponent = 252;  // 6 * 2^(252 - 127) = 1.5 * 2^127 < bf16's largest
 
-// E2M1: bit 3 the sign, bits 2..1 the exponent (bias 1), bit 0 the mantissa.
-inline constexpr float kE2m1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-struct PackedMxfp4Shape {
-  int n = 0, k = 0, n_padded = 0, k_padded = 0, panels = 0, kblocks = 0;
-
+// The bf16 layout's padding and block counts, with the sizes of the two arrays.
+struct PackedMxfp4Shape : PackedShape {
   std::size_t blocks() const { return static_cast<std::size_t>(panels) * kblocks; }
   std::size_t code_bytes() const { return blocks() * kMxfp4BlockCodeBytes; }
   std::size_t exponent_bytes() const { return blocks() * kMxfp4BlockExponentBytes; }
@@ -57,6 +57,16 @@ struct PackedMxfp4View {
 // hold code_bytes() and exponent_bytes(); every byte of them is written.
 void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::size_t ldq, const std::uint8_t* e,
                         std::size_t lde, std::uint8_t* codes, std::uint8_t* exponents);
+
+// Where element (r, c, p) of a block lies in its 256 code bytes: the byte, and the shift of its
+// nibble within it.
+inline constexpr std::size_t mxfp4_code_byte(int r, int c, int p) {
+  return static_cast<std::size_t>(r / 4) * 64 + static_cast<std::size_t>(c * 2 + p) * 2 + static_cast<std::size_t>((r % 4) / 2);
+}
+inline constexpr int mxfp4_code_shift(int r) { return (r % 2) * 4; }
+inline int mxfp4_block_code(const std::uint8_t* block_codes, int r, int c, int p) {
+  return (block_codes[mxfp4_code_byte(r, c, p)] >> mxfp4_code_shift(r)) & 0x0f;
+}
 
 // The E2M1 code (0..15) and exponent of packed element (col, kk); for tests and references.
 int packed_mxfp4_code(const PackedMxfp4Shape& s, const std::uint8_t* codes, int col, int kk);

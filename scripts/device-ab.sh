@@ -13,7 +13,8 @@
 # KT=1 also builds kt-kernel's harness (.ktk, ../shared/anchors/ktkernel) and runs it after the
 # rounds listed in KT_AFTER (default 3) and at the end, with KT_ARGS (default: --qlens 1,512
 # --sft-qlens 512): its runs differ by up to 15 %, so a peer figure wants several; STEP=1 adds a
-# fine-tuning step at 512 tokens (weight copy) to every round. Logs go to $OUT.
+# fine-tuning step at 512 tokens (weight copy) to every round; SHAPES (default v2-lite) lists the
+# bench shapes each round runs. Logs go to $OUT.
 set -o pipefail
 cd "$(dirname "$0")/.."
 what="${1:-}"; shift || true
@@ -67,7 +68,10 @@ for r in $rounds; do
   i=$((i + 1))
   bin=/tmp/ab-base/tilemoe; [ "$r" = n ] && bin=/tmp/ab-new/tilemoe
   echo "== round $i: $r"
-  "$bin" bench --shape v2-lite --phases "$@" 2>&1 | tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases|merge"
+  for shape in ${SHAPES:-v2-lite}; do
+    echo "-- $shape"
+    "$bin" bench --shape "$shape" --phases "$@" 2>&1 | tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases|merge"
+  done
   if [ "${STEP:-0}" = 1 ]; then
     "$bin" bench --shape v2-lite --tokens 512 --lora-rank 16 --backward --backward-weight-copy --phases 2>&1 |
       tee -a "$OUT/bench-$r.txt" | grep -E "^ +[0-9]|phases"

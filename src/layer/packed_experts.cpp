@@ -46,7 +46,7 @@ PackedExpertWeights PackedExpertWeights::quantized_layer(const quant::QuantizedE
     const quant::QuantizedProjection& qp = q[proj];
     if (qp.type != q.type || qp.experts != s.num_experts || qp.n != projection_out(s, proj) || qp.k != projection_in(s, proj) ||
         qp.codes.size() != qp.expert_code_bytes() * s.num_experts || qp.scales.size() != qp.expert_scale_count() * s.num_experts ||
-        (q.type == WeightType::mxfp4 && qp.group != quant::kMxfp4Group))
+        (q.type == WeightType::mxfp4 && qp.group != kMxfp4Group))
       fail(ErrorKind::invalid_argument, std::string("pack_quantized: the ") + projection_name(proj) +
                                             " projection does not match the layer's shape and weight type");
   }

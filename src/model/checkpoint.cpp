@@ -13,6 +13,7 @@
 #include "src/model/finite_check.hpp"
 #include "src/model/tensor_names.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/mxfp4.hpp"
 
 namespace tilemoe {
 namespace fs = std::filesystem;
@@ -228,17 +229,15 @@ void Checkpoint::place_stacked_refs(int layer, const ExpertTensorRef& like, cons
 
 namespace {
 
-// MXFP4 (the OCP microscaling format gpt-oss ships): blocks of 32 E2M1 values, two a byte with the
-// first in the low nibble, scaled by 2^(scale - 127). Every value is exact in bf16.
-constexpr float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-void dequantize_mxfp4_row(const std::uint8_t* blocks, const std::uint8_t* scales, int cols, bf16* out) {
-  for (int b = 0; b < cols / 32; ++b) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(scales[b]) - 127);
-    for (int j = 0; j < 16; ++j) {
-      const std::uint8_t byte = blocks[b * 16 + j];
-      out[b * 32 + 2 * j] = float_to_bf16(kE2M1[byte & 0x0f] * scale);
-      out[b * 32 + 2 * j + 1] = float_to_bf16(kE2M1[byte >> 4] * scale);
+// One row of MXFP4 (tilemoe/mxfp4.hpp) as bf16; every value is exact where its exponent keeps it a
+// normal bf16.
+void dequantize_mxfp4_row(const std::uint8_t* codes, const std::uint8_t* exponents, int cols, bf16* out) {
+  for (int g = 0; g < cols / kMxfp4Group; ++g) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(exponents[g]) - kMxfp4ExponentBias);
+    for (std::size_t j = 0; j < kMxfp4GroupBytes; ++j) {
+      const std::uint8_t byte = codes[g * kMxfp4GroupBytes + j];
+      out[g * kMxfp4Group + 2 * j] = float_to_bf16(kE2m1Values[byte & 0x0f] * scale);
+      out[g * kMxfp4Group + 2 * j + 1] = float_to_bf16(kE2m1Values[byte >> 4] * scale);
     }
   }
 }
@@ -258,8 +257,10 @@ void Checkpoint::add_gpt_oss_experts(int layer, const std::string& name, const L
     scales = name.substr(0, name.size() - 7) + "_scales";  // "..._blocks" -> "..._scales"
     const Location* sl = find(scales);
     if (!sl) fail(ErrorKind::bad_file, where + ": '" + name + "' is MXFP4 blocks but '" + scales + "' is missing");
-    const std::vector<std::int64_t> want_blocks{s.num_experts, out, in / 32, 16}, want_scales{s.num_experts, out, in / 32};
-    if (in % 32 != 0)
+    const std::int64_t groups = in / kMxfp4Group;
+    const std::vector<std::int64_t> want_blocks{s.num_experts, out, groups, static_cast<std::int64_t>(kMxfp4GroupBytes)},
+        want_scales{s.num_experts, out, groups};
+    if (in % kMxfp4Group != 0)
       fail(ErrorKind::bad_file, where + ": '" + name + "' is MXFP4, whose blocks of 32 do not divide the input size " + std::to_string(in));
     if (info.dtype != io::Dtype::U8 || info.shape != want_blocks)
       fail(ErrorKind::bad_file, where + ": '" + name + "' is " + io::dtype_name(info.dtype) + " " + io::shape_string(info.shape) +
@@ -281,7 +282,7 @@ void Checkpoint::add_gpt_oss_experts(int layer, const std::string& name, const L
   if (gate_up) parts = {{Projection::gate, 0}, {Projection::up, 1}};  // interleaved: gate's even outputs, up's odd
   else parts = {{Projection::down, 0}};
   const std::size_t values = static_cast<std::size_t>(projection_out(s, parts.front().first)) * static_cast<std::size_t>(in);
-  const std::size_t bytes = mxfp4 ? values / 2 + values / 32 : values * io::dtype_size(info.dtype);
+  const std::size_t bytes = mxfp4 ? values / 2 + values / kMxfp4Group : values * io::dtype_size(info.dtype);
   place_stacked_refs(layer, ExpertTensorRef{name, 0, 0, bytes, gate_up ? 2 : 1, !mxfp4, scales}, parts, refs);
 }
 
@@ -291,22 +292,23 @@ void Checkpoint::read_gpt_oss_tensor(const ExpertTensorRef& ref, int rows, int c
   const auto& info = *loc->info;
   const std::size_t e = static_cast<std::size_t>(ref.stacked_expert);
   if (!ref.scales.empty()) {
-    // [E, out, in/32, 16] blocks, [E, out, in/32] scales: this projection's rows first_row + i * row_step.
     const Location* sl = find(ref.scales);
     const auto& sinfo = *sl->info;
-    const std::size_t total_rows = static_cast<std::size_t>(info.shape[1]), groups = static_cast<std::size_t>(cols / 32);
-    const auto* blocks = reinterpret_cast<const std::uint8_t*>(file.data(info));
-    const auto* scales = reinterpret_cast<const std::uint8_t*>(files_[sl->file]->data(sinfo));
+    const Mxfp4StackRows stack{static_cast<std::size_t>(info.shape[1]), static_cast<std::size_t>(cols / kMxfp4Group), ref.first_row,
+                               ref.row_step};
+    const auto* codes = reinterpret_cast<const std::uint8_t*>(file.data(info));
+    const auto* exponents = reinterpret_cast<const std::uint8_t*>(files_[sl->file]->data(sinfo));
     for (int i = 0; i < rows; ++i) {
-      const std::size_t r = e * total_rows + static_cast<std::size_t>(ref.first_row) + static_cast<std::size_t>(i) * ref.row_step;
-      dequantize_mxfp4_row(blocks + r * groups * 16, scales + r * groups, cols, out + static_cast<std::size_t>(i) * cols);
+      const auto row = static_cast<std::size_t>(i);
+      dequantize_mxfp4_row(codes + stack.code_offset(e, row), exponents + stack.exponent_offset(e, row), cols,
+                           out + row * static_cast<std::size_t>(cols));
     }
     // As read_expert_tensor does, the expert's pages leave this process's memory once read: by the
     // last projection that reads them (up of an interleaved gate_up; gate's reader, running beside
     // it, faults back in what it still needs).
     if (ref.first_row + 1 == ref.row_step) {
-      file.release(info.offset + e * total_rows * groups * 16, total_rows * groups * 16);
-      files_[sl->file]->release(sinfo.offset + e * total_rows * groups, total_rows * groups);
+      file.release(info.offset + e * stack.expert_code_bytes(), stack.expert_code_bytes());
+      files_[sl->file]->release(sinfo.offset + e * stack.expert_exponent_bytes(), stack.expert_exponent_bytes());
     }
     return;
   }

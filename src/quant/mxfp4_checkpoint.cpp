@@ -31,26 +31,24 @@ bool read_mxfp4_layer(const Checkpoint& ck, int layer, QuantizedExperts& out, nu
     const io::SafetensorsFile& scales_file = *ck.file_of(r.scales);
     const io::TensorInfo& blocks = blocks_file.get(r.name);
     const io::TensorInfo& scales = scales_file.get(r.scales);
-    // [E, rows, k/32, 16] blocks and [E, rows, k/32] exponents; this projection's rows are
-    // first_row + i * row_step (gate and up interleaved in gate_up_proj).
-    const std::size_t total_rows = static_cast<std::size_t>(blocks.shape[1]);
-    const std::size_t groups = static_cast<std::size_t>(qp.groups_per_row()), row_bytes = qp.row_bytes();
+    const Mxfp4StackRows stack{static_cast<std::size_t>(blocks.shape[1]), static_cast<std::size_t>(qp.groups_per_row()), r.first_row,
+                               r.row_step};
+    const std::size_t groups = stack.groups, row_bytes = qp.row_bytes(), expert = static_cast<std::size_t>(r.stacked_expert);
     const auto* code_data = reinterpret_cast<const std::uint8_t*>(blocks_file.data(blocks));
     const auto* exponent_data = reinterpret_cast<const std::uint8_t*>(scales_file.data(scales));
     for (int i = 0; i < qp.n; ++i) {
-      const std::size_t row = static_cast<std::size_t>(r.stacked_expert) * total_rows + static_cast<std::size_t>(r.first_row) +
-                              static_cast<std::size_t>(i) * static_cast<std::size_t>(r.row_step);
-      const std::uint8_t* codes = code_data + row * groups * 16;
+      const std::uint8_t* codes = code_data + stack.code_offset(expert, static_cast<std::size_t>(i));
+      const std::uint8_t* exponents = exponent_data + stack.exponent_offset(expert, static_cast<std::size_t>(i));
       std::memcpy(qp.codes_of(e) + row_bytes * static_cast<std::size_t>(i), codes, row_bytes);
       float* row_scales = qp.scales_of(e) + groups * static_cast<std::size_t>(i);
       for (std::size_t g = 0; g < groups; ++g) {
-        const int exponent = exponent_data[row * groups + g];
+        const int exponent = exponents[g];
         if (exponent >= kernels::kMxfp4MinExponent && exponent <= kernels::kMxfp4MaxExponent) {
-          row_scales[g] = std::ldexp(1.0f, exponent - kernels::kMxfp4ExponentBias);
+          row_scales[g] = std::ldexp(1.0f, exponent - kMxfp4ExponentBias);
           continue;
         }
         bool zeros = true;  // codes 0 and 8 (-0) only
-        for (std::size_t b = 0; b < 16; ++b) zeros = zeros && (codes[g * 16 + b] & 0x77) == 0;
+        for (std::size_t b = 0; b < kMxfp4GroupBytes; ++b) zeros = zeros && (codes[g * kMxfp4GroupBytes + b] & 0x77) == 0;
         if (!zeros) exact.store(false, std::memory_order_relaxed);
         row_scales[g] = 1.0f;
       }
@@ -58,9 +56,8 @@ bool read_mxfp4_layer(const Checkpoint& ck, int layer, QuantizedExperts& out, nu
     // As the bf16 readers do, the expert's pages leave this process's memory once read, by the
     // last projection reading them (up of the interleaved gate_up).
     if (r.first_row + 1 == r.row_step) {
-      const std::size_t block_bytes = total_rows * groups * 16, exponent_bytes = total_rows * groups;
-      blocks_file.release(blocks.offset + static_cast<std::size_t>(r.stacked_expert) * block_bytes, block_bytes);
-      scales_file.release(scales.offset + static_cast<std::size_t>(r.stacked_expert) * exponent_bytes, exponent_bytes);
+      blocks_file.release(blocks.offset + expert * stack.expert_code_bytes(), stack.expert_code_bytes());
+      scales_file.release(scales.offset + expert * stack.expert_exponent_bytes(), stack.expert_exponent_bytes());
     }
   };
   const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;

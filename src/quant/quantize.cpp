@@ -167,8 +167,8 @@ void quantize_int4_matrix(const bf16* w, int n, int k, std::size_t ldw, int grou
 
 namespace {
 
-constexpr int kMxfp4MinScaleLog2 = kernels::kMxfp4MinExponent - kernels::kMxfp4ExponentBias;  // -125
-constexpr int kMxfp4MaxScaleLog2 = kernels::kMxfp4MaxExponent - kernels::kMxfp4ExponentBias;  // 125
+constexpr int kMxfp4MinScaleLog2 = kernels::kMxfp4MinExponent - kMxfp4ExponentBias;  // -125
+constexpr int kMxfp4MaxScaleLog2 = kernels::kMxfp4MaxExponent - kMxfp4ExponentBias;  // 125
 
 // The nearest E2M1 magnitude code of |x|, ties to the even code (as round-to-nearest-even does
 // with E2M1's one mantissa bit); beyond 6 it saturates.
@@ -202,7 +202,7 @@ bool valid_mxfp4_scale(float scale) {
 int mxfp4_scale_exponent(float scale) {
   int exponent = 0;
   std::frexp(scale, &exponent);
-  return exponent - 1 + kernels::kMxfp4ExponentBias;
+  return exponent - 1 + kMxfp4ExponentBias;
 }
 
 float quantized_code_value(WeightType type, const std::int8_t* row, int kk) {
@@ -210,7 +210,7 @@ float quantized_code_value(WeightType type, const std::int8_t* row, int kk) {
     case WeightType::int4: return static_cast<float>(int4_code(row, kk));
     case WeightType::mxfp4: {
       const auto byte = static_cast<std::uint8_t>(row[kk / 2]);
-      return kernels::kE2m1Values[(kk & 1) ? byte >> 4 : byte & 0x0f];
+      return kE2m1Values[(kk & 1) ? byte >> 4 : byte & 0x0f];
     }
     default: return static_cast<float>(row[kk]);
   }
@@ -243,7 +243,7 @@ void quantize_mxfp4_matrix(const bf16* w, int n, int k, std::size_t ldw, std::in
           const float scale = std::ldexp(1.0f, log2), inv = std::ldexp(1.0f, -log2);
           double err = 0.0;
           for (int i = 0; i < len; ++i) {
-            const double d = static_cast<double>(kernels::kE2m1Values[e2m1_code(v[i] * inv)] * scale) - v[i];
+            const double d = static_cast<double>(kE2m1Values[e2m1_code(v[i] * inv)] * scale) - v[i];
             err += d * d;
           }
           if (best < 0.0 || err < best) {

@@ -21,6 +21,7 @@
 
 #include "tilemoe/bf16.hpp"
 #include "tilemoe/config.hpp"
+#include "tilemoe/mxfp4.hpp"
 #include "src/model/expert_biases.hpp"
 #include "src/model/expert_weights.hpp"
 
@@ -31,7 +32,6 @@ class ThreadPool;
 namespace tilemoe::quant {
 
 inline constexpr int kDefaultInt4Group = 128;
-inline constexpr int kMxfp4Group = 32;
 inline constexpr int kInt8MaxCode = 127;
 
 // The group sizes int4 accepts: 32, 64, 128.
