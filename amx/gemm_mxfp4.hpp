@@ -28,8 +28,9 @@ inline constexpr int kMxfp4ChunkPanels = 4;
 inline constexpr int kMxfp4ChunkKBlocks = 8;
 
 // The main product of g (no second product; g.a by rows, g.m <= kMxfp4RowsMaxRows) over MXFP4
-// weights, C = or += per g.accumulate: each block dequantized in registers (mxfp4_bits.hpp's bits)
-// and multiplied as gemm_bf16's AVX-512 kernel multiplies a packed bf16 block.
+// weights, C = or += per g.accumulate: each block's E2M1 values looked up in registers and
+// multiplied as gemm_bf16's AVX-512 kernel multiplies a packed bf16 block, the block's sums then
+// scaled by its powers of two (the same values as mxfp4_bits.hpp's, up to f32 reordering).
 using GemmMxfp4RowsFn = void (*)(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 // Only where isa_available(Isa::avx512_bf16).
