@@ -7,15 +7,14 @@
 #include <cstdint>
 
 #include "amx/mxfp4_bits.hpp"
+#include "amx/mxfp4_lookup_avx512.hpp"
 #include "amx/pack_mxfp4.hpp"
 
 namespace tilemoe::kernels {
 
 void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
                                     bf16* out) {
-  alignas(64) std::uint16_t table[32];
-  for (int i = 0; i < 32; ++i) table[i] = kE2m1Bf16Bits[i & 15];
-  const __m512i lut = _mm512_load_si512(table);
+  const Mxfp4LineLookup lookup;
   const __m512i magnitude = _mm512_set1_epi16(0x7fff);
   const int kbs = kb1 - kb0;
   for (int nb = nb0; nb < nb1; ++nb) {
@@ -35,7 +34,7 @@ void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4
         const __m512i line = _mm512_loadu_si512(src + j * 64);
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
-          __m512i row = _mm512_permutexvar_epi16(t == 0 ? line : _mm512_srli_epi16(line, 4 * t), lut);
+          __m512i row = lookup.row(line, t);
           row = _mm512_mask_add_epi16(row, _mm512_test_epi16_mask(row, magnitude), row, addend);
           _mm512_storeu_si512(dst + (4 * j + t) * 32, row);
         }

@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "amx/gemm_mxfp4.hpp"
-#include "amx/mxfp4_bits.hpp"
+#include "amx/mxfp4_lookup_avx512.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -32,22 +32,15 @@ inline __m512i broadcast_pair(const bf16* p) {
   return _mm512_set1_epi32(v);
 }
 
-struct Decoder {
-  __m512i lut, least_scale;
-  Decoder() {
-    alignas(64) std::uint16_t table[32];
-    for (int i = 0; i < 32; ++i) table[i] = kE2m1Bf16Bits[i & 15];
-    lut = _mm512_load_si512(table);
-    least_scale = _mm512_set1_epi32(0x00400000);  // 2^-127, E8M0's exponent 0, as an f32 subnormal
-  }
+struct Decoder : Mxfp4LineLookup {
+  __m512i least_scale = _mm512_set1_epi32(0x00400000);  // 2^-127, E8M0's exponent 0, as an f32 subnormal
+
   // 2^(e - 127) as f32 for each column's exponent e (exponent 255, not a number in E8M0, gives
   // infinity: pack_mxfp4.hpp leaves exponents outside its range unspecified).
   __m512 scales(const std::uint8_t* exponents) const {
     const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(exponents)));
     return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_slli_epi32(e, 23), least_scale));
   }
-  // Row 4j + t of a block (unscaled E2M1 values as bf16) from its code line j.
-  __m512i row(__m512i line, int t) const { return _mm512_permutexvar_epi16(t == 0 ? line : _mm512_srli_epi16(line, 4 * t), lut); }
 };
 
 template <int R, int P>
