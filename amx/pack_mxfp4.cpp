@@ -23,12 +23,30 @@ void pack_mxfp4_weights(const PackedMxfp4Shape& s, const std::uint8_t* q, std::s
     for (int kb = 0; kb < s.kblocks; ++kb) {
       const std::size_t block = static_cast<std::size_t>(nb) * s.kblocks + kb;
       std::uint8_t* dst = codes + block * kMxfp4BlockCodeBytes;
-      std::fill(dst, dst + kMxfp4BlockCodeBytes, std::uint8_t{0});
-      for (int r = 0; r < kBlockK / 2; ++r)
-        for (int c = 0; c < kPanelColumns; ++c)
-          for (int p = 0; p < 2; ++p)
-            dst[mxfp4_code_byte(r, c, p)] |=
-                static_cast<std::uint8_t>(code_of(nb * kPanelColumns + c, kb * kBlockK + 2 * r + p) << mxfp4_code_shift(r));
+      if ((kb + 1) * kBlockK <= s.k) {
+        // A whole k-block: source byte r of a row holds the pair r's two inputs (p = 0 low, p = 1
+        // high), and pairs 2h and 2h + 1 share each destination byte (their nibbles 0 and 1).
+        for (int c = 0; c < kPanelColumns; ++c) {
+          const int row = nb * kPanelColumns + c;
+          for (int h = 0; h < kBlockK / 4; ++h) {
+            std::uint8_t even = 0, odd = 0;
+            if (row < s.n) {
+              const std::uint8_t* src = q + static_cast<std::size_t>(row) * ldq + static_cast<std::size_t>(kb) * (kBlockK / 2) + 2 * h;
+              even = static_cast<std::uint8_t>((src[0] & 0x0f) | (src[1] << 4));
+              odd = static_cast<std::uint8_t>((src[0] >> 4) | (src[1] & 0xf0));
+            }
+            dst[mxfp4_code_byte(2 * h, c, 0)] = even;
+            dst[mxfp4_code_byte(2 * h, c, 1)] = odd;
+          }
+        }
+      } else {
+        std::fill(dst, dst + kMxfp4BlockCodeBytes, std::uint8_t{0});
+        for (int r = 0; r < kBlockK / 2; ++r)
+          for (int c = 0; c < kPanelColumns; ++c)
+            for (int p = 0; p < 2; ++p)
+              dst[mxfp4_code_byte(r, c, p)] |=
+                  static_cast<std::uint8_t>(code_of(nb * kPanelColumns + c, kb * kBlockK + 2 * r + p) << mxfp4_code_shift(r));
+      }
       std::uint8_t* ex = exponents + block * kMxfp4BlockExponentBytes;
       for (int c = 0; c < kPanelColumns; ++c) {
         const int row = nb * kPanelColumns + c;

@@ -64,6 +64,19 @@ TEST_CASE("mxfp4 scales the kernels multiply exactly: powers of two in [2^-125, 
     INFO(bad);
     CHECK_FALSE(valid_mxfp4_scale(bad));
   }
+  // Against frexp's reading of the definition, over every power of two, its neighbours and their
+  // negatives, subnormals included.
+  for (int e = -149; e <= 127; ++e) {
+    const float p = std::ldexp(1.0f, e);
+    for (float v : {p, std::nextafter(p, 0.0f), std::nextafter(p, INFINITY), -p}) {
+      int exponent = 0;
+      const float mantissa = std::frexp(v, &exponent);
+      const bool want = v > 0 && mantissa == 0.5f && exponent - 1 >= -125 && exponent - 1 <= 125;
+      INFO(v);
+      REQUIRE(valid_mxfp4_scale(v) == want);
+      if (want) REQUIRE(mxfp4_scale_exponent(v) == exponent - 1 + 127);
+    }
+  }
 }
 
 TEST_CASE("weights that came from MXFP4 quantize back to the same values, at any row length", "[quant][mxfp4]") {

@@ -1,5 +1,6 @@
 #include "src/layer/packed_experts.hpp"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -100,22 +101,16 @@ PackedExpertWeights PackedExpertWeights::pack_mxfp4(const quant::QuantizedExpert
   p.mx_up_ = kernels::packed_mxfp4_shape(s.intermediate, s.hidden);
   p.mx_down_ = kernels::packed_mxfp4_shape(s.hidden, s.intermediate);
   for (Projection proj : kProjections) {
-    const quant::QuantizedProjection& qp = q[proj];
-    // Checked here, before any packing: the kernels multiply exactly only these.
-    for (int e = 0; e < s.num_experts; ++e) {
-      const float* scales = qp.scales_of(e);
-      for (std::size_t i = 0; i < qp.expert_scale_count(); ++i)
-        if (!quant::valid_mxfp4_scale(scales[i]))
-          fail(ErrorKind::invalid_argument, "pack_quantized: expert " + std::to_string(e) + " " + projection_name(proj) + " row " +
-                                                std::to_string(i / static_cast<std::size_t>(qp.groups_per_row())) + ": mxfp4 scale " +
-                                                std::to_string(scales[i]) + " is not a power of two in [2^-125, 2^125]");
-    }
     const kernels::PackedMxfp4Shape& ms = proj == Projection::down ? p.mx_down_ : p.mx_up_;
     const int i = static_cast<int>(proj);
     p.codes_[i] = numa::NodeBuffer<std::uint8_t>(ms.code_bytes() * s.num_experts, node);
     p.exponents_[i] = numa::NodeBuffer<std::uint8_t>(ms.exponent_bytes() * s.num_experts, node);
   }
-  pool.parallel_for(static_cast<std::size_t>(s.num_experts) * 3, [&](std::size_t item, int) {
+  // Each item checks its scales (the kernels multiply exactly only these) and packs what passed;
+  // the first bad item, in item order, is reported after all have run.
+  const std::size_t items = static_cast<std::size_t>(s.num_experts) * 3;
+  std::atomic<std::size_t> first_bad{items};
+  pool.parallel_for(items, [&](std::size_t item, int) {
     const int e = static_cast<int>(item / 3);
     const Projection proj = static_cast<Projection>(item % 3);
     const quant::QuantizedProjection& qp = q[proj];
@@ -124,11 +119,30 @@ PackedExpertWeights PackedExpertWeights::pack_mxfp4(const quant::QuantizedExpert
     thread_local std::vector<std::uint8_t> exponents;
     exponents.resize(qp.expert_scale_count());
     const float* scales = qp.scales_of(e);
-    for (std::size_t j = 0; j < exponents.size(); ++j) exponents[j] = static_cast<std::uint8_t>(quant::mxfp4_scale_exponent(scales[j]));
+    for (std::size_t j = 0; j < exponents.size(); ++j) {
+      if (!quant::valid_mxfp4_scale(scales[j])) {
+        std::size_t seen = first_bad.load();
+        while (item < seen && !first_bad.compare_exchange_weak(seen, item)) {
+        }
+        return;
+      }
+      exponents[j] = static_cast<std::uint8_t>(quant::mxfp4_scale_exponent(scales[j]));
+    }
     kernels::pack_mxfp4_weights(ms, reinterpret_cast<const std::uint8_t*>(qp.codes_of(e)), qp.row_bytes(), exponents.data(),
                                 static_cast<std::size_t>(qp.groups_per_row()), p.codes_[i].data() + ms.code_bytes() * e,
                                 p.exponents_[i].data() + ms.exponent_bytes() * e);
   });
+  if (const std::size_t item = first_bad.load(); item < items) {
+    const int e = static_cast<int>(item / 3);
+    const Projection proj = static_cast<Projection>(item % 3);
+    const quant::QuantizedProjection& qp = q[proj];
+    const float* scales = qp.scales_of(e);
+    std::size_t j = 0;
+    while (quant::valid_mxfp4_scale(scales[j])) ++j;
+    fail(ErrorKind::invalid_argument, "pack_quantized: expert " + std::to_string(e) + " " + projection_name(proj) + " row " +
+                                          std::to_string(j / static_cast<std::size_t>(qp.groups_per_row())) + ": mxfp4 scale " +
+                                          std::to_string(scales[j]) + " is not a power of two in [2^-125, 2^125]");
+  }
   return p;
 }
 

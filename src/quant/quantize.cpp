@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -192,17 +193,18 @@ int e2m1_code(float x) {
 
 }  // namespace
 
+// From the bits, not frexp: a layer's check reads every group's scale (100 M at gpt-oss-120b's).
 bool valid_mxfp4_scale(float scale) {
-  if (!(scale > 0.0f) || !std::isfinite(scale)) return false;
-  int exponent = 0;
-  const float mantissa = std::frexp(scale, &exponent);  // scale = mantissa * 2^exponent, mantissa in [0.5, 1)
-  return mantissa == 0.5f && exponent - 1 >= kMxfp4MinScaleLog2 && exponent - 1 <= kMxfp4MaxScaleLog2;
+  std::uint32_t bits;
+  std::memcpy(&bits, &scale, sizeof bits);
+  const int field = static_cast<int>(bits >> 23);  // the sign bit makes it >= 256
+  return (bits & 0x007fffffu) == 0 && field >= kMxfp4MinScaleLog2 + kMxfp4ExponentBias && field <= kMxfp4MaxScaleLog2 + kMxfp4ExponentBias;
 }
 
 int mxfp4_scale_exponent(float scale) {
-  int exponent = 0;
-  std::frexp(scale, &exponent);
-  return exponent - 1 + kMxfp4ExponentBias;
+  std::uint32_t bits;
+  std::memcpy(&bits, &scale, sizeof bits);
+  return static_cast<int>((bits >> 23) & 0xffu);
 }
 
 float quantized_code_value(WeightType type, const std::int8_t* row, int kk) {

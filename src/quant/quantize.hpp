@@ -86,7 +86,7 @@ inline int int4_code(const std::int8_t* row, int kk) {
 void quantize_mxfp4_matrix(const bf16* w, int n, int k, std::size_t ldw, std::int8_t* codes, float* scales);
 // Whether an mxfp4 scale is one the kernels multiply exactly (a power of two in [2^-125, 2^125]).
 bool valid_mxfp4_scale(float scale);
-// The E8M0 exponent of a valid mxfp4 scale (2^(e - 127)).
+// The E8M0 exponent of a valid mxfp4 scale (2^(e - 127)); unspecified for others.
 int mxfp4_scale_exponent(float scale);
 // Input kk of a quantized row before its scale: the int8 or int4 code, or the E2M1 value.
 float quantized_code_value(WeightType type, const std::int8_t* row, int kk);
