@@ -11,6 +11,10 @@
 // accumulated over K's chunks, the second product with the first chunk. Up to 4 rows by rows
 // (decode): the `rows` kernel, which dequantizes in registers and multiplies there, never writing
 // the bf16 weights anywhere; the second product is then the bf16 kernel's, added to C.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
 #include "amx/gemm_bf16.hpp"
 #include "amx/pack_mxfp4.hpp"
 
@@ -23,14 +27,25 @@ struct Mxfp4Operand {
 };
 
 inline constexpr int kMxfp4RowsMaxRows = 4;
+
+// 2^(E - 140), E the biased f32 exponent of `largest_magnitude` (finite, >= 0): the step a rows
+// kernel may round a k-block of activations to (see GemmMxfp4RowsFn).
+inline double mxfp4_rows_step(float largest_magnitude) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &largest_magnitude, sizeof bits);
+  return std::ldexp(1.0, static_cast<int>(bits >> 23) - 140);
+}
 inline constexpr int kMxfp4ChunkMaxRows = 15;
 inline constexpr int kMxfp4ChunkPanels = 4;
 inline constexpr int kMxfp4ChunkKBlocks = 8;
 
 // The main product of g (no second product; g.a by rows, g.m <= kMxfp4RowsMaxRows) over MXFP4
 // weights, C = or += per g.accumulate: each block's E2M1 values looked up in registers and
-// multiplied as gemm_bf16's AVX-512 kernel multiplies a packed bf16 block, the block's sums then
-// scaled by its powers of two (the same values as mxfp4_bits.hpp's, up to f32 reordering).
+// multiplied there, the block's sums then scaled by its powers of two (the weights are
+// mxfp4_bits.hpp's exactly). A kernel may round each k-block of each A row to multiples of
+// mxfp4_rows_step of the block's largest magnitude (AVX-512 does: its products are integer ones;
+// portable does not), an error of at most 2^-14 of that magnitude per value; values within a
+// factor 64 of it stay exact. A block holding an infinity or NaN may make its row's C all NaN.
 using GemmMxfp4RowsFn = void (*)(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 // Only where isa_available(Isa::avx512_bf16).

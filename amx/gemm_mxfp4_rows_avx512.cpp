@@ -1,39 +1,104 @@
-// MXFP4 decode rows with AVX-512: the bf16 kernel's register blocking (gemm_bf16_avx512.cpp: a
-// k-pair of each A row broadcast, one _mm512_dpbf16_ps per 16 columns x 2 k), fed by rows of
-// E2M1 values looked up in registers from the packed code lines (pack_mxfp4.hpp: one 64-byte line,
-// shifted by 0, 4, 8 and 12 bits, is four rows of a block after one VPERMW each). The group's
-// power of two is not put into the values (that takes a zero test and a masked add per row, on
-// the shuffle port the lookups need): a block's products go into their own sums, which are then
-// multiplied by 2^(e - 127) as f32, exactly, and added to the row's. The weights stream at 4.25
-// bits each and never exist as bf16 in memory. Each panel stream asks for its codes two blocks
-// (8 lines) ahead.
+// MXFP4 decode rows with AVX-512 on the integer dot product (VPDPBUSD), not VDPBF16PS: on the
+// device a VDPBF16PS takes about four cycles of the vector units where a VPDPBUSD takes one
+// (docs/perf.md, session 57), and the bf16 form of this kernel, four of them per 64 code bytes,
+// could not keep up with one core's share of the memory bandwidth.
+//
+// Weights: a code line's low and high nibbles (pack_mxfp4.hpp) are looked up with VPSHUFB as
+// unsigned bytes 2 * E2M1 + 12 (0..24). In dword lane c of line j the low nibbles are column c's
+// inputs 8j + {0, 4, 1, 5} and the high nibbles 8j + {2, 6, 3, 7}.
+//
+// Activations: each row's k-block of 32 bf16 values is written as integers q = x / step with
+// step = 2^(E - 140), E the biased exponent of the block's largest magnitude, so |q| <= 16320 and
+// every value within 2^6 of that magnitude is exact (smaller ones are rounded to the step, at most
+// 2^-14 of the block's largest value); q = 128 h + l with h in [-128, 127] and l in [0, 127], two
+// signed bytes, in the lanes' input order. A block's sums are then
+//   sum (2w + 12) q = 128 * dot(w', h) + dot(w', l),   2 * sum w x = (that - 12 * sum q) * step,
+// exact in int32 (|.| < 2^24), scaled by 2^(e - 127) / 2 as f32 and added to the row's sums.
+// A block holding an infinity or NaN gets step NaN: its row's outputs are NaN.
+//
+// The weights stream at 4.25 bits each and never exist as bf16 in memory. Each panel stream asks
+// for its codes two blocks (8 lines) ahead.
 #include "amx/immintrin_gcc12.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
+#include "amx/aligned_vector.hpp"
 #include "amx/gemm_mxfp4.hpp"
-#include "amx/mxfp4_lookup_avx512.hpp"
 
 namespace tilemoe::kernels {
 namespace {
 
 constexpr int kMaxRows = kMxfp4RowsMaxRows;
 constexpr int kPrefetchBlocks = 2;
+constexpr int kDigitBytes = 64;  // a row's k-block: 32 high digits, then 32 low digits
+constexpr int kWeightOffset = 12;
 
-// Panels a block call reads at once: four streams where the registers allow (a row's sums and its
-// block's sums for each panel), two for three and four rows.
+// Panels a block call reads at once: four streams for one row, two where more rows' sums take the
+// registers (two int32 sums and one f32 sum a row and panel).
 template <int R>
-constexpr int kPanelsFor = R <= 2 ? 4 : 2;
+constexpr int kPanelsFor = R == 1 ? 4 : 2;
 
-inline __m512i broadcast_pair(const bf16* p) {
-  std::int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
+// One row's activations as the kernel reads them.
+struct RowDigits {
+  const std::int8_t* digits;       // kblocks x kDigitBytes
+  const float* steps;              // kblocks: step / 2 (the weights are looked up doubled)
+  const std::int32_t* corrections;  // kblocks: 12 * sum q
+};
+
+// 2^p for p in [-149, 127], from the bits (std::ldexp is a library call, and this runs for every
+// k-block of every row a decode call reads).
+inline float power_of_two(int p) {
+  const std::uint32_t bits = p >= -126 ? static_cast<std::uint32_t>(p + 127) << 23 : std::uint32_t{1} << (p + 149);
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
 }
 
-struct Decoder : Mxfp4LineLookup {
+// x's k-blocks as RowDigits (see the top). Reads k_padded values of x.
+void write_row_digits(const bf16* x, int kblocks, std::int8_t* digits, float* steps, std::int32_t* corrections) {
+  // Within each group of 8 inputs, the order of the weight lanes' bytes: low nibbles, then high.
+  const __m512i lane_order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  const __m512i low7 = _mm512_set1_epi32(127);
+  for (int kb = 0; kb < kblocks; ++kb) {
+    const __m512i bits = _mm512_loadu_si512(x + static_cast<std::size_t>(kb) * kBlockK);
+    const __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bits)), 16));
+    const __m512 x1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bits, 1)), 16));
+    const __m512i largest = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), magnitude),
+                                             _mm512_and_si512(_mm512_castps_si512(x1), magnitude));
+    // Magnitudes order as unsigned integers; a NaN's bits are above every finite value's.
+    const int e = static_cast<int>(_mm512_reduce_max_epu32(largest) >> 23);
+    if (e == 255) {
+      std::memset(digits + static_cast<std::size_t>(kb) * kDigitBytes, 0, kDigitBytes);
+      steps[kb] = std::numeric_limits<float>::quiet_NaN();
+      corrections[kb] = 0;
+      continue;
+    }
+    const __m512 up = _mm512_set1_ps(static_cast<float>(140 - e));
+    const __m512i q0 = _mm512_permutexvar_epi32(lane_order, _mm512_cvtps_epi32(_mm512_scalef_ps(x0, up)));
+    const __m512i q1 = _mm512_permutexvar_epi32(lane_order, _mm512_cvtps_epi32(_mm512_scalef_ps(x1, up)));
+    std::int8_t* d = digits + static_cast<std::size_t>(kb) * kDigitBytes;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q0, 7)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q1, 7)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm512_cvtepi32_epi8(_mm512_and_si512(q0, low7)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 48), _mm512_cvtepi32_epi8(_mm512_and_si512(q1, low7)));
+    steps[kb] = power_of_two(e - 141);
+    corrections[kb] = kWeightOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  }
+}
+
+struct Decoder {
+  // 2 * E2M1 + 12 for each code: 0..7 the positive values, 8..15 the negative ones.
+  __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  __m512i low4 = _mm512_set1_epi8(0x0f);
   __m512i least_scale = _mm512_set1_epi32(0x00400000);  // 2^-127, E8M0's exponent 0, as an f32 subnormal
+
+  __m512i low(__m512i line) const { return _mm512_shuffle_epi8(table, _mm512_and_si512(line, low4)); }
+  __m512i high(__m512i line) const { return _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(line, 4), low4)); }
 
   // 2^(e - 127) as f32 for each column's exponent e (exponent 255, not a number in E8M0, gives
   // infinity: pack_mxfp4.hpp leaves exponents outside its range unspecified).
@@ -43,8 +108,15 @@ struct Decoder : Mxfp4LineLookup {
   }
 };
 
+inline __m512i broadcast_digits(const std::int8_t* p) {
+  std::int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
 template <int R, int P>
-__attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, int row0, int panel) {
+__attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d,
+                                     const RowDigits* rows, int row0, int panel) {
   __m512 acc[R][P];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
@@ -54,36 +126,28 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
   const std::size_t exponent_stride = static_cast<std::size_t>(s.kblocks) * kMxfp4BlockExponentBytes;
   const std::uint8_t* codes0 = w.codes + static_cast<std::size_t>(panel) * code_stride;
   const std::uint8_t* exponents0 = w.exponents + static_cast<std::size_t>(panel) * exponent_stride;
-  const bf16* a0 = g.a + static_cast<std::size_t>(row0) * g.lda;
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const std::uint8_t* codes = codes0 + static_cast<std::size_t>(kb) * kMxfp4BlockCodeBytes;
-    const bf16* ak = a0 + static_cast<std::size_t>(kb) * kBlockK;
-    __m512 part[R][P];
+    __m512i high_sum[R][P], low_sum[R][P];
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
-      for (int p = 0; p < P; ++p) part[i][p] = _mm512_setzero_ps();
+      for (int p = 0; p < P; ++p) high_sum[i][p] = low_sum[i][p] = _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      __m512i line[P];
 #pragma GCC unroll 4
       for (int p = 0; p < P; ++p) {
         const std::uint8_t* line_at = codes + p * code_stride + j * 64;
         _mm_prefetch(reinterpret_cast<const char*>(line_at + kPrefetchBlocks * kMxfp4BlockCodeBytes), _MM_HINT_T0);
-        line[p] = _mm512_loadu_si512(line_at);
-      }
-      // One row of every panel at a time, so a row's broadcast serves all P panels and the
-      // registers hold P rows, not 4 P.
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        __m512i row[P];
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) row[p] = d.row(line[p], t);
+        const __m512i line = _mm512_loadu_si512(line_at);
+        const __m512i lo = d.low(line), hi = d.high(line);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
-          const __m512bh x = (__m512bh)broadcast_pair(ak + i * g.lda + 8 * j + 2 * t);
-#pragma GCC unroll 4
-          for (int p = 0; p < P; ++p) part[i][p] = _mm512_dpbf16_ps(part[i][p], x, (__m512bh)row[p]);
+          const std::int8_t* digit = rows[row0 + i].digits + static_cast<std::size_t>(kb) * kDigitBytes + 8 * j;
+          high_sum[i][p] = _mm512_dpbusd_epi32(high_sum[i][p], lo, broadcast_digits(digit));
+          high_sum[i][p] = _mm512_dpbusd_epi32(high_sum[i][p], hi, broadcast_digits(digit + 4));
+          low_sum[i][p] = _mm512_dpbusd_epi32(low_sum[i][p], lo, broadcast_digits(digit + 32));
+          low_sum[i][p] = _mm512_dpbusd_epi32(low_sum[i][p], hi, broadcast_digits(digit + 36));
         }
       }
     }
@@ -92,7 +156,13 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
     for (int p = 0; p < P; ++p) {
       const __m512 scale = d.scales(exponents + p * exponent_stride);
 #pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) acc[i][p] = _mm512_fmadd_ps(part[i][p], scale, acc[i][p]);
+      for (int i = 0; i < R; ++i) {
+        const RowDigits& r = rows[row0 + i];
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(high_sum[i][p], 7), low_sum[i][p]),
+                                             _mm512_set1_epi32(r.corrections[kb]));
+        const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(r.steps[kb]));
+        acc[i][p] = _mm512_fmadd_ps(part, scale, acc[i][p]);
+      }
     }
   }
 #pragma GCC unroll 4
@@ -105,32 +175,90 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
 }
 
 template <int R>
-void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, int row0) {
+void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, const RowDigits* rows,
+             int row0) {
   constexpr int kPanels = kPanelsFor<R>;
   int panel = g.panel_begin;
-  for (; panel + kPanels <= g.panel_end; panel += kPanels) block<R, kPanels>(g, s, w, d, row0, panel);
+  for (; panel + kPanels <= g.panel_end; panel += kPanels) block<R, kPanels>(g, s, w, d, rows, row0, panel);
   if constexpr (kPanels == 4) {
     switch (g.panel_end - panel) {
-      case 3: block<R, 3>(g, s, w, d, row0, panel); break;
-      case 2: block<R, 2>(g, s, w, d, row0, panel); break;
-      case 1: block<R, 1>(g, s, w, d, row0, panel); break;
+      case 3: block<R, 3>(g, s, w, d, rows, row0, panel); break;
+      case 2: block<R, 2>(g, s, w, d, rows, row0, panel); break;
+      case 1: block<R, 1>(g, s, w, d, rows, row0, panel); break;
       default: break;
     }
   } else if (panel < g.panel_end) {
-    block<R, 1>(g, s, w, d, row0, panel);
+    block<R, 1>(g, s, w, d, rows, row0, panel);
   }
 }
+
+// The rows' digits, kept by each thread with the bf16 rows they were made from: the calls of a
+// decode item (gate, then up, on the same rows) make them once.
+struct RowDigitsCache {
+  int m = 0, kblocks = 0;
+  AlignedVector<bf16> source;  // m x kblocks * 32
+  AlignedVector<std::int8_t> digits;
+  AlignedVector<float> steps;
+  AlignedVector<std::int32_t> corrections;
+
+  bool holds(const GemmBf16Args& g, int kb) const {
+    if (g.m != m || kb != kblocks) return false;
+    const std::size_t k = static_cast<std::size_t>(kb) * kBlockK;
+    for (int i = 0; i < m; ++i) {
+      const bf16* a = g.a + static_cast<std::size_t>(i) * g.lda;
+      const bf16* b = source.data() + static_cast<std::size_t>(i) * k;
+      for (std::size_t q = 0; q < k; q += kBlockK)
+        if (_mm512_cmpneq_epi32_mask(_mm512_loadu_si512(a + q), _mm512_loadu_si512(b + q)) != 0) return false;
+    }
+    return true;
+  }
+
+  void make(const GemmBf16Args& g, int kb) {
+    m = 0;  // until every row is written
+    const std::size_t k = static_cast<std::size_t>(kb) * kBlockK, blocks = static_cast<std::size_t>(kb);
+    grow_to(source, static_cast<std::size_t>(g.m) * k);
+    grow_to(digits, static_cast<std::size_t>(g.m) * blocks * kDigitBytes);
+    grow_to(steps, static_cast<std::size_t>(g.m) * blocks);
+    grow_to(corrections, static_cast<std::size_t>(g.m) * blocks);
+    for (int i = 0; i < g.m; ++i) {
+      const bf16* a = g.a + static_cast<std::size_t>(i) * g.lda;
+      std::memcpy(source.data() + static_cast<std::size_t>(i) * k, a, k * sizeof(bf16));
+      write_row_digits(a, kb, digits.data() + static_cast<std::size_t>(i) * blocks * kDigitBytes, steps.data() + i * blocks,
+                       corrections.data() + i * blocks);
+    }
+    m = g.m;
+    kblocks = kb;
+  }
+
+  RowDigits row(int i) const {
+    const std::size_t blocks = static_cast<std::size_t>(kblocks);
+    return {digits.data() + static_cast<std::size_t>(i) * blocks * kDigitBytes, steps.data() + i * blocks, corrections.data() + i * blocks};
+  }
+};
 
 }  // namespace
 
 void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
+  thread_local RowDigitsCache cache;
+  if (!cache.holds(g, s.kblocks)) {
+    // The first panels' first blocks are asked for before the digits are made, so that the
+    // weights' streams do not start after them.
+    const std::size_t code_stride = static_cast<std::size_t>(s.kblocks) * kMxfp4BlockCodeBytes;
+    const std::size_t ahead = std::min<std::size_t>(kPrefetchBlocks, s.kblocks) * kMxfp4BlockCodeBytes;
+    for (int p = g.panel_begin; p < std::min(g.panel_begin + kPanelsFor<1>, g.panel_end); ++p)
+      for (std::size_t at = 0; at < ahead; at += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w.codes + p * code_stride + at), _MM_HINT_T0);
+    cache.make(g, s.kblocks);
+  }
+  RowDigits rows[kMaxRows];
+  for (int i = 0; i < g.m; ++i) rows[i] = cache.row(i);
   const Decoder d;
   for (int row0 = 0; row0 < g.m; row0 += kMaxRows) {
     switch (g.m - row0 >= kMaxRows ? kMaxRows : g.m - row0) {
-      case 4: rows_of<4>(g, s, w, d, row0); break;
-      case 3: rows_of<3>(g, s, w, d, row0); break;
-      case 2: rows_of<2>(g, s, w, d, row0); break;
-      default: rows_of<1>(g, s, w, d, row0); break;
+      case 4: rows_of<4>(g, s, w, d, rows, row0); break;
+      case 3: rows_of<3>(g, s, w, d, rows, row0); break;
+      case 2: rows_of<2>(g, s, w, d, rows, row0); break;
+      default: rows_of<1>(g, s, w, d, rows, row0); break;
     }
   }
 }

@@ -194,6 +194,15 @@ inline void check_mxfp4_gemm_case(const Mxfp4Kernels& kernels, const Mxfp4GemmCa
   g.c = got.data();
   gemm_mxfp4(g, s, w.view(), kernels);
   const std::vector<bf16> dequantized = w.packed_bf16();
+  // The rows kernel may round each k-block of a row to multiples of its step (gemm_mxfp4.hpp).
+  const bool rows_path = kernels.rows != nullptr && !tc.tiles && tc.m <= kMxfp4RowsMaxRows;
+  std::vector<std::vector<double>> rows_steps(tc.m, std::vector<double>(s.kblocks));
+  for (int i = 0; i < tc.m; ++i)
+    for (int kb = 0; kb < s.kblocks; ++kb) {
+      float largest = 0;
+      for (int q = kb * kBlockK; q < (kb + 1) * kBlockK; ++q) largest = std::max(largest, std::fabs(bf16_to_float(a[i * lda + q])));
+      rows_steps[i][kb] = mxfp4_rows_step(largest);
+    }
   g.packed_b = dequantized.data();
   g.c = want.data();
   gemm(g);
@@ -208,12 +217,13 @@ inline void check_mxfp4_gemm_case(const Mxfp4Kernels& kernels, const Mxfp4GemmCa
         continue;
       }
       const int col = pb * kPanelColumns + static_cast<int>(j);
-      double sum = tc.accumulate ? c0[at] : 0.0, scale = tc.accumulate ? std::fabs(c0[at]) : 0.0;
+      double sum = tc.accumulate ? c0[at] : 0.0, scale = tc.accumulate ? std::fabs(c0[at]) : 0.0, rounding = 0.0;
       if (col < tc.n) {
         for (int q = 0; q < tc.k; ++q) {
           const double p = static_cast<double>(bf16_to_float(a[i * lda + q])) * bf16_to_float(w.value(col, q));
           sum += p;
           scale += std::fabs(p);
+          if (rows_path) rounding += std::fabs(static_cast<double>(bf16_to_float(w.value(col, q)))) * rows_steps[i][q / kBlockK] / 2;
         }
         for (int q = 0; q < tc.k2; ++q) {
           const double p = static_cast<double>(bf16_to_float(a2[static_cast<std::size_t>(i) * k2_padded + q])) *
@@ -222,7 +232,7 @@ inline void check_mxfp4_gemm_case(const Mxfp4Kernels& kernels, const Mxfp4GemmCa
           scale += std::fabs(p);
         }
       }
-      REQUIRE(std::fabs(got[at] - want[at]) <= 1e-5 * scale + 1e-30);
+      REQUIRE(std::fabs(got[at] - want[at]) <= 1e-5 * scale + rounding + 1e-30);
       REQUIRE(std::fabs(got[at] - sum) <= 1e-3 * scale + 1e-30);
     }
 }
@@ -248,6 +258,61 @@ inline void check_mxfp4_gemm_grid(const Mxfp4Kernels& kernels) {
       }
 }
 
+// A rows kernel may keep what it made of A between calls (AVX-512 keeps its digits): rows changed
+// in place, at the same address, and a call with fewer rows must still give their own products,
+// and NaN in a row reaches that row's outputs and no other row's.
+inline void check_mxfp4_rows_reuse(const Mxfp4Kernels& kernels) {
+  std::mt19937 rng(41);
+  const int n = 40, k = 300;
+  Mxfp4Weights w(rng, n, k);
+  const PackedMxfp4Shape& s = w.shape;
+  const std::size_t lda = static_cast<std::size_t>(s.k_padded);
+  std::vector<bf16> a(kMxfp4RowsMaxRows * lda, bf16{0});
+  for (int i = 0; i < kMxfp4RowsMaxRows; ++i)
+    for (int q = 0; q < k; ++q) a[i * lda + q] = random_bf16(rng);
+  const std::vector<bf16> dequantized = w.packed_bf16();
+  const std::size_t ldc = static_cast<std::size_t>(s.panels) * kPanelColumns;
+  auto run = [&](int m, const Mxfp4Kernels* with) {
+    std::vector<float> c(m * ldc, kUnwritten);
+    GemmBf16Args g = gemm_args(a.data(), lda, m, s.k_padded, with ? nullptr : dequantized.data(), 0, s.panels, c.data(), ldc);
+    if (with) gemm_mxfp4(g, s, w.view(), *with);
+    else kernels.gemm(g);
+    return c;
+  };
+  auto check = [&](int m, const char* what) {
+    INFO(what << ", " << m << " rows");
+    const std::vector<float> got = run(m, &kernels), want = run(m, nullptr);
+    std::vector<float> scale(m);  // a row's size: its largest |A| times W's largest |value| (6 x 2^4)
+    for (int i = 0; i < m; ++i)
+      for (int q = 0; q < k; ++q) scale[i] = std::max(scale[i], std::fabs(bf16_to_float(a[i * lda + q])) * 96.0f);
+    for (int i = 0; i < m; ++i)
+      for (int col = 0; col < n; ++col) {
+        const float g = got[i * ldc + col], r = want[i * ldc + col];
+        INFO("C[" << i << "][" << col << "] = " << g << ", bf16 kernel " << r);
+        if (std::isnan(r)) {
+          REQUIRE(std::isnan(g));
+        } else {
+          REQUIRE(std::fabs(g - r) <= 1e-3 * std::fabs(r) + 1e-3 * scale[i]);
+        }
+      }
+  };
+  check(4, "first call");
+  a[2 * lda + 77] = float_to_bf16(-3.5f);
+  check(4, "one value changed in place");
+  check(3, "fewer rows");
+  a[1 * lda + 5] = bf16{0x7fc0};
+  check(3, "NaN in row 1");
+  a[1 * lda + 5] = float_to_bf16(0.25f);
+  check(3, "NaN gone");
+  for (int q = 0; q < k; ++q) {
+    a[q] = float_to_bf16(std::ldexp(bf16_to_float(a[q]), -100));
+    a[lda + q] = float_to_bf16(std::ldexp(bf16_to_float(a[lda + q]), 100));
+  }
+  check(2, "rows scaled by 2^-100 and 2^100");
+  for (int q = 0; q < k; ++q) a[q] = bf16{0};
+  check(1, "a zero row");
+}
+
 inline void check_mxfp4_kernels(Isa isa) {
   const KernelTable& table = kernel_table(isa);
   SECTION("mxfp4 packing") { check_mxfp4_packing(); }
@@ -261,6 +326,9 @@ inline void check_mxfp4_kernels(Isa isa) {
   }
   SECTION("mxfp4 gemm through the raw kernels") {
     check_mxfp4_gemm_grid({raw_gemm(isa), raw_dequantize_mxfp4(isa), raw_gemm_mxfp4_rows(isa)});
+  }
+  SECTION("mxfp4 rows kernel after rows change in place") {
+    check_mxfp4_rows_reuse({raw_gemm(isa), raw_dequantize_mxfp4(isa), raw_gemm_mxfp4_rows(isa)});
   }
   SECTION("mxfp4 gemm with every row count through dequantized chunks") {
     check_mxfp4_gemm_grid({table.gemm_bf16, table.dequantize_mxfp4, nullptr});

@@ -4,6 +4,7 @@
 // on one ISA; and the quantization error itself against bf16, on Gaussian weights, so that a
 // change that makes it worse is seen. Included by one test file per ISA.
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "catch.hpp"
@@ -216,24 +217,39 @@ inline void run_quantized_identity_and_nan(kernels::Isa isa, std::vector<int> th
       auto routing = random_routing(tokens, s, 7);
       auto xb = to_bf16(random_activations(static_cast<std::size_t>(tokens) * s.hidden, 8).data(), static_cast<std::size_t>(tokens) * s.hidden);
       xb[s.hidden / 2] = float_to_bf16(NAN);  // token 0
-      std::vector<float> first;
+      std::map<int, std::vector<float>> first;  // by tile order
       for (int threads : thread_counts) {
         numa::ThreadPool& pool = pool_for_threads(threads);
         auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
-        // Codes by rows and in tile order (from 1 and from 16 rows) give the same bits.
+        // Codes by rows and in tile order (from 1 and from 16 rows) give the same bits. MXFP4's
+        // rows in tile order skip the decode rows kernel, which may round activations
+        // (gemm_mxfp4.hpp): there the orders agree within that rounding, each with itself in bits.
         for (int tile_order : {0, 1, 16}) {
           INFO(weight_type_name(qc.type) << " group " << qc.group << ", " << tokens << " tokens, " << threads << " threads, tile order from "
                                          << tile_order << " rows (0: never), " << (lora.empty() ? "no LoRA" : "LoRA"));
           auto y = quantized_forward(isa, q, lora, tokens, routing, xb, pool, tile_order);
           if (first.empty()) {
-            first = y;
             bool token0_nan = false;
             for (int j = 0; j < s.hidden; ++j) token0_nan = token0_nan || std::isnan(y[j]);
             CHECK(token0_nan);
             for (std::size_t i = s.hidden; i < y.size(); ++i) REQUIRE(std::isfinite(y[i]));
-          } else {
-            REQUIRE(std::memcmp(first.data(), y.data(), y.size() * sizeof(float)) == 0);
           }
+          if (first.count(tile_order) != 0) {
+            REQUIRE(std::memcmp(first[tile_order].data(), y.data(), y.size() * sizeof(float)) == 0);
+            continue;
+          }
+          if (!first.empty()) {
+            const std::vector<float>& other = first.begin()->second;
+            if (qc.type == WeightType::mxfp4) {
+              // Norm-wise: a rounding step apart in gate or up can move h's bf16 rounding a step.
+              const std::vector<float> a(y.begin() + s.hidden, y.end()), b(other.begin() + s.hidden, other.end());
+              for (int j = 0; j < s.hidden; ++j) REQUIRE(std::isnan(y[j]) == std::isnan(other[j]));
+              CHECK(rel_error(a, b) <= 1e-3);
+            } else {
+              REQUIRE(std::memcmp(other.data(), y.data(), y.size() * sizeof(float)) == 0);
+            }
+          }
+          first[tile_order] = y;
         }
       }
     }

@@ -286,22 +286,27 @@ TEST_CASE("gpt-oss experts in MXFP4, as the hub ships them, load as their dequan
   quant::QuantizedExperts not_mxfp4;
   CHECK_FALSE(quant::read_mxfp4_layer(ck, 1, not_mxfp4));  // layer 1 is bf16 x W
   {
-    // A layer in mxfp4 from the checkpoint computes as the bf16 layer of the same values.
+    // A layer in mxfp4 from the checkpoint computes as the bf16 layer of the same values: up to
+    // f32 rounding at 64 tokens (32 rows an expert), and within a step of h's bf16 rounding at 3
+    // (decode rows, whose activations the AVX-512 rows kernel may round: amx/gemm_mxfp4.hpp).
     Runtime rt;
     CheckpointLayerOptions o;
-    o.max_tokens = 9;
+    o.max_tokens = 64;
     MoeLayer bf = MoeLayer::from_checkpoint(rt, dir, 0, o);
     o.weight_type = WeightType::mxfp4;
     MoeLayer mxl = MoeLayer::from_checkpoint(rt, dir, 0, o);
     CHECK(mxl.config().weight_type == WeightType::mxfp4);
     CHECK(mxl.weight_bytes() * 3 < bf.weight_bytes());
-    const RandomRouting routing = random_routing(9, gpt_oss_shape(), 4);
-    const std::vector<float> x = random_activations(static_cast<std::size_t>(9) * kH, 5);
-    const std::vector<bf16> xb = to_bf16(x.data(), x.size());
-    std::vector<float> a(x.size()), b(x.size());
-    bf.forward(9, kK, xb.data(), routing.expert_ids.data(), routing.weights.data(), a.data());
-    mxl.forward(9, kK, xb.data(), routing.expert_ids.data(), routing.weights.data(), b.data());
-    CHECK(test::rel_error(b, a) <= 1e-5);
+    for (int tokens : {64, 3}) {
+      INFO(tokens << " tokens");
+      const RandomRouting routing = random_routing(tokens, gpt_oss_shape(), 4);
+      const std::vector<float> x = random_activations(static_cast<std::size_t>(tokens) * kH, 5);
+      const std::vector<bf16> xb = to_bf16(x.data(), x.size());
+      std::vector<float> a(x.size()), b(x.size());
+      bf.forward(tokens, kK, xb.data(), routing.expert_ids.data(), routing.weights.data(), a.data());
+      mxl.forward(tokens, kK, xb.data(), routing.expert_ids.data(), routing.weights.data(), b.data());
+      CHECK(test::rel_error(b, a) <= (tokens == 64 ? 1e-5 : 2e-3));
+    }
   }
   {
     // A group with values whose exponent is outside that range: not taken as stored (the caller

@@ -68,7 +68,9 @@ for weights, group, bar in (("int8", 128, 3e-2), ("int4", 64, 0.2)):
     print(f"from tensors, {weights}: {err:.2e} from bf16")
     expect(err <= bar, f"from tensors, {weights}: {err:.2e} from bf16")
 # Weights that are MXFP4 values (E2M1 times a power of two per 32 inputs): an mxfp4 layer computes
-# with exactly them, so it gives the bf16 layer's output up to f32 rounding.
+# with exactly them, so it gives the bf16 layer's output up to f32 rounding where an expert has 5
+# rows or more. With fewer (decode) the AVX-512 rows kernel rounds each 32 activations to 2^-14 of
+# their largest (amx/gemm_mxfp4.hpp), which can move h's bf16 rounding a step: within 2e-3 there.
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 
@@ -84,8 +86,17 @@ want = tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, inte
 mx = tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, weight_type="mxfp4"), mg, mu, md)
 expect(mx.config.weight_type == "mxfp4", f"mxfp4 config.weight_type {mx.config.weight_type}")
 err = rel(mx.forward(x, ids, wts, np.zeros((5, H), np.float32)), want)
-print(f"from MXFP4 values, mxfp4: {err:.2e} from bf16")
-expect(err <= 1e-5, f"from MXFP4 values, mxfp4: {err:.2e} from bf16")
+print(f"from MXFP4 values, mxfp4, 5 tokens: {err:.2e} from bf16")
+expect(err <= 2e-3, f"from MXFP4 values, mxfp4, 5 tokens: {err:.2e} from bf16")
+# 40 tokens on 4 experts: 20 rows an expert, none through the rows kernel.
+x40 = tilemoe.float32_to_bf16(rng.standard_normal((40, H)).astype(np.float32))
+ids40 = np.stack([np.arange(40) % E, (np.arange(40) + 1) % E], axis=1).astype(np.int64)
+wts40 = np.full((40, K), 0.5, np.float32)
+want40 = tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I), mg, mu, md).forward(
+    x40, ids40, wts40, np.zeros((40, H), np.float32))
+err = rel(mx.forward(x40, ids40, wts40, np.zeros((40, H), np.float32)), want40)
+print(f"from MXFP4 values, mxfp4, 40 tokens: {err:.2e} from bf16")
+expect(err <= 1e-5, f"from MXFP4 values, mxfp4, 40 tokens: {err:.2e} from bf16")
 try:
     tilemoe.MoELayer(tilemoe.MoEConfig(num_experts=E, top_k=K, hidden=H, intermediate=I, weight_type="int4", group_size=48), gate, up,
                      down)
