@@ -44,9 +44,9 @@ constexpr int kPanelsFor = R == 1 ? 4 : 2;
 
 // One row's activations as the kernel reads them.
 struct RowDigits {
-  const std::int8_t* digits;       // kblocks x kDigitBytes
-  const float* steps;              // kblocks: step / 2 (the weights are looked up doubled)
-  const std::int32_t* corrections;  // kblocks: 12 * sum q
+  std::int8_t* digits;       // kblocks x kDigitBytes
+  float* steps;              // kblocks: step / 2 (the weights are looked up doubled)
+  std::int32_t* corrections;  // kblocks: 12 * sum q
 };
 
 // 2^p for p in [-149, 127], from the bits (std::ldexp is a library call, and this runs for every
@@ -58,38 +58,43 @@ inline float power_of_two(int p) {
   return v;
 }
 
-// x's k-blocks as RowDigits (see the top). Reads k_padded values of x.
-void write_row_digits(const bf16* x, int kblocks, std::int8_t* digits, float* steps, std::int32_t* corrections) {
+// k-block kb of x as RowDigits (see the top); reads x's 32 values there.
+inline void write_block_digits(const bf16* x, int kb, std::int8_t* digits, float* steps, std::int32_t* corrections) {
   // Within each group of 8 inputs, the order of the weight lanes' bytes: low nibbles, then high.
   const __m512i lane_order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
   const __m512i low7 = _mm512_set1_epi32(127);
-  for (int kb = 0; kb < kblocks; ++kb) {
-    const __m512i bits = _mm512_loadu_si512(x + static_cast<std::size_t>(kb) * kBlockK);
-    const __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bits)), 16));
-    const __m512 x1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bits, 1)), 16));
-    const __m512i largest = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), magnitude),
-                                             _mm512_and_si512(_mm512_castps_si512(x1), magnitude));
-    // Magnitudes order as unsigned integers; a NaN's bits are above every finite value's.
-    const int e = static_cast<int>(_mm512_reduce_max_epu32(largest) >> 23);
-    if (e == 255) {
-      std::memset(digits + static_cast<std::size_t>(kb) * kDigitBytes, 0, kDigitBytes);
-      steps[kb] = std::numeric_limits<float>::quiet_NaN();
-      corrections[kb] = 0;
-      continue;
-    }
-    const __m512 up = _mm512_set1_ps(static_cast<float>(140 - e));
-    const __m512i q0 = _mm512_permutexvar_epi32(lane_order, _mm512_cvtps_epi32(_mm512_scalef_ps(x0, up)));
-    const __m512i q1 = _mm512_permutexvar_epi32(lane_order, _mm512_cvtps_epi32(_mm512_scalef_ps(x1, up)));
-    std::int8_t* d = digits + static_cast<std::size_t>(kb) * kDigitBytes;
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q0, 7)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q1, 7)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm512_cvtepi32_epi8(_mm512_and_si512(q0, low7)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 48), _mm512_cvtepi32_epi8(_mm512_and_si512(q1, low7)));
-    steps[kb] = power_of_two(e - 141);
-    corrections[kb] = kWeightOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  const __m512i bits = _mm512_loadu_si512(x + static_cast<std::size_t>(kb) * kBlockK);
+  const __m512 x0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bits)), 16));
+  const __m512 x1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(bits, 1)), 16));
+  const __m512i largest = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(x0), magnitude),
+                                           _mm512_and_si512(_mm512_castps_si512(x1), magnitude));
+  // Magnitudes order as unsigned integers; a NaN's bits are above every finite value's.
+  const int e = static_cast<int>(_mm512_reduce_max_epu32(largest) >> 23);
+  std::int8_t* d = digits + static_cast<std::size_t>(kb) * kDigitBytes;
+  if (e == 255) {
+    std::memset(d, 0, kDigitBytes);
+    steps[kb] = std::numeric_limits<float>::quiet_NaN();
+    corrections[kb] = 0;
+    return;
   }
+  const __m512 up = _mm512_set1_ps(static_cast<float>(140 - e));
+  const __m512i q0 = _mm512_permutexvar_epi32(lane_order, _mm512_cvtps_epi32(_mm512_scalef_ps(x0, up)));
+  const __m512i q1 = _mm512_permutexvar_epi32(lane_order, _mm512_cvtps_epi32(_mm512_scalef_ps(x1, up)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q0, 7)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q1, 7)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm512_cvtepi32_epi8(_mm512_and_si512(q0, low7)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 48), _mm512_cvtepi32_epi8(_mm512_and_si512(q1, low7)));
+  steps[kb] = power_of_two(e - 141);
+  corrections[kb] = kWeightOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
+
+// Rows whose digits a block call writes as it goes (the first call on new rows), with the copy of
+// their bf16 values the cache compares later calls against.
+struct RowsToWrite {
+  const bf16* a[kMaxRows];
+  bf16* source[kMaxRows];
+};
 
 struct Decoder {
   // 2 * E2M1 + 12 for each code: 0..7 the positive values, 8..15 the negative ones.
@@ -116,7 +121,7 @@ inline __m512i broadcast_digits(const std::int8_t* p) {
 
 template <int R, int P>
 __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d,
-                                     const RowDigits* rows, int row0, int panel) {
+                                     const RowDigits* rows, const RowsToWrite* write, int row0, int panel) {
   __m512 acc[R][P];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
@@ -128,6 +133,15 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
   const std::uint8_t* exponents0 = w.exponents + static_cast<std::size_t>(panel) * exponent_stride;
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const std::uint8_t* codes = codes0 + static_cast<std::size_t>(kb) * kMxfp4BlockCodeBytes;
+    if (write != nullptr) {
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        const RowDigits& r = rows[row0 + i];
+        write_block_digits(write->a[row0 + i], kb, r.digits, r.steps, r.corrections);
+        std::memcpy(write->source[row0 + i] + static_cast<std::size_t>(kb) * kBlockK, write->a[row0 + i] + static_cast<std::size_t>(kb) * kBlockK,
+                    kBlockK * sizeof(bf16));
+      }
+    }
     __m512i high_sum[R][P], low_sum[R][P];
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i)
@@ -176,19 +190,20 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
 
 template <int R>
 void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, const RowDigits* rows,
-             int row0) {
+             const RowsToWrite* write, int row0) {
   constexpr int kPanels = kPanelsFor<R>;
   int panel = g.panel_begin;
-  for (; panel + kPanels <= g.panel_end; panel += kPanels) block<R, kPanels>(g, s, w, d, rows, row0, panel);
+  // The first block call writes the digits (write != nullptr), the others read them.
+  for (; panel + kPanels <= g.panel_end; panel += kPanels, write = nullptr) block<R, kPanels>(g, s, w, d, rows, write, row0, panel);
   if constexpr (kPanels == 4) {
     switch (g.panel_end - panel) {
-      case 3: block<R, 3>(g, s, w, d, rows, row0, panel); break;
-      case 2: block<R, 2>(g, s, w, d, rows, row0, panel); break;
-      case 1: block<R, 1>(g, s, w, d, rows, row0, panel); break;
+      case 3: block<R, 3>(g, s, w, d, rows, write, row0, panel); break;
+      case 2: block<R, 2>(g, s, w, d, rows, write, row0, panel); break;
+      case 1: block<R, 1>(g, s, w, d, rows, write, row0, panel); break;
       default: break;
     }
   } else if (panel < g.panel_end) {
-    block<R, 1>(g, s, w, d, rows, row0, panel);
+    block<R, 1>(g, s, w, d, rows, write, row0, panel);
   }
 }
 
@@ -213,24 +228,22 @@ struct RowDigitsCache {
     return true;
   }
 
-  void make(const GemmBf16Args& g, int kb) {
-    m = 0;  // until every row is written
+  // Sized for g's rows, which the first block call then writes (RowsToWrite).
+  void prepare(const GemmBf16Args& g, int kb, RowsToWrite& write) {
     const std::size_t k = static_cast<std::size_t>(kb) * kBlockK, blocks = static_cast<std::size_t>(kb);
     grow_to(source, static_cast<std::size_t>(g.m) * k);
     grow_to(digits, static_cast<std::size_t>(g.m) * blocks * kDigitBytes);
     grow_to(steps, static_cast<std::size_t>(g.m) * blocks);
     grow_to(corrections, static_cast<std::size_t>(g.m) * blocks);
     for (int i = 0; i < g.m; ++i) {
-      const bf16* a = g.a + static_cast<std::size_t>(i) * g.lda;
-      std::memcpy(source.data() + static_cast<std::size_t>(i) * k, a, k * sizeof(bf16));
-      write_row_digits(a, kb, digits.data() + static_cast<std::size_t>(i) * blocks * kDigitBytes, steps.data() + i * blocks,
-                       corrections.data() + i * blocks);
+      write.a[i] = g.a + static_cast<std::size_t>(i) * g.lda;
+      write.source[i] = source.data() + static_cast<std::size_t>(i) * k;
     }
     m = g.m;
     kblocks = kb;
   }
 
-  RowDigits row(int i) const {
+  RowDigits row(int i) {
     const std::size_t blocks = static_cast<std::size_t>(kblocks);
     return {digits.data() + static_cast<std::size_t>(i) * blocks * kDigitBytes, steps.data() + i * blocks, corrections.data() + i * blocks};
   }
@@ -240,26 +253,23 @@ struct RowDigitsCache {
 
 void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
   thread_local RowDigitsCache cache;
-  if (!cache.holds(g, s.kblocks)) {
-    // The first panels' first blocks are asked for before the digits are made, so that the
-    // weights' streams do not start after them.
-    const std::size_t code_stride = static_cast<std::size_t>(s.kblocks) * kMxfp4BlockCodeBytes;
-    const std::size_t ahead = std::min<std::size_t>(kPrefetchBlocks, s.kblocks) * kMxfp4BlockCodeBytes;
-    for (int p = g.panel_begin; p < std::min(g.panel_begin + kPanelsFor<1>, g.panel_end); ++p)
-      for (std::size_t at = 0; at < ahead; at += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w.codes + p * code_stride + at), _MM_HINT_T0);
-    cache.make(g, s.kblocks);
+  RowsToWrite to_write;
+  const RowsToWrite* write = nullptr;
+  if (g.panel_begin < g.panel_end && !cache.holds(g, s.kblocks)) {
+    // The first block call makes the digits a k-block at a time, beside its weights' stream, so
+    // the stream does not wait for them.
+    cache.prepare(g, s.kblocks, to_write);
+    write = &to_write;
   }
   RowDigits rows[kMaxRows];
   for (int i = 0; i < g.m; ++i) rows[i] = cache.row(i);
   const Decoder d;
-  for (int row0 = 0; row0 < g.m; row0 += kMaxRows) {
-    switch (g.m - row0 >= kMaxRows ? kMaxRows : g.m - row0) {
-      case 4: rows_of<4>(g, s, w, d, rows, row0); break;
-      case 3: rows_of<3>(g, s, w, d, rows, row0); break;
-      case 2: rows_of<2>(g, s, w, d, rows, row0); break;
-      default: rows_of<1>(g, s, w, d, rows, row0); break;
-    }
+  switch (g.m) {
+    case 4: rows_of<4>(g, s, w, d, rows, write, 0); break;
+    case 3: rows_of<3>(g, s, w, d, rows, write, 0); break;
+    case 2: rows_of<2>(g, s, w, d, rows, write, 0); break;
+    case 1: rows_of<1>(g, s, w, d, rows, write, 0); break;
+    default: break;
   }
 }
 
