@@ -3,14 +3,15 @@
 // GemmBf16Args's contract (gemm_bf16.hpp), with packed_b unused and W given as (s, w), g.k_padded
 // == s.k_padded. W is dequantized a chunk of panels at a time into a thread-local bf16 buffer and
 // multiplied there by `gemm`, the table's bf16 kernel: every ISA's bf16 kernel runs on MXFP4, and
-// the activations stay bf16 (W4A16), so a layer computes with the checkpoint's own weights.
+// the activations stay bf16 (W4A16), so a layer computes with the checkpoint's own weights (the
+// decode rows kernel may round the activations slightly: GemmMxfp4RowsFn below).
 //
 // Rows in tile order or 16 and more: a pair of panels over all of K at a time (at K = 2880 that is
 // 180 KiB, in L2), the unit the AMX kernel reads per pass, every row multiplied by a pair before
 // the next is dequantized. 5-15 rows by rows: 4 panels x 8 k-blocks at a time (32 KiB, in L1), C
 // accumulated over K's chunks, the second product with the first chunk. Up to 4 rows by rows
-// (decode): the `rows` kernel, which dequantizes in registers and multiplies there, never writing
-// the bf16 weights anywhere; the second product is then the bf16 kernel's, added to C.
+// (decode): the `rows` kernel, which looks the values up in registers and multiplies there, never
+// writing dequantized weights anywhere; the second product is then the bf16 kernel's, added to C.
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -20,8 +20,6 @@
 // for its codes two blocks (8 lines) ahead.
 #include "amx/immintrin_gcc12.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -121,7 +119,7 @@ inline __m512i broadcast_digits(const std::int8_t* p) {
 
 template <int R, int P>
 __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d,
-                                     const RowDigits* rows, const RowsToWrite* write, int row0, int panel) {
+                                     const RowDigits* rows, const RowsToWrite* write, int panel) {
   __m512 acc[R][P];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
@@ -136,9 +134,9 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
     if (write != nullptr) {
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
-        const RowDigits& r = rows[row0 + i];
-        write_block_digits(write->a[row0 + i], kb, r.digits, r.steps, r.corrections);
-        std::memcpy(write->source[row0 + i] + static_cast<std::size_t>(kb) * kBlockK, write->a[row0 + i] + static_cast<std::size_t>(kb) * kBlockK,
+        const RowDigits& r = rows[i];
+        write_block_digits(write->a[i], kb, r.digits, r.steps, r.corrections);
+        std::memcpy(write->source[i] + static_cast<std::size_t>(kb) * kBlockK, write->a[i] + static_cast<std::size_t>(kb) * kBlockK,
                     kBlockK * sizeof(bf16));
       }
     }
@@ -157,7 +155,7 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
         const __m512i lo = d.low(line), hi = d.high(line);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
-          const std::int8_t* digit = rows[row0 + i].digits + static_cast<std::size_t>(kb) * kDigitBytes + 8 * j;
+          const std::int8_t* digit = rows[i].digits + static_cast<std::size_t>(kb) * kDigitBytes + 8 * j;
           high_sum[i][p] = _mm512_dpbusd_epi32(high_sum[i][p], lo, broadcast_digits(digit));
           high_sum[i][p] = _mm512_dpbusd_epi32(high_sum[i][p], hi, broadcast_digits(digit + 4));
           low_sum[i][p] = _mm512_dpbusd_epi32(low_sum[i][p], lo, broadcast_digits(digit + 32));
@@ -171,7 +169,7 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
       const __m512 scale = d.scales(exponents + p * exponent_stride);
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
-        const RowDigits& r = rows[row0 + i];
+        const RowDigits& r = rows[i];
         const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(high_sum[i][p], 7), low_sum[i][p]),
                                              _mm512_set1_epi32(r.corrections[kb]));
         const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(r.steps[kb]));
@@ -183,27 +181,27 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
-      float* c = g.c + static_cast<std::size_t>(row0 + i) * g.ldc + static_cast<std::size_t>(panel - g.panel_begin + p) * kPanelColumns;
+      float* c = g.c + static_cast<std::size_t>(i) * g.ldc + static_cast<std::size_t>(panel - g.panel_begin + p) * kPanelColumns;
       _mm512_storeu_ps(c, g.accumulate ? _mm512_add_ps(_mm512_loadu_ps(c), acc[i][p]) : acc[i][p]);
     }
 }
 
 template <int R>
 void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, const RowDigits* rows,
-             const RowsToWrite* write, int row0) {
+             const RowsToWrite* write) {
   constexpr int kPanels = kPanelsFor<R>;
   int panel = g.panel_begin;
   // The first block call writes the digits (write != nullptr), the others read them.
-  for (; panel + kPanels <= g.panel_end; panel += kPanels, write = nullptr) block<R, kPanels>(g, s, w, d, rows, write, row0, panel);
+  for (; panel + kPanels <= g.panel_end; panel += kPanels, write = nullptr) block<R, kPanels>(g, s, w, d, rows, write, panel);
   if constexpr (kPanels == 4) {
     switch (g.panel_end - panel) {
-      case 3: block<R, 3>(g, s, w, d, rows, write, row0, panel); break;
-      case 2: block<R, 2>(g, s, w, d, rows, write, row0, panel); break;
-      case 1: block<R, 1>(g, s, w, d, rows, write, row0, panel); break;
+      case 3: block<R, 3>(g, s, w, d, rows, write, panel); break;
+      case 2: block<R, 2>(g, s, w, d, rows, write, panel); break;
+      case 1: block<R, 1>(g, s, w, d, rows, write, panel); break;
       default: break;
     }
   } else if (panel < g.panel_end) {
-    block<R, 1>(g, s, w, d, rows, write, row0, panel);
+    block<R, 1>(g, s, w, d, rows, write, panel);
   }
 }
 
@@ -265,10 +263,10 @@ void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, co
   for (int i = 0; i < g.m; ++i) rows[i] = cache.row(i);
   const Decoder d;
   switch (g.m) {
-    case 4: rows_of<4>(g, s, w, d, rows, write, 0); break;
-    case 3: rows_of<3>(g, s, w, d, rows, write, 0); break;
-    case 2: rows_of<2>(g, s, w, d, rows, write, 0); break;
-    case 1: rows_of<1>(g, s, w, d, rows, write, 0); break;
+    case 4: rows_of<4>(g, s, w, d, rows, write); break;
+    case 3: rows_of<3>(g, s, w, d, rows, write); break;
+    case 2: rows_of<2>(g, s, w, d, rows, write); break;
+    case 1: rows_of<1>(g, s, w, d, rows, write); break;
     default: break;
   }
 }

@@ -1,8 +1,8 @@
 #pragma once
-// The AVX-512 lookup of MXFP4 code lines (pack_mxfp4.hpp), shared by the dequantization into bf16
-// blocks and the decode rows kernel: row t of a line is the line shifted right by 4t and looked up
-// with VPERMW, which reads only an index word's low 5 bits, against a 32-entry table that repeats
-// the 16 E2M1 values' bf16 bits. Include only from sources built for AVX-512.
+// The AVX-512 lookup of MXFP4 code lines (pack_mxfp4.hpp) into bf16, for the dequantization into
+// bf16 blocks (the decode rows kernel looks them up as bytes instead, for VPDPBUSD): row t of a
+// line is the line shifted right by 4t and looked up with VPERMW, which reads only an index word's
+// low 5 bits, against a 32-entry table that repeats the 16 E2M1 values' bf16 bits. Include only from sources built for AVX-512.
 #include "amx/immintrin_gcc12.hpp"
 
 #include <cstdint>
