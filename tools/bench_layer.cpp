@@ -172,7 +172,7 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
   auto pack_slice_of = [&](std::size_t gi) -> TensorParallelLayer::PackSlice {
     return [&, gi](quant::IntermediateSlice sl, numa::ThreadPool& node_pool, int node) {
       return o.weight_type == WeightType::bf16 ? PackedExpertWeights::pack_slice(source.view(), sl, node_pool, node)
-                                               : PackedExpertWeights::pack_quantized(quant::slice_experts(quantized[gi], sl), node_pool, node);
+                                               : PackedExpertWeights::pack_quantized_slice(quantized[gi], sl, node_pool, node);
     };
   };
   SftLayerOptions layer_options{max_tokens, o.backward ? 1 : 0, *std::max_element(o.ranks.begin(), o.ranks.end()), s.top_k};

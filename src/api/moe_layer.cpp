@@ -291,8 +291,7 @@ std::unique_ptr<MoeLayer::Impl> build(Runtime& runtime, const MoeLayerConfig& cf
       shape, type, group, nodes, rt.isa, opt,
       [&](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) {
         if (!quantized) return PackedExpertWeights::pack_slice(w, s, pool, node);
-        if (s.begin == 0 && s.end == shape.intermediate) return PackedExpertWeights::pack_quantized(*quantized, pool, node);
-        return PackedExpertWeights::pack_quantized(quant::slice_experts(*quantized, s), pool, node);
+        return PackedExpertWeights::pack_quantized_slice(*quantized, s, pool, node);
       },
       view);
   if (adapter) m->sft->update_lora_weights(view, /*held=*/true);  // the layer's own adapter: packed once

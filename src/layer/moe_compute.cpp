@@ -71,8 +71,7 @@ TensorParallelLayer split_layer(const ExpertWeightsView& w, const quant::Quantiz
   return TensorParallelLayer(shape, q ? q->type : WeightType::bf16, q ? q->group : 0, nodes, isa, options,
                              [&](quant::IntermediateSlice s, numa::ThreadPool& pool, int node) {
                                if (!q) return PackedExpertWeights::pack_slice(w, s, pool, node);
-                               if (s.begin == 0 && s.end == shape.intermediate) return PackedExpertWeights::pack_quantized(*q, pool, node);
-                               return PackedExpertWeights::pack_quantized(quant::slice_experts(*q, s), pool, node);
+                               return PackedExpertWeights::pack_quantized_slice(*q, s, pool, node);
                              },
                              view);
 }

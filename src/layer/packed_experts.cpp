@@ -60,6 +60,12 @@ PackedExpertWeights PackedExpertWeights::quantized_layer(const quant::QuantizedE
   return p;
 }
 
+PackedExpertWeights PackedExpertWeights::pack_quantized_slice(const quant::QuantizedExperts& q, quant::IntermediateSlice s,
+                                                              numa::ThreadPool& pool, int node) {
+  if (s.begin == 0 && s.end == q.shape.intermediate) return pack_quantized(q, pool, node);
+  return pack_quantized(quant::slice_experts(q, s), pool, node);
+}
+
 PackedExpertWeights PackedExpertWeights::pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node) {
   if (q.type == WeightType::mxfp4) return pack_mxfp4(q, pool, node);
   PackedExpertWeights p = quantized_layer(q);

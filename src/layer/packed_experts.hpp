@@ -27,6 +27,10 @@ class PackedExpertWeights {
   // place, as a layer of intermediate = slice.width(): one NUMA node's share.
   static PackedExpertWeights pack_slice(const ExpertWeightsView& w, quant::IntermediateSlice slice, numa::ThreadPool& pool, int node);
   static PackedExpertWeights pack_quantized(const quant::QuantizedExperts& q, numa::ThreadPool& pool, int node = 0);
+  // The slice [s.begin, s.end) of q's intermediate size (quant::slice_experts), with no copy of q
+  // when the slice is all of it.
+  static PackedExpertWeights pack_quantized_slice(const quant::QuantizedExperts& q, quant::IntermediateSlice s, numa::ThreadPool& pool,
+                                                  int node = 0);
 
   const MoeShape& shape() const { return shape_; }
   WeightType weight_type() const { return type_; }
