@@ -8,7 +8,11 @@
 // panels, as the forward's decode items; rounds alternate the kernels. Printed per case: the
 // median over rounds of the median thread's GB/s (weight bytes read) and of the sum over threads.
 //
-// Usage: tilemoe_decode_kernel_probe [--threads T] [--rounds R] [--k K]
+// The "pattern" cases read the MXFP4 memory cases' codes as the bench's bandwidth probe does (four
+// streams, one word a line, 8 lines ahead), in items of 4, 8 or 16 panels or of 1 MiB: what the
+// memory gives to a kernel of no work on the same bytes in the same items.
+//
+// Usage: tilemoe_decode_kernel_probe [--threads T] [--rounds R] [--k K] [--only NAME_PREFIX]
 #include <sched.h>
 
 #include <algorithm>
@@ -132,13 +136,41 @@ __attribute__((noinline)) void mxfp4_variant(const PackedMxfp4Shape& s, const Pa
     _mm512_storeu_ps(c + p * kPanelColumns, _mm512_add_ps(acc[p], _mm512_cvtepi32_ps(iacc[p])));
 }
 
-double weight_bytes(const Weights& w, int k) {
+double weight_bytes(const Weights& w, int k, int variant) {
+  if (variant >= 10) return static_cast<double>(w.codes.size());
   if (!w.codes.empty()) return static_cast<double>(w.codes.size() + w.exponents.size());
   return static_cast<double>(w.panels) * kPanelColumns * k * 2.0;
 }
 
+// The bandwidth probe's read pattern (numa/bandwidth_probe.cpp: four streams, one word a line
+// read, each stream's line 8 lines on asked for) over the MXFP4 codes of items of `panels` panels,
+// each stream covering panels / 4 consecutive panels; panels == 0: items of 1 MiB, as the probe.
+std::uint64_t read_pattern(const Weights& w, int panels) {
+  constexpr std::size_t kLine = 64, kAhead = 8 * kLine;
+  const std::size_t panel_bytes = w.shape.code_bytes() / static_cast<std::size_t>(w.panels);
+  const std::size_t item = panels == 0 ? std::size_t(1) << 20 : panel_bytes * static_cast<std::size_t>(panels);
+  const std::size_t quarter = item / 4;
+  std::uint64_t sink[4] = {};
+  for (std::size_t at = 0; at + item <= w.codes.size(); at += item) {
+    const std::uint8_t* base = w.codes.data() + at;
+    for (std::size_t j = 0; j < quarter; j += kLine)
+      for (std::size_t s = 0; s < 4; ++s) {
+        const std::uint8_t* q = base + s * quarter + j;
+        if (j + kAhead < quarter) _mm_prefetch(reinterpret_cast<const char*>(q + kAhead), _MM_HINT_T0);
+        std::uint64_t v;
+        std::memcpy(&v, q, sizeof v);
+        sink[s] ^= v;
+      }
+  }
+  return sink[0] ^ sink[1] ^ sink[2] ^ sink[3];
+}
+
 // One pass over w in items of 4 panels.
 void pass(const Weights& w, int k_padded, const bf16* x, float* c, int variant) {
+  if (variant >= 10) {
+    c[0] += static_cast<float>(read_pattern(w, variant == 13 ? 0 : 4 << (variant - 10)) & 1);
+    return;
+  }
   for (int p0 = 0; p0 < w.panels; p0 += 4) {
     if (variant != 0) {
       const PackedMxfp4View v{w.codes.data(), w.exponents.data()};
@@ -178,12 +210,15 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int rounds = 9;
   int k = 2880;
+  std::string only;  // cases whose name starts with it
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::atoi(argv[i + 1]);
     else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
     else if (a == "--k") k = std::atoi(argv[i + 1]);
+    else if (a == "--only") only = argv[i + 1];
   }
+  auto selected = [&](const char* name) { return only.empty() || std::strncmp(name, only.c_str(), only.size()) == 0; };
   if (!isa_available(Isa::avx512_bf16)) {
     std::printf("SKIPPED: no AVX512-BF16\n");
     return 0;
@@ -208,16 +243,24 @@ int main(int argc, char** argv) {
                         {"mxfp4 L2 v3", true, l2_panels, 1600, 3},
                         {"mxfp4 L2 v5", true, l2_panels, 1600, 5},
                         {"bf16 memory", false, mem_panels_bf16, 2},
-                        {"mxfp4 memory", true, mem_panels_mxfp4, 2}};
+                        {"mxfp4 memory", true, mem_panels_mxfp4, 2},
+                        {"pattern 4 pan", true, mem_panels_mxfp4, 2, 10},
+                        {"pattern 8 pan", true, mem_panels_mxfp4, 2, 11},
+                        {"pattern 16 pan", true, mem_panels_mxfp4, 2, 12},
+                        {"pattern 1 MiB", true, mem_panels_mxfp4, 2, 13},
+                        // again: an instance's rate drifts within a run
+                        {"mxfp4 memory", true, mem_panels_mxfp4, 2},
+                        {"bf16 memory", false, mem_panels_bf16, 2}};
   std::vector<std::vector<Weights>> weights(std::size(cases));
   for (std::size_t c = 0; c < std::size(cases); ++c)
-    for (int t = 0; t < threads; ++t) weights[c].push_back(make_weights(cases[c].panels, k, cases[c].mxfp4, 17 * t + c));
+    for (int t = 0; t < threads && selected(cases[c].name); ++t) weights[c].push_back(make_weights(cases[c].panels, k, cases[c].mxfp4, 17 * t + c));
   std::vector<bf16> x(k_padded);
   for (int i = 0; i < k_padded; ++i) x[i] = float_to_bf16(i < k ? 0.01f * (i % 13) : 0.f);
 
   std::printf("threads %d, K %d; GB/s of weights read, median over %d rounds\n", threads, k, rounds);
   std::printf("%-14s %12s %12s %12s\n", "case", "median thr", "min thr", "sum");
   for (std::size_t c = 0; c < std::size(cases); ++c) {
+    if (!selected(cases[c].name)) continue;
     std::vector<double> med, mins, sums;
     for (int r = 0; r < rounds; ++r) {
       std::vector<double> rate(threads);
@@ -238,7 +281,7 @@ int main(int argc, char** argv) {
           const auto t0 = std::chrono::steady_clock::now();
           for (int i = 0; i < cases[c].passes; ++i) pass(w, k_padded, x.data(), out.data(), cases[c].variant);
           const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          rate[t] = weight_bytes(w, k) * cases[c].passes / s / 1e9;
+          rate[t] = weight_bytes(w, k, cases[c].variant) * cases[c].passes / s / 1e9;
         });
       for (auto& th : pool) th.join();
       double sum = 0;
