@@ -31,6 +31,26 @@ GemmBf16Args chunk_args(const GemmBf16Args& g, const bf16* chunk, int q0, int q1
   return c;
 }
 
+// c's rows from row0 on (row0 a multiple of 16 where A is in tile order).
+GemmBf16Args rows_from(const GemmBf16Args& c, int row0) {
+  GemmBf16Args r = c;
+  r.m = c.m - row0;
+  r.a = c.a_tiles ? c.a + static_cast<std::size_t>(row0 / kATileRows) * c.k_padded * kATileRows
+                  : c.a + static_cast<std::size_t>(row0) * c.lda;
+  if (c.a2 != nullptr) r.a2 = c.a2 + static_cast<std::size_t>(row0) * c.lda2;
+  r.c = c.c + static_cast<std::size_t>(row0) * c.ldc;
+  return r;
+}
+
+// The second product alone, added to C.
+void add_second_product(const GemmBf16Args& g, GemmBf16Fn gemm) {
+  if (g.packed_b2 == nullptr || g.k2_padded <= 0) return;
+  GemmBf16Args second = g;
+  second.k_padded = 0;
+  second.accumulate = true;
+  gemm(second);
+}
+
 }  // namespace
 
 void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
@@ -58,22 +78,28 @@ void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMx
   const GemmBf16Fn gemm = k.gemm;
   const DequantizeMxfp4Fn dequantize = k.dequantize;
   const int kblocks = s.kblocks;
-  if (k.rows && !g.a_tiles && g.m <= kMxfp4RowsMaxRows) {
-    k.rows(g, s, w);
-    if (g.packed_b2 != nullptr && g.k2_padded > 0) {
-      GemmBf16Args second = g;
-      second.k_padded = 0;
-      second.accumulate = true;
-      gemm(second);
-    }
+  const bool rows = k.rows && !g.a_tiles && g.m <= kMxfp4RowsMaxRows;
+  if (rows || (k.few_rows && g.m <= kMxfp4FewRowsMaxRows)) {
+    (rows ? k.rows : k.few_rows)(g, s, w);
+    add_second_product(g, gemm);
     return;
   }
   if (g.a_tiles || g.m > kMxfp4ChunkMaxRows) {
     bf16* buffer = chunk_buffer(2 * static_cast<std::size_t>(kblocks) * kBlockElements).data();
     for (int q0 = g.panel_begin; q0 < g.panel_end; q0 += 2) {
       const int q1 = std::min(q0 + 2, g.panel_end);
-      dequantize(s, w, q0, q1, 0, kblocks, buffer);
-      gemm(chunk_args(g, buffer, q0, q1, 0, kblocks));
+      const GemmBf16Args pair = chunk_args(g, buffer, q0, q1, 0, kblocks);
+      if (k.pair_first_block == nullptr) {
+        dequantize(s, w, q0, q1, 0, kblocks, buffer);
+        gemm(pair);
+        continue;
+      }
+      k.pair_first_block(g, s, w, q0, q1, buffer);
+      const int first = std::min(g.m, kMxfp4PairFirstBlockRows);
+      GemmBf16Args first_rows = pair;
+      first_rows.m = first;
+      add_second_product(first_rows, gemm);
+      if (g.m > first) gemm(rows_from(pair, first));
     }
     return;
   }

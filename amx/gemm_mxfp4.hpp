@@ -6,12 +6,15 @@
 // the activations stay bf16 (W4A16), so a layer computes with the checkpoint's own weights (the
 // decode rows kernel may round the activations slightly: GemmMxfp4RowsFn below).
 //
-// Rows in tile order or 16 and more: a pair of panels over all of K at a time (at K = 2880 that is
-// 180 KiB, in L2), the unit the AMX kernel reads per pass, every row multiplied by a pair before
-// the next is dequantized. 5-15 rows by rows: 4 panels x 8 k-blocks at a time (32 KiB, in L1), C
-// accumulated over K's chunks, the second product with the first chunk. Up to 4 rows by rows
-// (decode): the `rows` kernel, which looks the values up in registers and multiplies there, never
-// writing dequantized weights anywhere; the second product is then the bf16 kernel's, added to C.
+// Up to 4 rows by rows (decode): the `rows` kernel, which looks the values up in registers and
+// multiplies there, never writing dequantized weights anywhere. Then, where the ISA has one (AMX),
+// up to one row tile (16 rows, by rows or in tile order): the `few_rows` kernel, which
+// dequantizes each k-step's blocks into L1 while the tiles multiply the previous ones. After
+// either, the second product is the bf16 kernel's, added to C. Otherwise, rows in tile order or
+// 16 and more: a pair of panels over all of K at a time (at K = 2880 that is 180 KiB, in L2), the
+// unit the AMX kernel reads per pass, every row multiplied by a pair before the next is
+// dequantized (with `pair_first_block`, the first 32 rows while it is dequantized); 5-15 rows
+// by rows: 4 panels x 8 k-blocks at a time (32 KiB, in L1), C accumulated over K's chunks, the second product with the first chunk.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +40,7 @@ inline double mxfp4_rows_step(float largest_magnitude) {
   return std::ldexp(1.0, static_cast<int>(bits >> 23) - 140);
 }
 inline constexpr int kMxfp4ChunkMaxRows = 15;
+inline constexpr int kMxfp4FewRowsMaxRows = 16;
 inline constexpr int kMxfp4ChunkPanels = 4;
 inline constexpr int kMxfp4ChunkKBlocks = 8;
 
@@ -52,11 +56,31 @@ void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, 
 // Only where isa_available(Isa::avx512_bf16).
 void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 
-// An ISA's kernels for gemm_mxfp4 (the kernel table's).
+// The main product of g (no second product; g.m <= kMxfp4FewRowsMaxRows, A by rows or in tile
+// order), C = or += per g.accumulate, with the products of the bf16 tile kernel on the
+// dequantized weights (the same sums, k-steps in order). Only where isa_available(Isa::amx_bf16).
+using GemmMxfp4FewRowsFn = GemmMxfp4RowsFn;
+void gemm_mxfp4_few_rows_amx(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
+
+// Of a product over more rows: the main product of rows [0, min(g.m, kMxfp4PairFirstBlockRows))
+// (A by rows or in tile order) over panels [q0, q1) (one or two), C = or += per g.accumulate,
+// while the panels' blocks are dequantized into `pair` (q1 - q0 panels of s.kblocks blocks, as
+// dequantize(s, w, q0, q1, 0, s.kblocks, pair) writes them), for the other rows' products. The
+// products are those of the bf16 tile kernel on the dequantized weights. Only where
+// isa_available(Isa::amx_bf16).
+inline constexpr int kMxfp4PairFirstBlockRows = 32;
+using GemmMxfp4PairFirstBlockFn = void (*)(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, int q0, int q1,
+                                           bf16* pair);
+void gemm_mxfp4_pair_first_block_amx(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, int q0, int q1,
+                                     bf16* pair);
+
+// An ISA's kernels for gemm_mxfp4 (the kernel table's); few_rows and pair_first_block may be null.
 struct Mxfp4Kernels {
   GemmBf16Fn gemm;
   DequantizeMxfp4Fn dequantize;
   GemmMxfp4RowsFn rows;
+  GemmMxfp4FewRowsFn few_rows = nullptr;
+  GemmMxfp4PairFirstBlockFn pair_first_block = nullptr;
 };
 
 void gemm_mxfp4(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Mxfp4Kernels& k);

@@ -41,21 +41,21 @@ constexpr KernelTable kPortable{Isa::portable,          gemm_bf16_portable,
                                 lora_grad_outer_portable, lora_project_rows_portable, lora_expand_rows_add_portable,
                                 pack_strided_portable,
                                 convert_to_bf16_portable, combine_bf16_rows_portable, gemm_int_portable,
-                                quantize_rows_portable,  dequantize_mxfp4_blocks_portable, gemm_mxfp4_rows_portable, adamw_update_portable, 0, 1};
+                                quantize_rows_portable,  dequantize_mxfp4_blocks_portable, gemm_mxfp4_rows_portable, nullptr, nullptr, adamw_update_portable, 0, 1};
 constexpr KernelTable kAvx512{Isa::avx512_bf16,       gemm_bf16_avx512,
                               silu_mul_bf16_avx512,   silu_mul_backward_avx512, keep_clamp_sides_avx512,
                               pack_transposed_kblock_avx512, pack_transposed_kblock_int_avx512,
                               lora_grad_outer_avx512, lora_project_rows_avx512, lora_expand_rows_add_avx512,
                               pack_strided_avx512,
                               convert_to_bf16_avx512, combine_bf16_rows_avx512, gemm_int_avx512,
-                              quantize_rows_avx512,   dequantize_mxfp4_blocks_avx512, gemm_mxfp4_rows_avx512, adamw_update_avx512, 0, 4};
+                              quantize_rows_avx512,   dequantize_mxfp4_blocks_avx512, gemm_mxfp4_rows_avx512, nullptr, nullptr, adamw_update_avx512, 0, 4};
 constexpr KernelTable kAmx{Isa::amx_bf16,         gemm_bf16_amx_or_avx512,
                            silu_mul_bf16_avx512, silu_mul_backward_avx512, keep_clamp_sides_avx512,
                            pack_transposed_kblock_avx512, pack_transposed_kblock_int_avx512,
                            lora_grad_outer_amx, lora_project_rows_avx512, lora_expand_rows_add_avx512,
                            pack_strided_avx512,
                            convert_to_bf16_avx512, combine_bf16_rows_avx512, gemm_int_amx_or_avx512,
-                           quantize_rows_avx512, dequantize_mxfp4_blocks_avx512, gemm_mxfp4_rows_avx512, adamw_update_avx512, kAmxMinRows, 4};
+                           quantize_rows_avx512, dequantize_mxfp4_blocks_avx512, gemm_mxfp4_rows_avx512, gemm_mxfp4_few_rows_amx, gemm_mxfp4_pair_first_block_amx, adamw_update_avx512, kAmxMinRows, 4};
 
 }  // namespace
 

@@ -46,6 +46,8 @@ struct KernelTable {
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int
   DequantizeMxfp4Fn dequantize_mxfp4;  // MXFP4 weights into gemm_bf16's layout (gemm_mxfp4.hpp)
   GemmMxfp4RowsFn gemm_mxfp4_rows;     // MXFP4 weights' decode rows, dequantized in registers
+  GemmMxfp4FewRowsFn gemm_mxfp4_few_rows;  // MXFP4 weights for one row tile (null: no tiles)
+  GemmMxfp4PairFirstBlockFn gemm_mxfp4_pair_first_block;  // and a pair's first 32 rows (null: no tiles)
   AdamWUpdateFn adamw_update;      // the optimizer step over the caller's LoRA arrays
   // Rows from which gemm_bf16 runs AMX tiles (smaller m goes to AVX-512); 0 when the table
   // has no AMX kernel.
@@ -61,5 +63,10 @@ struct KernelTable {
 
 // Throws Error(unsupported) with the reason when `isa` cannot run on this machine.
 const KernelTable& kernel_table(Isa isa);
+
+// What gemm_mxfp4 runs with a table.
+inline Mxfp4Kernels mxfp4_kernels(const KernelTable& kt) {
+  return {kt.gemm_bf16, kt.dequantize_mxfp4, kt.gemm_mxfp4_rows, kt.gemm_mxfp4_few_rows, kt.gemm_mxfp4_pair_first_block};
+}
 
 }  // namespace tilemoe::kernels

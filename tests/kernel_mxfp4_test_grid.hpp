@@ -21,6 +21,10 @@ inline DequantizeMxfp4Fn raw_dequantize_mxfp4(Isa isa) {
   return isa == Isa::portable ? dequantize_mxfp4_blocks_portable : dequantize_mxfp4_blocks_avx512;
 }
 inline GemmMxfp4RowsFn raw_gemm_mxfp4_rows(Isa isa) { return isa == Isa::portable ? gemm_mxfp4_rows_portable : gemm_mxfp4_rows_avx512; }
+inline GemmMxfp4FewRowsFn raw_gemm_mxfp4_few_rows(Isa isa) { return isa == Isa::amx_bf16 ? gemm_mxfp4_few_rows_amx : nullptr; }
+inline GemmMxfp4PairFirstBlockFn raw_gemm_mxfp4_pair_first_block(Isa isa) {
+  return isa == Isa::amx_bf16 ? gemm_mxfp4_pair_first_block_amx : nullptr;
+}
 
 // W [n][k] in MXFP4's canonical form (nibbles, exponents [n][groups]) and packed.
 struct Mxfp4Weights {
@@ -239,7 +243,7 @@ inline void check_mxfp4_gemm_case(const Mxfp4Kernels& kernels, const Mxfp4GemmCa
 
 inline void check_mxfp4_gemm_grid(const Mxfp4Kernels& kernels) {
   std::mt19937 rng(29);
-  static const int ms[] = {1, 2, 3, 4, 15, 16, 17, 40, 129};
+  static const int ms[] = {1, 2, 3, 4, 5, 9, 12, 15, 16, 17, 31, 32, 40, 129};
   static const int ns[] = {1, 17, 33, 100};
   static const int ks[] = {0, 1, 31, 33, 64, 255, 300};
   for (int m : ms)
@@ -321,11 +325,20 @@ inline void check_mxfp4_kernels(Isa isa) {
     check_mxfp4_dequantize(raw_dequantize_mxfp4(isa));
     check_mxfp4_dequantize(table.dequantize_mxfp4);
   }
-  SECTION("mxfp4 gemm through the table's kernels") {
-    check_mxfp4_gemm_grid({table.gemm_bf16, table.dequantize_mxfp4, table.gemm_mxfp4_rows});
-  }
+  SECTION("mxfp4 gemm through the table's kernels") { check_mxfp4_gemm_grid(mxfp4_kernels(table)); }
   SECTION("mxfp4 gemm through the raw kernels") {
-    check_mxfp4_gemm_grid({raw_gemm(isa), raw_dequantize_mxfp4(isa), raw_gemm_mxfp4_rows(isa)});
+    check_mxfp4_gemm_grid({raw_gemm(isa), raw_dequantize_mxfp4(isa), raw_gemm_mxfp4_rows(isa), raw_gemm_mxfp4_few_rows(isa),
+                           raw_gemm_mxfp4_pair_first_block(isa)});
+  }
+  SECTION("mxfp4 gemm with every row count through whole pairs, the first 32 rows with their dequantization") {
+    // 1-16 rows too, which the few-rows kernel otherwise takes.
+    if (raw_gemm_mxfp4_pair_first_block(isa) != nullptr)
+      check_mxfp4_gemm_grid({raw_gemm(isa), raw_dequantize_mxfp4(isa), nullptr, nullptr, raw_gemm_mxfp4_pair_first_block(isa)});
+  }
+  SECTION("mxfp4 gemm with every row tile's rows through the few-rows kernel") {
+    // Decode's 1-4 rows too, which the rows kernel otherwise takes.
+    if (raw_gemm_mxfp4_few_rows(isa) != nullptr)
+      check_mxfp4_gemm_grid({raw_gemm(isa), raw_dequantize_mxfp4(isa), nullptr, raw_gemm_mxfp4_few_rows(isa)});
   }
   SECTION("mxfp4 rows kernel after rows change in place") {
     check_mxfp4_rows_reuse({raw_gemm(isa), raw_dequantize_mxfp4(isa), raw_gemm_mxfp4_rows(isa)});

@@ -259,7 +259,7 @@ kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, in
 }
 
 void gemm_main_weights(const kernels::KernelTable& kt, const kernels::GemmBf16Args& g, const kernels::Mxfp4Operand* mxfp4) {
-  if (mxfp4) kernels::gemm_mxfp4(g, mxfp4->shape, mxfp4->view, {kt.gemm_bf16, kt.dequantize_mxfp4, kt.gemm_mxfp4_rows});
+  if (mxfp4) kernels::gemm_mxfp4(g, mxfp4->shape, mxfp4->view, kernels::mxfp4_kernels(kt));
   else kt.gemm_bf16(g);
 }
 
