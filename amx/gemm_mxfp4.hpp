@@ -14,7 +14,8 @@
 // 16 and more: a pair of panels over all of K at a time (at K = 2880 that is 180 KiB, in L2), the
 // unit the AMX kernel reads per pass, every row multiplied by a pair before the next is
 // dequantized (with `pair_first_block`, the first 32 rows while it is dequantized); 5-15 rows
-// by rows: 4 panels x 8 k-blocks at a time (32 KiB, in L1), C accumulated over K's chunks, the second product with the first chunk.
+// by rows: 4 panels x 8 k-blocks at a time (32 KiB, in L1), C accumulated over K's chunks, the
+// second product with the first chunk.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
