@@ -8,10 +8,11 @@
 // the next block's k-steps (DeferredFlush), int4's groups into a 4 KiB f32 block on the stack
 // that goes to C once, after the last group.
 //
-// int4: each panel group's codes (up to 128 rows, each panel pair's) are first unpacked into int8
+// int4: each panel group's codes (up to 128 rows, each panel pair's) are unpacked into int8
 // blocks in a thread-local buffer (nibble - 8), which stays in L2 while every row block passes over
-// it. When the group scales are integer multiples of one scale per column (pack_int.hpp), the
-// unpack multiplies each code by its group's multiple and the whole of K is one group, as for int8:
+// it; the first row block to meet a pair unpacks its next k-block during each k-step's products.
+// When the group scales are integer multiples of one scale per column (pack_int.hpp), the unpack
+// multiplies each code by its group's multiple and the whole of K is one group, as for int8:
 // on the device (two rounds, one call) that took int4 g128 at 4096 tokens from 73.4-73.8 to
 // 59.6-63.3 ms (gate_up 43.0 -> 33.6-36.4) and at 512 tokens from 10.9-11.0 to 9.6-9.7, level with
 // int8. Otherwise groups of 32 are shorter than a 64-k tile, so the kernel table sends int4 at
@@ -140,6 +141,67 @@ struct DeferredFlush {
   }
 };
 
+// Block (p, kb) of an int4 matrix as one int8 block (nibble - 8), in the int8 packed order; with
+// `multiples` (pack_int.hpp, decompose_int4_scales), each code times its group's multiple, so that
+// one scale per column applies to a sum over all of K. VPMULLW multiplies two codes of one column
+// at once: as nibbles n = code + 8, n * m <= 240 never carries into the next byte, and
+// (n * m - 8 * m) mod 256 is code * m in [-128, 112].
+void unpack_int4_block(const PackedIntShape& s, const std::uint8_t* codes, const std::uint8_t* multiples, int p, int kb,
+                       std::uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const std::uint8_t* in = codes + static_cast<std::size_t>(p) * s.panel_bytes() + static_cast<std::size_t>(kb) * 512;
+  if (multiples == nullptr) {
+    const __m512i eight = _mm512_set1_epi8(8);
+    for (int rp = 0; rp < 8; ++rp) {
+      const __m512i raw = _mm512_loadu_si512(in + rp * 64);
+      _mm512_storeu_si512(out + (2 * rp) * 64, _mm512_sub_epi8(_mm512_and_si512(raw, low), eight));
+      _mm512_storeu_si512(out + (2 * rp + 1) * 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), eight));
+    }
+    return;
+  }
+  __m512i m16 = _mm512_setzero_si512(), m8 = m16;
+  int group = -1;
+  for (int rp = 0; rp < 8; ++rp) {
+    // Quad rows 2rp and 2rp+1 cover k offsets [8 rp, 8 rp + 8): one group (groups are >= 32).
+    const int g = (kb * kIntBlockK + 8 * rp) / s.group;
+    if (g != group) {
+      group = g;
+      const __m512i m = _mm512_cvtepu8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(multiples + (static_cast<std::size_t>(p) * s.groups + g) * 16)));
+      m16 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));      // m in both 16-bit halves of a column's 4 bytes
+      m8 = _mm512_mullo_epi32(m, _mm512_set1_epi32(0x08080808));  // 8 m in each of its 4 bytes
+    }
+    const __m512i raw = _mm512_loadu_si512(in + rp * 64);
+    const __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    _mm512_storeu_si512(out + (2 * rp) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(lo, m16), m8));
+    _mm512_storeu_si512(out + (2 * rp + 1) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(hi, m16), m8));
+  }
+}
+
+// One int4 panel pair (or last single panel) unpacked a k-block at a time into its int8 panels:
+// by the pair's first row block, block kb + 1 during k-step kb, so that the tiles multiply while
+// the vector units unpack (gemm_mxfp4_amx.cpp does the same for MXFP4).
+struct PairUnpack {
+  const PackedIntShape* s = nullptr;
+  const std::uint8_t* codes = nullptr;
+  const std::uint8_t* multiples = nullptr;
+  std::uint8_t* out = nullptr;  // panel p0's blocks, then p0 + 1's
+  int p0 = 0;
+  bool two = false;
+
+  // Block kb of each panel, asking for the codes kCodeAheadBlocks blocks on (a prefetch past
+  // the matrix never faults).
+  void block(int kb) const {
+    constexpr std::size_t kCodeAheadBlocks = 2, kCodeBlockBytes = 512;
+    const std::size_t panel = static_cast<std::size_t>(s->kblocks) * kBlockBytes;
+    for (int q = 0; q < (two ? 2 : 1); ++q) {
+      const std::uint8_t* ahead = codes + static_cast<std::size_t>(p0 + q) * s->panel_bytes() + (kb + kCodeAheadBlocks) * kCodeBlockBytes;
+      for (std::size_t line = 0; line < kCodeBlockBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
+      unpack_int4_block(*s, codes, multiples, p0 + q, kb, out + q * panel + static_cast<std::size_t>(kb) * kBlockBytes);
+    }
+  }
+};
+
 // int8 B blocks are prefetched into L2 this many k-blocks ahead on the first pass over a panel
 // pair, which reads them from memory (later passes find them in L2). Without it the tile loads
 // wait on memory: on the device at 512 tokens (48 rows per expert) 16 blocks ahead took the
@@ -169,7 +231,8 @@ constexpr std::size_t kL1AheadBlocks = 2;
 // 43.7 ms), and int4 no better. The bf16 kernel runs the same order from session 40
 // (gemm_bf16_amx.cpp), where it first gained nothing at 512 tokens (14.39 / 14.51 ms).
 template <bool TwoRowTiles, bool TwoPanels>
-void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool prefetch, const NextPair& next = {}) {
+void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool prefetch, const NextPair& next = {},
+                const PairUnpack* unpack = nullptr) {
   const GemmIntArgs& g = *job.g;
   // By rows: tile 2 starts 16 rows down. In tile order: the row tile's blocks are 1 KiB apart
   // along K and the next row tile's start kblocks blocks later.
@@ -247,6 +310,12 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
       }
       tile_step<TileProduct::int8, TwoRowTiles, TwoPanels>(ak, a_second, lda_bytes, bk, job.panel_stride);
       if (deferred && deferred->next < deferred->count) deferred->run_one();
+      if (unpack != nullptr && kb + 1 < job.kblocks) {
+        unpack->block(kb + 1);
+        // The tile loads are asm statements the compiler does not see read memory: the next
+        // k-step's must come after these stores.
+        __asm__ volatile("" ::: "memory");
+      }
     }
     if (grp > 0) flush_group(grp - 1);
     auto& b = deferred ? deferred->sums[slot] : buf[grp & 1];
@@ -297,76 +366,44 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   for_each_c_tile<TwoRowTiles, TwoPanels>(write_one);
 }
 
+// int4's codes of a panel group, unpacked into the group's int8 panels (`out`, from panel p0 on)
+// pair by pair by the first row block that meets each pair.
+struct Int4Group {
+  const PackedIntShape* shape;
+  const std::uint8_t* codes;
+  const std::uint8_t* multiples;  // or null: unpack without them
+  std::uint8_t* out;
+  int p0;
+};
+
 // Row blocks outside, panel pairs inside, as in gemm_bf16_amx.cpp: on the device (4096 tokens, the
 // same process taking turns) the gate_up phase went from 37.8 / 34.6 to 34.2 / 34.4 ms for int8
-// and from 41.5 / 45.1 to 35.8 / 35.1 for int4.
+// and from 41.5 / 45.1 to 35.8 / 35.1 for int4. int4's pairs are unpacked by the first pass's
+// first row block (PairUnpack), not all before it.
 template <bool TwoRowTiles>
-void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end, bool first_pass) {
+void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end, bool first_pass,
+                 const Int4Group* int4 = nullptr) {
   for (int row = row_begin; row < row_end; row += kBlockRows) {
     for (int p = p_begin; p < p_end; p += 2) {
-      const bool prefetch = first_pass && row == row_begin && job.g->shape.bits == 8;
+      const bool first_row = first_pass && row == row_begin;
+      const bool prefetch = first_row && job.g->shape.bits == 8;
+      PairUnpack unpack;
+      const PairUnpack* unpacking = nullptr;
+      if (int4 != nullptr && first_row) {
+        const std::size_t panel = static_cast<std::size_t>(job.kblocks) * kBlockBytes;
+        unpack = PairUnpack{int4->shape, int4->codes, int4->multiples, int4->out + static_cast<std::size_t>(p - int4->p0) * panel, p,
+                            p + 1 < p_end};
+        if (job.kblocks > 0) unpack.block(0);
+        __asm__ volatile("" ::: "memory");
+        unpacking = &unpack;
+      }
       if (p + 1 < p_end) {
-        tile_block<TwoRowTiles, true>(job, row, rows0, rows1, p, prefetch);
+        tile_block<TwoRowTiles, true>(job, row, rows0, rows1, p, prefetch, {}, unpacking);
       } else {
-        tile_block<TwoRowTiles, false>(job, row, rows0, rows1, p, prefetch);
+        tile_block<TwoRowTiles, false>(job, row, rows0, rows1, p, prefetch, {}, unpacking);
       }
     }
   }
-}
-
-// Panels [p0, p1) of an int4 matrix as int8 blocks (nibble - 8), in the int8 packed order.
-void unpack_int4_panels(const PackedIntShape& s, const std::uint8_t* codes, int p0, int p1, std::uint8_t* out) {
-  const __m512i low = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
-  const std::size_t blocks = static_cast<std::size_t>(p1 - p0) * s.kblocks;
-  const std::uint8_t* in = codes + static_cast<std::size_t>(p0) * s.panel_bytes();
-  for (std::size_t b = 0; b < blocks; ++b) {
-    for (int rp = 0; rp < 8; ++rp) {
-      const __m512i raw = _mm512_loadu_si512(in + b * 512 + rp * 64);
-      _mm512_storeu_si512(out + b * 1024 + (2 * rp) * 64, _mm512_sub_epi8(_mm512_and_si512(raw, low), eight));
-      _mm512_storeu_si512(out + b * 1024 + (2 * rp + 1) * 64,
-                          _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), eight));
-    }
-  }
-}
-
-// The same with each code times its group's multiple (pack_int.hpp, decompose_int4_scales), so
-// that one scale per column applies to a sum over all of K. VPMULLW multiplies two codes of one
-// column at once: as nibbles n = code + 8, n * m <= 240 never carries into the next byte, and
-// (n * m - 8 * m) mod 256 is code * m in [-128, 112].
-void unpack_int4_panels_scaled(const PackedIntShape& s, const std::uint8_t* codes, const std::uint8_t* multiples, int p0, int p1,
-                               std::uint8_t* out) {
-  const __m512i low = _mm512_set1_epi8(0x0f);
-  const std::uint8_t* in = codes + static_cast<std::size_t>(p0) * s.panel_bytes();
-  for (int p = p0; p < p1; ++p) {
-    for (int kb = 0; kb < s.kblocks; ++kb) {
-      __m512i m16 = _mm512_setzero_si512(), m8 = m16;
-      int group = -1;
-      for (int rp = 0; rp < 8; ++rp) {
-        // Quad rows 2rp and 2rp+1 cover k offsets [8 rp, 8 rp + 8): one group (groups are >= 32).
-        const int g = (kb * kIntBlockK + 8 * rp) / s.group;
-        if (g != group) {
-          group = g;
-          const __m512i m = _mm512_cvtepu8_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(multiples + (static_cast<std::size_t>(p) * s.groups + g) * 16)));
-          m16 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));      // m in both 16-bit halves of a column's 4 bytes
-          m8 = _mm512_mullo_epi32(m, _mm512_set1_epi32(0x08080808));  // 8 m in each of its 4 bytes
-        }
-        const __m512i raw = _mm512_loadu_si512(in + rp * 64);
-        const __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-        _mm512_storeu_si512(out + (2 * rp) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(lo, m16), m8));
-        _mm512_storeu_si512(out + (2 * rp + 1) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(hi, m16), m8));
-      }
-      in += 512;
-      out += 1024;
-    }
-  }
-}
-
-// Panels [p0, p1) of int4 codes as int8 blocks: times their group multiples when given (the
-// column-scale form), else as they are.
-void unpack_int4(const PackedIntShape& s, const std::uint8_t* codes, const std::uint8_t* multiples, int p0, int p1, std::uint8_t* out) {
-  if (multiples) return unpack_int4_panels_scaled(s, codes, multiples, p0, p1, out);
-  unpack_int4_panels(s, codes, p0, p1, out);
 }
 
 // The job over B as the tiles read it: int8's codes; or int4's panels unpacked into int8 blocks
@@ -391,16 +428,16 @@ struct RowBlock {
   bool full;
 };
 
-void pair_block(const Job& job, const RowBlock& b, int m, int p, bool two, bool prefetch, const NextPair& next) {
+void pair_block(const Job& job, const RowBlock& b, int m, int p, bool two, bool prefetch, const NextPair& next, const PairUnpack* unpack) {
   const int rows = b.full ? kBlockRows : m - b.row;
   if (rows > kTileRows) {
     ensure_tile_config(make_tile_config(kTileRows, rows - kTileRows));
-    if (two) return tile_block<true, true>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next);
-    return tile_block<true, false>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next);
+    if (two) return tile_block<true, true>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next, unpack);
+    return tile_block<true, false>(job, b.row, kTileRows, rows - kTileRows, p, prefetch, next, unpack);
   }
   ensure_tile_config(make_tile_config(rows, rows));
-  if (two) return tile_block<false, true>(job, b.row, rows, rows, p, prefetch, next);
-  tile_block<false, false>(job, b.row, rows, rows, p, prefetch, next);
+  if (two) return tile_block<false, true>(job, b.row, rows, rows, p, prefetch, next, unpack);
+  tile_block<false, false>(job, b.row, rows, rows, p, prefetch, next, unpack);
 }
 
 // int4's codes of one panel pair, unpacked into int8 blocks just before the pair runs.
@@ -412,15 +449,19 @@ struct Int4Pairs {
 };
 
 // 33-128 rows (int4: up to 128), in pair_order.hpp's order; int4 unpacks each pair as it comes,
-// and its last row block sends the next pair's codes (512 bytes a k-block) to L2.
+// its first k-block before the pair and the others during its first row block (PairUnpack), and
+// its last row block sends the next pair's codes (512 bytes a k-block) to L2.
 void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int4) {
   RowBlock blocks[kPairsOutsideMaxRows / kBlockRows + 1];
   int count = 0;
   for (int row = 0; row < m; row += kBlockRows) blocks[count++] = {row, row + kBlockRows <= m};
   const PackedIntShape* s = int4 ? int4->shape : nullptr;
+  PairUnpack unpack;
   auto start_pair = [&](int p) {
     if (int4) {
-      unpack_int4(*s, int4->codes, int4->multiples, p, std::min(p_end, p + 2), int4->out);
+      unpack = PairUnpack{s, int4->codes, int4->multiples, int4->out, p, p + 1 < p_end};
+      if (job.kblocks > 0) unpack.block(0);
+      __asm__ volatile("" ::: "memory");
       job.b = int4->out;
       job.b_panel0 = p;
     }
@@ -433,7 +474,7 @@ void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int
   };
   // int8 streams B from memory on a pair's first block; int4's unpacked pair is in cache.
   for_each_pair_block(count, p_begin, p_end, start_pair, [&](int b, int p, bool two, bool first, const NextPair& next) {
-    pair_block(job, blocks[b], m, p, two, !int4 && first, next);
+    pair_block(job, blocks[b], m, p, two, !int4 && first, next, int4 && first ? &unpack : nullptr);
   });
 }
 
@@ -482,22 +523,24 @@ void gemm_int_amx(const GemmIntArgs& args) {
     const int g1 = std::min(args.panel_end, g0 + group);
     Job job = make_job(args, multiples);
     job.deferred = &deferred;
+    Int4Group int4{&s, args.b.codes, group_multiples, nullptr, g0};
     if (s.bits == 4) {
       grow_to(unpacked, static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
-      unpack_int4(s, args.b.codes, group_multiples, g0, g1, unpacked.data());
+      int4.out = unpacked.data();
       job.b = unpacked.data();
       job.b_panel0 = g0;
     }
+    const Int4Group* unpacking = s.bits == 4 ? &int4 : nullptr;
     if (m_full > 0) {
       ensure_tile_config(make_tile_config(kTileRows, kTileRows));
-      panel_pairs<true>(job, 0, m_full, kTileRows, kTileRows, g0, g1, true);
+      panel_pairs<true>(job, 0, m_full, kTileRows, kTileRows, g0, g1, true, unpacking);
     }
     if (tail > kTileRows) {
       ensure_tile_config(make_tile_config(kTileRows, tail - kTileRows));
-      panel_pairs<true>(job, m_full, args.m, kTileRows, tail - kTileRows, g0, g1, m_full == 0);
+      panel_pairs<true>(job, m_full, args.m, kTileRows, tail - kTileRows, g0, g1, m_full == 0, unpacking);
     } else if (tail > 0) {
       ensure_tile_config(make_tile_config(tail, tail));
-      panel_pairs<false>(job, m_full, args.m, tail, tail, g0, g1, m_full == 0);
+      panel_pairs<false>(job, m_full, args.m, tail, tail, g0, g1, m_full == 0, unpacking);
     }
   }
   deferred.run_all();
