@@ -28,6 +28,7 @@
 #include "amx/gemm_mxfp4.hpp"
 #include "amx/isa.hpp"
 #include "amx/mxfp4_lookup_avx512.hpp"
+#include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
 #include "tilemoe/error.hpp"
@@ -181,22 +182,12 @@ template <bool TwoRowTiles, bool TwoPanels>
 void pair_first_block(const GemmBf16Args& g, const Group& grp, bf16* pair) {
   float* const c = g.c + static_cast<std::size_t>(grp.panel - g.panel_begin) * kPanelColumns;
   const long ldc_bytes = static_cast<long>(g.ldc * sizeof(float));
-  float* const c_rows1 = c + static_cast<std::size_t>(16) * g.ldc;
-  if (g.accumulate) {
-    c_tile_load<0>(c, ldc_bytes);
-    if constexpr (TwoPanels) c_tile_load<1>(c + kPanelColumns, ldc_bytes);
-    if constexpr (TwoRowTiles) {
-      c_tile_load<2>(c_rows1, ldc_bytes);
-      if constexpr (TwoPanels) c_tile_load<3>(c_rows1 + kPanelColumns, ldc_bytes);
-    }
-  } else {
-    c_tile_zero<0>();
-    if constexpr (TwoPanels) c_tile_zero<1>();
-    if constexpr (TwoRowTiles) {
-      c_tile_zero<2>();
-      if constexpr (TwoPanels) c_tile_zero<3>();
-    }
-  }
+  // C tile t (tile_block.hpp's numbering): rows 16 (t / 2) on, panel t % 2.
+  auto c_tile = [&](int t) {
+    return c + static_cast<std::size_t>(16 * (t / 2)) * g.ldc + static_cast<std::size_t>(t % 2) * kPanelColumns;
+  };
+  if (g.accumulate) load_c_tiles<TwoRowTiles, TwoPanels>(c_tile, ldc_bytes);
+  else zero_c_tiles<TwoRowTiles, TwoPanels>();
   const int kblocks = grp.s.kblocks;
   bf16* const second = pair + static_cast<std::size_t>(kblocks) * kBlockElements;
   auto block_of = [&](int p, int kb) { return (p == 0 ? pair : second) + static_cast<std::size_t>(kb) * kBlockElements; };
@@ -226,12 +217,7 @@ void pair_first_block(const GemmBf16Args& g, const Group& grp, bf16* pair) {
     }
     __asm__ volatile("" ::: "memory");
   }
-  c_tile_store<0>(c, ldc_bytes);
-  if constexpr (TwoPanels) c_tile_store<1>(c + kPanelColumns, ldc_bytes);
-  if constexpr (TwoRowTiles) {
-    c_tile_store<2>(c_rows1, ldc_bytes);
-    if constexpr (TwoPanels) c_tile_store<3>(c_rows1 + kPanelColumns, ldc_bytes);
-  }
+  store_c_tiles<TwoRowTiles, TwoPanels>(c_tile, ldc_bytes);
 }
 
 void require_tiles(const char* who) {
