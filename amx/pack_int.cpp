@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "amx/isa.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
@@ -51,17 +52,23 @@ std::size_t code_offset(const PackedIntShape& s, int col, int kk, int* shift) {
 
 }  // namespace
 
-void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales, std::uint8_t* codes,
-                      float* scales, std::int32_t* colsums) {
-  std::fill(codes, codes + s.code_bytes(), std::uint8_t{0});
+void pack_int_scales(const PackedIntShape& s, const float* row_scales, float* scales) {
   const int source_groups = s.bits == 8 ? 1 : (s.k + s.group - 1) / s.group;
   for (int col = 0; col < s.n_padded; ++col) {
     const int nb = col / 16, c = col % 16;
-    for (int g = 0; g < s.groups; ++g) {
-      const std::size_t at = (static_cast<std::size_t>(nb) * s.groups + g) * 16 + c;
-      scales[at] = (col < s.n && g < source_groups) ? row_scales[static_cast<std::size_t>(col) * source_groups + g] : 0.0f;
-      colsums[at] = 0;
-    }
+    for (int g = 0; g < s.groups; ++g)
+      scales[(static_cast<std::size_t>(nb) * s.groups + g) * 16 + c] =
+          (col < s.n && g < source_groups) ? row_scales[static_cast<std::size_t>(col) * source_groups + g] : 0.0f;
+  }
+}
+
+void pack_int_weights_portable(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales,
+                               std::uint8_t* codes, float* scales, std::int32_t* colsums) {
+  pack_int_scales(s, row_scales, scales);
+  std::fill(codes, codes + s.code_bytes(), std::uint8_t{0});
+  std::fill(colsums, colsums + s.scale_count(), 0);
+  for (int col = 0; col < s.n_padded; ++col) {
+    const int nb = col / 16, c = col % 16;
     for (int kk = 0; kk < s.k_padded; ++kk) {
       const int code = source_code(s, q, ld, col, kk);
       int shift = 0;
@@ -74,6 +81,12 @@ void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t
       colsums[(static_cast<std::size_t>(nb) * s.groups + kk / s.group) * 16 + c] += code;
     }
   }
+}
+
+void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales, std::uint8_t* codes,
+                      float* scales, std::int32_t* colsums) {
+  if (isa_available(Isa::avx512_bf16)) return pack_int_weights_avx512(s, q, ld, row_scales, codes, scales, colsums);
+  pack_int_weights_portable(s, q, ld, row_scales, codes, scales, colsums);
 }
 
 bool decompose_int4_scales(const PackedIntShape& s, const float* scales, float* column_scales, std::uint8_t* group_multiples) {

@@ -71,8 +71,17 @@ bool decompose_int4_scales(const PackedIntShape& s, const float* scales, float* 
 // k in the low nibble, (k+1)/2 bytes a row at stride ld) with row scales (int8: [n]; int4:
 // [n][ceil(k/group)]) into the buffers, which must hold code_bytes(), scale_count() and
 // scale_count() elements; every one of them is written.
+// The fastest form this CPU runs (the same bytes from each).
 void pack_int_weights(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales, std::uint8_t* codes,
                       float* scales, std::int32_t* colsums);
+// Element by element: the reference the other form is tested against.
+void pack_int_weights_portable(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales,
+                               std::uint8_t* codes, float* scales, std::int32_t* colsums);
+// A block at a time in registers. Only where isa_available(Isa::avx512_bf16).
+void pack_int_weights_avx512(const PackedIntShape& s, const std::int8_t* q, std::size_t ld, const float* row_scales, std::uint8_t* codes,
+                             float* scales, std::int32_t* colsums);
+// The scales part of pack_int_weights alone (scale_count() written).
+void pack_int_scales(const PackedIntShape& s, const float* row_scales, float* scales);
 
 // The code of packed element (col, kk), sign-extended; for tests and the portable kernel.
 int packed_int_code(const PackedIntShape& s, const std::uint8_t* codes, int col, int kk);

@@ -49,3 +49,33 @@ TEST_CASE("the avx512 int kernel's two entries give the same bits") {
       REQUIRE(std::memcmp(plain.data(), ahead.data(), plain.size() * sizeof(float)) == 0);
     }
 }
+
+// The packer of quantized weights at load: the same bytes as the element-by-element reference,
+// whatever lies past each row's codes (a wider stride, an odd k's last high nibble).
+TEST_CASE("the avx512 int packer writes the portable packer's bytes") {
+  std::mt19937 rng(61);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (int bits : {8, 4})
+    for (int group : {32, 64, 128})
+      for (int n : {1, 15, 16, 17, 40, 130})
+        for (int k : {1, 2, 3, 31, 63, 64, 65, 127, 130, 257, 4100}) {
+          if (bits == 8 && group != 128) continue;
+          INFO("bits " << bits << " group " << group << " n " << n << " k " << k);
+          const PackedIntShape s = packed_int_shape(bits, n, k, group);
+          const std::size_t row_bytes = bits == 8 ? static_cast<std::size_t>(k) : static_cast<std::size_t>(k + 1) / 2;
+          const std::size_t ld = row_bytes + static_cast<std::size_t>(n % 7);
+          std::vector<std::int8_t> q(ld * static_cast<std::size_t>(n));
+          for (auto& v : q) v = static_cast<std::int8_t>(byte(rng));  // garbage past the codes too
+          const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
+          std::vector<float> row_scales(static_cast<std::size_t>(n) * source_groups);
+          for (float& v : row_scales) v = std::uniform_real_distribution<float>(0.001f, 0.05f)(rng);
+          std::vector<std::uint8_t> codes_p(s.code_bytes(), 0x5a), codes_v(s.code_bytes(), 0xa5);
+          std::vector<float> scales_p(s.scale_count(), -1.0f), scales_v(s.scale_count(), -2.0f);
+          std::vector<std::int32_t> sums_p(s.scale_count(), 7), sums_v(s.scale_count(), -7);
+          pack_int_weights_portable(s, q.data(), ld, row_scales.data(), codes_p.data(), scales_p.data(), sums_p.data());
+          pack_int_weights_avx512(s, q.data(), ld, row_scales.data(), codes_v.data(), scales_v.data(), sums_v.data());
+          REQUIRE(codes_p == codes_v);
+          REQUIRE(std::memcmp(scales_p.data(), scales_v.data(), scales_p.size() * sizeof(float)) == 0);
+          REQUIRE(sums_p == sums_v);
+        }
+}
