@@ -366,14 +366,24 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   for_each_c_tile<TwoRowTiles, TwoPanels>(write_one);
 }
 
-// int4's codes of a panel group, unpacked into the group's int8 panels (`out`, from panel p0 on)
+// int4's codes, unpacked into int8 panels at `out` (panel p0 first: a panel group's, or one pair's)
 // pair by pair by the first row block that meets each pair.
-struct Int4Group {
+struct Int4Unpack {
   const PackedIntShape* shape;
   const std::uint8_t* codes;
   const std::uint8_t* multiples;  // or null: unpack without them
   std::uint8_t* out;
   int p0;
+
+  // Pair p (one panel unless `two`): its first k-block now, the others by the tile_block given
+  // the result.
+  PairUnpack start_pair(int p, bool two) const {
+    const std::size_t panel = static_cast<std::size_t>(shape->kblocks) * kBlockBytes;
+    const PairUnpack unpack{shape, codes, multiples, out + static_cast<std::size_t>(p - p0) * panel, p, two};
+    if (shape->kblocks > 0) unpack.block(0);
+    __asm__ volatile("" ::: "memory");
+    return unpack;
+  }
 };
 
 // Row blocks outside, panel pairs inside, as in gemm_bf16_amx.cpp: on the device (4096 tokens, the
@@ -382,7 +392,7 @@ struct Int4Group {
 // first row block (PairUnpack), not all before it.
 template <bool TwoRowTiles>
 void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows1, int p_begin, int p_end, bool first_pass,
-                 const Int4Group* int4 = nullptr) {
+                 const Int4Unpack* int4 = nullptr) {
   for (int row = row_begin; row < row_end; row += kBlockRows) {
     for (int p = p_begin; p < p_end; p += 2) {
       const bool first_row = first_pass && row == row_begin;
@@ -390,11 +400,7 @@ void panel_pairs(const Job& job, int row_begin, int row_end, int rows0, int rows
       PairUnpack unpack;
       const PairUnpack* unpacking = nullptr;
       if (int4 != nullptr && first_row) {
-        const std::size_t panel = static_cast<std::size_t>(job.kblocks) * kBlockBytes;
-        unpack = PairUnpack{int4->shape, int4->codes, int4->multiples, int4->out + static_cast<std::size_t>(p - int4->p0) * panel, p,
-                            p + 1 < p_end};
-        if (job.kblocks > 0) unpack.block(0);
-        __asm__ volatile("" ::: "memory");
+        unpack = int4->start_pair(p, p + 1 < p_end);
         unpacking = &unpack;
       }
       if (p + 1 < p_end) {
@@ -440,18 +446,11 @@ void pair_block(const Job& job, const RowBlock& b, int m, int p, bool two, bool 
   tile_block<false, false>(job, b.row, rows, rows, p, prefetch, next, unpack);
 }
 
-// int4's codes of one panel pair, unpacked into int8 blocks just before the pair runs.
-struct Int4Pairs {
-  const PackedIntShape* shape;
-  const std::uint8_t* codes;
-  const std::uint8_t* multiples;  // or null: unpack without them
-  std::uint8_t* out;              // two int8 panels
-};
-
 // 33-128 rows (int4: up to 128), in pair_order.hpp's order; int4 unpacks each pair as it comes,
 // its first k-block before the pair and the others during its first row block (PairUnpack), and
 // its last row block sends the next pair's codes (512 bytes a k-block) to L2.
-void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int4) {
+// (int4->out holds one pair.)
+void pairs_outside(Job& job, int m, int p_begin, int p_end, Int4Unpack* int4) {
   RowBlock blocks[kPairsOutsideMaxRows / kBlockRows + 1];
   int count = 0;
   for (int row = 0; row < m; row += kBlockRows) blocks[count++] = {row, row + kBlockRows <= m};
@@ -459,9 +458,8 @@ void pairs_outside(Job& job, int m, int p_begin, int p_end, const Int4Pairs* int
   PairUnpack unpack;
   auto start_pair = [&](int p) {
     if (int4) {
-      unpack = PairUnpack{s, int4->codes, int4->multiples, int4->out, p, p + 1 < p_end};
-      if (job.kblocks > 0) unpack.block(0);
-      __asm__ volatile("" ::: "memory");
+      int4->p0 = p;
+      unpack = int4->start_pair(p, p + 1 < p_end);
       job.b = int4->out;
       job.b_panel0 = p;
     }
@@ -508,7 +506,7 @@ void gemm_int_amx(const GemmIntArgs& args) {
   if ((s.bits == 4 || args.m > kBlockRows) && args.m <= kPairsOutsideMaxRows) {
     Job job = make_job(args, multiples);
     job.deferred = &deferred;
-    Int4Pairs int4{&s, args.b.codes, group_multiples, nullptr};
+    Int4Unpack int4{&s, args.b.codes, group_multiples, nullptr, args.panel_begin};
     if (s.bits == 4) {
       grow_to(unpacked, 2 * int8_panel_bytes);
       int4.out = unpacked.data();
@@ -523,14 +521,14 @@ void gemm_int_amx(const GemmIntArgs& args) {
     const int g1 = std::min(args.panel_end, g0 + group);
     Job job = make_job(args, multiples);
     job.deferred = &deferred;
-    Int4Group int4{&s, args.b.codes, group_multiples, nullptr, g0};
+    Int4Unpack int4{&s, args.b.codes, group_multiples, nullptr, g0};
     if (s.bits == 4) {
       grow_to(unpacked, static_cast<std::size_t>(g1 - g0) * int8_panel_bytes);
       int4.out = unpacked.data();
       job.b = unpacked.data();
       job.b_panel0 = g0;
     }
-    const Int4Group* unpacking = s.bits == 4 ? &int4 : nullptr;
+    const Int4Unpack* unpacking = s.bits == 4 ? &int4 : nullptr;
     if (m_full > 0) {
       ensure_tile_config(make_tile_config(kTileRows, kTileRows));
       panel_pairs<true>(job, 0, m_full, kTileRows, kTileRows, g0, g1, true, unpacking);
