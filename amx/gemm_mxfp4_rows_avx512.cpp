@@ -32,6 +32,11 @@ namespace {
 
 constexpr int kMaxRows = kMxfp4RowsMaxRows;
 constexpr int kPrefetchBlocks = 2;
+// Each panel's exponents (16 bytes a k-block, a line every 4 k-blocks) are asked for 8 k-blocks
+// (2 KiB of that panel's codes) ahead: read only by the flush, each new line was a miss that the
+// loop waited for. On this repository's AMX machine (2 vCPUs, KVM) mxfp4 at 1 token went from
+// 1.19-1.20 to 1.05-1.08 ms, at 16 tokens 3-6 % faster; 4 and 16 k-blocks ahead did about as well.
+constexpr int kExponentAheadBlocks = 8;
 constexpr int kDigitBytes = 64;  // a row's k-block: 32 high digits, then 32 low digits
 constexpr int kWeightOffset = 12;
 
@@ -131,6 +136,13 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
   const std::uint8_t* exponents0 = w.exponents + static_cast<std::size_t>(panel) * exponent_stride;
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const std::uint8_t* codes = codes0 + static_cast<std::size_t>(kb) * kMxfp4BlockCodeBytes;
+    if (kb % 4 == 0) {  // a new line of exponents every 4 k-blocks; a prefetch past the matrix never faults
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(exponents0 + p * exponent_stride +
+                                                   static_cast<std::size_t>(kb + kExponentAheadBlocks) * kMxfp4BlockExponentBytes),
+                     _MM_HINT_T0);
+    }
     if (write != nullptr) {
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
