@@ -22,3 +22,34 @@ TEST_CASE("portable int8/int4 forward: same bits for any thread count, NaN stays
 TEST_CASE("quantization error on Gaussian weights is within the bars", "[forward][quantized]") {
   test::run_quantization_error(kernels::Isa::portable);
 }
+
+// The bench's bandwidth floor counts streamed_bytes(): the codes and the smaller form of their
+// scales. Figured here from the shapes alone (awkward sizes: n and k padded to 16 and 64).
+TEST_CASE("streamed bytes are the codes and one form of their scales", "[forward][quantized]") {
+  numa::ThreadPool& pool = pool_for_threads(0);
+  const MoeShape s{40, 70, 3, 2};  // hidden 40, intermediate 70, 3 experts
+  auto w = random_expert_weights(s, 91);
+  const auto bf = PackedExpertWeights::pack(w.view(), pool);
+  CHECK(bf.streamed_bytes() == bf.bytes());
+  for (const test::QuantCase& qc : test::kQuantCases) {
+    CAPTURE(static_cast<int>(qc.type), qc.group);
+    const auto q = quant::quantize_experts(w.view(), qc.type, qc.group, &pool);
+    const auto packed = PackedExpertWeights::pack_quantized(q, pool);
+    std::size_t want = 0;
+    for (const auto [n, k] : {std::pair{s.intermediate, s.hidden}, std::pair{s.intermediate, s.hidden}, std::pair{s.hidden, s.intermediate}}) {
+      const std::size_t n_padded = (n + 15) / 16 * 16, k_padded = (k + 63) / 64 * 64;
+      if (qc.type == WeightType::mxfp4) {
+        want += n_padded * ((k + 31) / 32 * 32) / 2 + n_padded * ((k + 31) / 32);  // E2M1 nibbles, one E8M0 a 32
+        continue;
+      }
+      const std::size_t groups = qc.type == WeightType::int8 ? 1 : (k_padded + qc.group - 1) / qc.group;
+      const std::size_t codes = n_padded * k_padded / (qc.type == WeightType::int8 ? 1 : 2);
+      const std::size_t scales = n_padded * groups * 4;
+      // int4 in column form: a byte a group and column, and one f32 a column.
+      const std::size_t column_form = n_padded * groups + n_padded * 4;
+      want += codes + (qc.type == WeightType::int4 && packed.int4_column_form(0) ? std::min(scales, column_form) : scales);
+    }
+    CHECK(packed.streamed_bytes() == want * static_cast<std::size_t>(s.num_experts));
+    if (is_integer_weight_type(qc.type)) CHECK(packed.streamed_bytes() < packed.bytes());  // column sums left out
+  }
+}

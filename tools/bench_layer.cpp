@@ -210,7 +210,7 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
   const int min_tokens = std::max(1, *std::min_element(o.tokens.begin(), o.tokens.end()));
   double read_per_round = 0, bytes_per_layer = 0;
   for (const BenchCase& c : b.cases) {
-    read_per_round += bytes_read_per_call(s, c.layers[0]->weight_bytes(), min_tokens);
+    read_per_round += bytes_read_per_call(s, c.layers[0]->streamed_weight_bytes(), min_tokens);
     bytes_per_layer += static_cast<double>(c.layers[0]->weight_bytes() + c.layers[0]->weight_copy_bytes());
   }
   if (o.onednn) bytes_per_layer += static_cast<double>(b.cases[0].layers[0]->weight_bytes());
@@ -426,7 +426,8 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
     lora_bytes_per_expert += packed_form ? (rank * projection_in(s, p) + rank_padded * projection_out(s, p)) * sizeof(bf16)
                                          : static_cast<std::size_t>(rank) * (projection_in(s, p) + projection_out(s, p)) *
                                                (cs.lora_bf16 ? sizeof(bf16) : sizeof(float));
-  const std::size_t bytes_per_expert = cs.layers[0]->weight_bytes() / static_cast<std::size_t>(s.num_experts);
+  // What the floor counts: the codes and one form of their scales (PackedExpertWeights::streamed_bytes).
+  const std::size_t bytes_per_expert = cs.layers[0]->streamed_weight_bytes() / static_cast<std::size_t>(s.num_experts);
   const double bytes = (o.backward ? 2.0 : 1.0) * run.experts_sum / iters * static_cast<double>(bytes_per_expert + lora_bytes_per_expert);
   // Backward does twice the forward's products (dH through down, dX through gate and up).
   double flops = (o.backward ? 3.0 : 1.0) * 2.0 * tokens * s.top_k *

@@ -1,5 +1,6 @@
 #include "src/layer/packed_experts.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -188,6 +189,17 @@ std::size_t PackedExpertWeights::bytes() const {
   std::size_t total = 0;
   for (int i = 0; i < 3; ++i)
     total += codes_[i].size() + exponents_[i].size() + (scales_[i].size() + colsums_[i].size() + column_scales_[i].size()) * 4 + group_multiples_[i].size();
+  return total;
+}
+
+std::size_t PackedExpertWeights::streamed_bytes() const {
+  if (type_ == WeightType::bf16) return bytes();
+  std::size_t total = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::size_t scales = scales_[i].size() * 4;
+    if (group_multiples_[i].size() > 0) scales = std::min(scales, group_multiples_[i].size() + column_scales_[i].size() * 4);
+    total += codes_[i].size() + exponents_[i].size() + scales;
+  }
   return total;
 }
 

@@ -166,6 +166,12 @@ std::size_t TensorParallelLayer::weight_bytes() const {
   return b;
 }
 
+std::size_t TensorParallelLayer::streamed_weight_bytes() const {
+  std::size_t b = 0;
+  for (const auto& s : shards_) b += s->weights.streamed_bytes();
+  return b;
+}
+
 void TensorParallelLayer::merge_rows(float* dst, int tokens, const std::function<const float*(int node)>& partial) {
   const auto t0 = std::chrono::steady_clock::now();
   struct Lap {

@@ -77,6 +77,7 @@ class TensorParallelLayer {
   int tokens_of_newest_saved() const;
   std::size_t cache_bytes() const;
   std::size_t weight_bytes() const;
+  std::size_t streamed_weight_bytes() const;  // PackedExpertWeights::streamed_bytes, every node's
   std::size_t weight_copy_bytes() const;  // every node's backward Wᵀ copy
   const MoeShape& shape() const { return shape_; }
   WeightType weight_type() const { return type_; }
