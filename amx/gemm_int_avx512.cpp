@@ -137,14 +137,26 @@ void block4(const GemmIntArgs& g, int row0, int panel) {
   const std::uint8_t* b0 = g.b.codes + panel * stride;
   const std::int8_t* a0 = g.a + row0 * g.lda;
   const __m512i low = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+  // Column form (pack_int.hpp): each group's int32 sums times its integer multiple, summed over K
+  // in int32 (as int8 sums all of K) and scaled once a column: a byte a group and column read
+  // instead of a 4-byte scale (g128: 4.4 % fewer bytes, g32 15 %).
+  const bool columns = g.b.group_multiples != nullptr && g.b.column_scales != nullptr;
   __m512 sum[R][P];
+  __m512i total[R][P];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) sum[i][p] = _mm512_setzero_ps();
+    for (int p = 0; p < P; ++p) {
+      sum[i][p] = _mm512_setzero_ps();
+      total[i][p] = _mm512_setzero_si512();
+    }
   const int quads = s.k_padded / 4, group_quads = s.group / 4;
   // A group of one panel is group * 8 bytes of codes.
   const int scale_ahead = static_cast<int>(std::max<std::size_t>(1, kScaleAheadCodeBytes / (static_cast<std::size_t>(s.group) * 8)));
+  if (Prefetch && columns) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) _mm_prefetch(reinterpret_cast<const char*>(g.b.column_scales + (panel + p) * 16), _MM_HINT_T0);
+  }
   for (int grp = 0; grp < s.groups; ++grp) {
     __m512i acc[R][P], bias[R];
 #pragma GCC unroll 4
@@ -155,10 +167,13 @@ void block4(const GemmIntArgs& g, int row0, int panel) {
     }
     if constexpr (Prefetch) {
       if (grp + scale_ahead < s.groups) {
+        const std::size_t ahead = static_cast<std::size_t>(grp + scale_ahead) * 16;
 #pragma GCC unroll 4
-        for (int p = 0; p < P; ++p)
-          _mm_prefetch(reinterpret_cast<const char*>(g.b.scales + (static_cast<std::size_t>(panel + p) * s.groups + grp + scale_ahead) * 16),
+        for (int p = 0; p < P; ++p) {
+          const std::size_t at = static_cast<std::size_t>(panel + p) * s.groups * 16 + ahead;
+          _mm_prefetch(columns ? reinterpret_cast<const char*>(g.b.group_multiples + at) : reinterpret_cast<const char*>(g.b.scales + at),
                        _MM_HINT_T0);
+        }
       }
     }
     const int q_end = std::min(quads, (grp + 1) * group_quads);
@@ -184,12 +199,30 @@ void block4(const GemmIntArgs& g, int row0, int panel) {
         }
       }
     }
+    if (columns) {
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const std::uint8_t* m = g.b.group_multiples + (static_cast<std::size_t>(panel + p) * s.groups + grp) * 16;
+        const __m512i multiple = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
+#pragma GCC unroll 4
+        for (int i = 0; i < R; ++i) total[i][p] = _mm512_add_epi32(total[i][p], _mm512_mullo_epi32(_mm512_sub_epi32(acc[i][p], bias[i]), multiple));
+      }
+      continue;
+    }
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       const __m512 scale = _mm512_loadu_ps(g.b.scales + (static_cast<std::size_t>(panel + p) * s.groups + grp) * 16);
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i)
         sum[i][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][p], bias[i])), scale, sum[i][p]);
+    }
+  }
+  if (columns) {
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const __m512 scale = _mm512_loadu_ps(g.b.column_scales + (panel + p) * 16);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) sum[i][p] = _mm512_mul_ps(_mm512_cvtepi32_ps(total[i][p]), scale);
     }
   }
   store_rows<R, P>(g, row0, panel, sum);

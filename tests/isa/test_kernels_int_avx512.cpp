@@ -18,11 +18,12 @@ TEST_CASE("the avx512 int kernel that prefetches matches the exact reference") {
 // Asking for lines ahead must not change the arithmetic: both entries give the same bits.
 TEST_CASE("the avx512 int kernel's two entries give the same bits") {
   std::mt19937 rng(43);
-  for (int bits : {8, 4})
+  for (int form = 0; form < 3; ++form)  // int8; int4 with group scales; int4 in column form
     for (int m : {1, 2, 3, 5}) {
-      INFO("bits " << bits << " m " << m);
+      const int bits = form == 0 ? 8 : 4;
+      INFO("bits " << bits << " column form " << (form == 2) << " m " << m);
       const int n = 70, k = 4100;
-      test::IntWeights w(rng, bits, n, k, 128);
+      test::IntWeights w(rng, bits, n, k, 128, form == 2);
       const PackedIntShape& s = w.shape;
       std::vector<std::int8_t> a(static_cast<std::size_t>(m) * s.k_padded, 0);
       for (int i = 0; i < m; ++i)
