@@ -15,6 +15,11 @@ PackedIntShape packed_int_shape(int bits, int n, int k, int group) {
   if (bits != 8 && bits != 4) fail(ErrorKind::invalid_argument, "packed_int_shape: bits " + std::to_string(bits) + " is not 8 or 4");
   if (bits == 4 && group != 32 && group != 64 && group != 128)
     fail(ErrorKind::invalid_argument, "packed_int_shape: int4 group " + std::to_string(group) + " is not 32, 64 or 128");
+  // The kernels sum all of K in int32 (int8; int4 in column form: code times group multiple):
+  // at most 127 * 127 (int8) or 8 * 16 * 127 (int4) a k, so K up to 2^17 cannot overflow.
+  if (k > kIntMaxK)
+    fail(ErrorKind::invalid_argument, "packed_int_shape: an input size of " + std::to_string(k) + " is over " + std::to_string(kIntMaxK) +
+                                          ", past which the kernels' int32 sums could overflow");
   PackedIntShape s;
   s.bits = bits;
   s.n = n;

@@ -27,6 +27,8 @@
 namespace tilemoe::kernels {
 
 inline constexpr int kIntBlockK = 64;
+// The largest input size (K) of integer weights: the kernels' int32 sums stay exact up to it.
+inline constexpr int kIntMaxK = 1 << 17;
 
 struct PackedIntShape {
   int bits = 8;  // 8 or 4
