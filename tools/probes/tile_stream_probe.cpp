@@ -80,7 +80,8 @@ struct Shape {
 };
 
 enum class Variant { stream, products, tree, three_by_one, tree_a_in_l1, three_by_one_a_in_l1, tree_k_chunks, three_by_one_k_chunks,
-                     tree_a_prefetch, three_by_two, three_by_two_products, two_by_two_products };
+                     tree_a_prefetch, three_by_two, three_by_two_products, two_by_two_products, tree_next_pair_l2,
+                     tree_next_pair_l2_l1, stream_next_pair_l2 };
 struct VariantInfo {
   Variant v;
   const char* name;
@@ -99,6 +100,9 @@ const VariantInfo kVariants[] = {
     {Variant::three_by_two, "3x2", "all 48 rows a k-step, C 0-5, one A and one B register in a zig-zag: 7 loads for 6 products"},
     {Variant::three_by_two_products, "3x2-prod", "3x2 over one pair that stays in L2: no stream"},
     {Variant::two_by_two_products, "2x2-prod", "the 2x2 block alone (32 rows: 2/3 of the ops printed) over one pair in L2"},
+    {Variant::tree_next_pair_l2, "tree-np", "tree, no L1 requests; the whole next pair asked for into L2, a block each k-step"},
+    {Variant::tree_next_pair_l2_l1, "tree-np-l1", "tree-np, and the 2x2 block's B asked for into L1 2 k-steps ahead"},
+    {Variant::stream_next_pair_l2, "stream-np", "B tile loads alone, the next pair asked for into L2 a block each k-step"},
 };
 
 // The k-steps every order is built of, with the kernels' tile numbering (tile_block.hpp); one
@@ -179,13 +183,23 @@ inline void store_c(int count, float* to) {
 
 // The kernel's order for one pair (pair_order.hpp: pairs outside, row blocks inside).
 template <bool Int8>
-void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, bool stream, bool a_in_l1, bool a_prefetch, float* c) {
+void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, bool stream, bool a_in_l1, bool a_prefetch, float* c,
+               int next_pair = 0) {
   const std::size_t panel = s.panel();
+  // next_pair: 1 the next pair's 2 x kblocks blocks asked for into L2, one each k-step of the two
+  // sweeps; 2 that and the 2x2 block's B into L1 2 k-steps ahead (from L2).
+  auto next_block_l2 = [&](int step) { prefetch_block_l2(next + static_cast<std::size_t>(step) * kBlockBytes); };
   auto a_block = [&](int tile, int kb) { return a + (static_cast<std::size_t>(tile) * s.kblocks + (a_in_l1 ? kb % 4 : kb)) * kBlockBytes; };
   start_c(4, nullptr);
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = b0 + kb * kBlockBytes;
-    if (stream) {
+    if (next_pair) {
+      next_block_l2(kb);
+      if (next_pair == 2) {
+        prefetch_block_l1(bk + 2 * kBlockBytes);
+        prefetch_block_l1(bk + panel + 2 * kBlockBytes);
+      }
+    } else if (stream) {
       prefetch_pair_ahead(bk, panel);
     }
     if (a_prefetch) {
@@ -198,7 +212,9 @@ void tree_pair(const Shape& s, const char* b0, const char* next, const char* a, 
   start_c(2, nullptr);
   for (int kb = 0; kb < s.kblocks; ++kb) {
     const char* bk = b0 + kb * kBlockBytes;
-    if (stream && kb < 16) {
+    if (next_pair) {
+      next_block_l2(s.kblocks + kb);
+    } else if (stream && kb < 16) {
       prefetch_block_l2(next + kb * kBlockBytes);
       prefetch_block_l2(next + panel + kb * kBlockBytes);
     }
@@ -317,6 +333,19 @@ void run_pass(Variant v, const Shape& s, const Buffers& t) {
           _tile_loadd(6, bk, 64);
           _tile_loadd(7, bk + s.panel(), 64);
         }
+        break;
+      case Variant::stream_next_pair_l2:
+        for (int kb = 0; kb < s.kblocks; ++kb) {
+          const char* bk = b0 + kb * kBlockBytes;
+          prefetch_block_l2(b0 + pair + 2 * kb * kBlockBytes);
+          prefetch_block_l2(b0 + pair + (2 * kb + 1) * kBlockBytes);
+          _tile_loadd(6, bk, 64);
+          _tile_loadd(7, bk + s.panel(), 64);
+        }
+        break;
+      case Variant::tree_next_pair_l2:
+      case Variant::tree_next_pair_l2_l1:
+        tree_pair<Int8>(s, b0, b0 + pair, t.a, true, false, false, t.c, v == Variant::tree_next_pair_l2 ? 1 : 2);
         break;
       case Variant::products:
       case Variant::tree:
