@@ -7,7 +7,8 @@
 // a shift give both as unsigned bytes, which take the unsigned side (see block4).
 //
 // Register blocking: int8 up to 4 rows × 4 panels of int32 accumulators, scaled once at the end.
-// int4 keeps f32 sums across groups as well, so it blocks at most 2 rows × 4 panels.
+// int4 keeps sums across groups as well (f32, or int32 in column form), so it blocks at most 2 rows ×
+// 4 panels.
 // gemm_int_avx512_prefetching also asks for each code line some lines ahead on the pass that reads
 // the codes from memory (gemm_bf16_avx512_prefetching says why, and where it pays).
 #include <algorithm>
