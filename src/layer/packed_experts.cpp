@@ -195,10 +195,15 @@ std::size_t PackedExpertWeights::bytes() const {
 std::size_t PackedExpertWeights::streamed_bytes() const {
   if (type_ == WeightType::bf16) return bytes();
   std::size_t total = 0;
+  const std::size_t experts = static_cast<std::size_t>(shape_.num_experts);
   for (int i = 0; i < 3; ++i) {
-    std::size_t scales = scales_[i].size() * 4;
-    if (group_multiples_[i].size() > 0) scales = std::min(scales, group_multiples_[i].size() + column_scales_[i].size() * 4);
-    total += codes_[i].size() + exponents_[i].size() + scales;
+    total += codes_[i].size() + exponents_[i].size();
+    if (scales_[i].size() == 0) continue;
+    // Per expert: the column form exists only where its scales decomposed.
+    const std::size_t scales = scales_[i].size() / experts * 4;
+    const std::size_t column_form = decomposed_[i].empty() ? scales : (group_multiples_[i].size() + column_scales_[i].size() * 4) / experts;
+    for (std::size_t e = 0; e < experts; ++e)
+      total += !decomposed_[i].empty() && decomposed_[i][e] != 0 ? std::min(scales, column_form) : scales;
   }
   return total;
 }

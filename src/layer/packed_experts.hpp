@@ -56,10 +56,10 @@ class PackedExpertWeights {
   // Every byte held for the kernels: codes, scales and their helpers.
   std::size_t bytes() const;
   // The fewest of those bytes that a forward touching every expert must read: the codes (bf16
-  // weights, mxfp4 codes and exponents) and one form of the integer scales, the smaller of the
-  // group scales and the column form (group multiples and one scale a column), without the column
-  // sums or the other form. A bandwidth floor counts these: counted with bytes(), int4 at group
-  // 128 had a floor 7 % above what its decode kernel reads.
+  // weights, mxfp4 codes and exponents) and one form of the integer scales, for each expert the
+  // smaller of its group scales and, where they decomposed, the column form (group multiples and
+  // one scale a column); not the column sums. A bandwidth floor counts these: counted with
+  // bytes(), int4 at group 128 had a floor about 12 % too high.
   std::size_t streamed_bytes() const;
   std::size_t bytes_per_expert() const { return bytes() / static_cast<std::size_t>(shape_.num_experts); }
 
