@@ -514,7 +514,7 @@ int main(int argc, char** argv) {
     const double ms = median(slowest[v]);
     const bool streams = chosen[v].v != Variant::products && chosen[v].v != Variant::three_by_two_products &&
                          chosen[v].v != Variant::two_by_two_products;
-    const bool multiplies = chosen[v].v != Variant::stream;
+    const bool multiplies = chosen[v].v != Variant::stream && chosen[v].v != Variant::stream_next_pair_l2;
     std::printf("%-10s %12.3f %12.3f %8.1f %9.2f\n", chosen[v].name, ms, median(typical[v]), streams ? bytes / ms / 1e6 : 0.0,
                 multiplies ? ops / ms / 1e9 : 0.0);
   }
