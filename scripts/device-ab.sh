@@ -4,8 +4,9 @@
 # second of two processes ran up to 5 % faster with identical code). Machines of one kind differ
 # by up to 40 % in bandwidth: compare only within one call.
 #
-#   here:    bash scripts/device-ab.sh prepare [BASE_COMMIT]     (default HEAD; writes build-ab/base,
-#                                                                  which git ignores)
+#   here:    bash scripts/device-ab.sh prepare [BASE_COMMIT [OTHER_COMMIT]]
+#            (default HEAD; writes build-ab/base, and build-ab/other when given, which git ignores;
+#            rounds may then name `o` beside `b` and `n`, e.g. "b n o o n b")
 #   device:  bash scripts/device-ab.sh run [ROUNDS] -- BENCH ARGS  (carry .devdeps and build-ab;
 #            and .ktk with KT=1)
 #
@@ -20,9 +21,13 @@ cd "$(dirname "$0")/.."
 what="${1:-}"; shift || true
 if [ "$what" = prepare ]; then
   base="${1:-HEAD}"
-  rm -rf build-ab/base && mkdir -p build-ab/base || exit 1
+  rm -rf build-ab/base build-ab/other && mkdir -p build-ab/base || exit 1
   git archive "$base" | tar -x -C build-ab/base || exit 1
   echo "build-ab/base holds $(git rev-parse --short "$base")"
+  if [ -n "${2:-}" ]; then
+    mkdir -p build-ab/other && git archive "$2" | tar -x -C build-ab/other || exit 1
+    echo "build-ab/other holds $(git rev-parse --short "$2")"
+  fi
   exit 0
 fi
 if [ "$what" != run ]; then
@@ -46,12 +51,19 @@ tests=OFF; [ "${TESTS:-0}" = 1 ] && tests=ON
 ( cmake -S build-ab/base -B /tmp/ab-base -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
     > "$OUT/base-configure.txt" 2>&1 && cmake --build /tmp/ab-base -j 6 --target tilemoe_cli > "$OUT/base-build.txt" 2>&1 ) &
 base_job=$!
+other_job=
+if [ -d build-ab/other ]; then
+  ( cmake -S build-ab/other -B /tmp/ab-other -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
+      > "$OUT/other-configure.txt" 2>&1 && cmake --build /tmp/ab-other -j 6 --target tilemoe_cli > "$OUT/other-build.txt" 2>&1 ) &
+  other_job=$!
+fi
 [ "${KT:-0}" = 1 ] && { bash .ktk/build.sh > "$OUT/kt-build.txt" 2>&1 & }
 # Its own build folders, so that the repository's build/ keeps its configuration.
 cmake -S . -B /tmp/ab-new -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_PYTHON=OFF -DTILEMOE_BUILD_TESTS=$tests > "$OUT/configure.txt" 2>&1 ||
   { tail "$OUT/configure.txt"; exit 1; }
 cmake --build /tmp/ab-new -j 16 > "$OUT/build.txt" 2>&1 || { grep -E "error" "$OUT/build.txt" | head -30; exit 1; }
 wait "$base_job" || { tail -20 "$OUT/base-build.txt"; exit 1; }
+[ -z "$other_job" ] || wait "$other_job" || { tail -20 "$OUT/other-build.txt"; exit 1; }
 wait
 echo "built in $(( $(date +%s) - t0 )) s"
 if [ "$tests" = ON ]; then
@@ -66,7 +78,7 @@ kt() {
 i=0
 for r in $rounds; do
   i=$((i + 1))
-  bin=/tmp/ab-base/tilemoe; [ "$r" = n ] && bin=/tmp/ab-new/tilemoe
+  bin=/tmp/ab-base/tilemoe; [ "$r" = n ] && bin=/tmp/ab-new/tilemoe; [ "$r" = o ] && bin=/tmp/ab-other/tilemoe
   echo "== round $i: $r"
   for shape in ${SHAPES:-v2-lite}; do
     echo "-- $shape"
