@@ -1,0 +1,254 @@
+// tilemoe_tile_store_probe: what a C tile store costs the tile products around it, at 4096 tokens'
+// shape (384 rows an expert: 12 row blocks of 32 over a 512 KiB panel group, K = 2048). One
+// thread, pinned to one CPU; stand-alone, as tile_stream_probe.cpp, so that an order can be timed
+// in seconds, while the bench decides what the kernels keep.
+//
+// On the repository's AMX machine (2 vCPUs, KVM; session 61), median T(FL)OP/s of one thread:
+//
+//   variant      int8   bf16
+//   products     6.79   2.92   (the products alone: about the peak)
+//   l2           3.09   1.71   (the kernels' order)
+//   l2-nostore   4.29   1.88
+//   l1           5.62   2.36   (with its stores)
+//   l2-cold-c    2.67   1.46
+//   kparts8      3.79   1.59
+//
+// A C tile store after loads from L2 costs the products far more than its own bytes (int8, a
+// store every 32 k-steps: 28 %; bf16, every 64: 9 %); after loads from L1, or in a loop without
+// loads, it costs little; into lines that are not cached, more. Parts of K that keep A's part in
+// L1 win back part of it for int8 and lose for bf16. What a kernel keeps is the bench's to say:
+// the int8 kernel in parts of K ran 2-3 % faster at 4096 tokens here (docs/perf.md, session 61).
+//
+// Usage: tilemoe_tile_store_probe [--cpu N] [--weights int8|bf16] [--rounds R]
+#include <immintrin.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "amx/isa.hpp"
+
+namespace {
+
+constexpr std::size_t kBlockBytes = 1024;  // one tile: 16 rows of 64 bytes
+constexpr int kRowBlocks = 12;             // 384 rows
+constexpr int kPairs = 8;                  // a 512 KiB group of int8 panels at K = 2048
+constexpr std::size_t kColdBytes = std::size_t{64} << 20;
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14]{};
+  std::uint16_t colsb[16]{};
+  std::uint8_t rows[16]{};
+};
+
+#define TILE_PRODUCT(int8, c, a, b) \
+  do {                              \
+    if (int8)                       \
+      _tile_dpbssd(c, a, b);        \
+    else                            \
+      _tile_dpbf16ps(c, a, b);      \
+  } while (0)
+
+enum class Variant { products, l2, l2_no_store, l1, l2_cold_c, k_parts };
+struct VariantInfo {
+  Variant v;
+  const char* name;
+  const char* what;
+};
+const VariantInfo kVariants[] = {
+    {Variant::products, "products", "the 2x2 block's products alone, no loads, C stored every block"},
+    {Variant::l2, "l2", "the kernel's order: A and B from L2, C stored into a hot 4 KiB after each block"},
+    {Variant::l2_no_store, "l2-nostore", "l2 without the C stores (timing only)"},
+    {Variant::l1, "l1", "l2's loop over a 4 KiB window of A and of B (L1), C stored"},
+    {Variant::l2_cold_c, "l2-cold-c", "l2 with C stored into rows 1 KiB apart in 64 MiB (not cached)"},
+    {Variant::k_parts, "kparts8", "K in parts of 8 k-blocks, every pair of the group a part, C through an accumulator"},
+};
+
+struct Buffers {
+  char* a;     // kRowBlocks x 2 row tiles x kblocks blocks, tile order
+  char* b;     // kPairs x 2 panels x kblocks blocks
+  char* cold;  // kColdBytes
+  alignas(64) std::int32_t hot[4][256];
+  std::vector<std::int32_t> acc;  // kPairs x 4 tiles
+};
+
+template <bool Int8>
+inline void step(const char* a0, const char* a1, const char* b0, const char* b1) {
+  _tile_loadd(4, a0, 64);
+  _tile_loadd(6, b0, 64);
+  _tile_loadd(7, b1, 64);
+  _tile_loadd(5, a1, 64);
+  TILE_PRODUCT(Int8, 0, 4, 6);
+  TILE_PRODUCT(Int8, 1, 4, 7);
+  TILE_PRODUCT(Int8, 2, 5, 6);
+  TILE_PRODUCT(Int8, 3, 5, 7);
+}
+
+inline void store4(void* p0, void* p1, void* p2, void* p3, long stride) {
+  _tile_stored(0, p0, stride);
+  _tile_stored(1, p1, stride);
+  _tile_stored(2, p2, stride);
+  _tile_stored(3, p3, stride);
+}
+
+// One pass over the group by every row block; returns the seconds it took.
+template <bool Int8>
+double pass(Variant v, Buffers& buf, int kblocks) {
+  const std::size_t panel = static_cast<std::size_t>(kblocks) * kBlockBytes;
+  std::size_t cold_at = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (v == Variant::k_parts) {
+    constexpr int kPart = 8;
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+      const char* a = buf.a + static_cast<std::size_t>(rb) * 2 * panel;
+      for (int k0 = 0; k0 < kblocks; k0 += kPart) {
+        for (int p = 0; p < kPairs; ++p) {
+          const char* b = buf.b + static_cast<std::size_t>(p) * 2 * panel;
+          std::int32_t* acc = buf.acc.data() + static_cast<std::size_t>(p) * 1024;
+          if (k0 == 0) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+          } else {
+            _tile_loadd(0, acc, 64);
+            _tile_loadd(1, acc + 256, 64);
+            _tile_loadd(2, acc + 512, 64);
+            _tile_loadd(3, acc + 768, 64);
+          }
+          for (int kb = k0; kb < std::min(kblocks, k0 + kPart); ++kb) {
+            const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
+            step<Int8>(a + at, a + panel + at, b + at, b + panel + at);
+          }
+          store4(acc, acc + 256, acc + 512, acc + 768, 64);
+        }
+      }
+    }
+  } else {
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+      const char* a = buf.a + static_cast<std::size_t>(rb) * 2 * panel;
+      for (int p = 0; p < kPairs; ++p) {
+        const char* b = buf.b + static_cast<std::size_t>(p) * 2 * panel;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int kb = 0; kb < kblocks; ++kb) {
+          if (v == Variant::products) {
+            TILE_PRODUCT(Int8, 0, 4, 6);
+            TILE_PRODUCT(Int8, 1, 4, 7);
+            TILE_PRODUCT(Int8, 2, 5, 6);
+            TILE_PRODUCT(Int8, 3, 5, 7);
+            continue;
+          }
+          // l1: two k-blocks of a 4 KiB window of each operand, over and over.
+          const std::size_t at = static_cast<std::size_t>(v == Variant::l1 ? kb % 2 : kb) * kBlockBytes;
+          const char* ak = v == Variant::l1 ? buf.a : a;
+          const char* bk = v == Variant::l1 ? buf.b : b;
+          const std::size_t second = v == Variant::l1 ? 2 * kBlockBytes : panel;
+          step<Int8>(ak + at, ak + second + at, bk + at, bk + second + at);
+        }
+        if (v == Variant::l2_no_store) continue;
+        if (v == Variant::l2_cold_c) {
+          char* c = buf.cold + cold_at;
+          cold_at = (cold_at + 32 * 1024) % kColdBytes;
+          store4(c, c + 64, c + 16 * 1024, c + 16 * 1024 + 64, 1024);
+        } else {
+          store4(buf.hot[0], buf.hot[1], buf.hot[2], buf.hot[3], 64);
+        }
+      }
+    }
+  }
+  _tile_stored(0, buf.hot[0], 64);  // the last products are waited for
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int usage(const char* why) {
+  if (why) std::fprintf(stderr, "tilemoe_tile_store_probe: %s\n", why);
+  std::fprintf(stderr, "usage: tilemoe_tile_store_probe [--cpu N] [--weights int8|bf16] [--rounds R]\nvariants:\n");
+  for (const VariantInfo& vi : kVariants) std::fprintf(stderr, "  %-11s %s\n", vi.name, vi.what);
+  return why ? 2 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int cpu = 0, rounds = 5;
+  bool int8 = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (arg == "--help" || arg == "-h") return usage(nullptr);
+    const char* v = value();
+    if (!v) return usage(("missing value after " + arg).c_str());
+    if (arg == "--cpu") {
+      cpu = std::atoi(v);
+    } else if (arg == "--rounds") {
+      rounds = std::max(1, std::atoi(v));
+    } else if (arg == "--weights") {
+      const std::string w = v;
+      if (w != "int8" && w != "bf16") return usage("--weights: int8 or bf16");
+      int8 = w == "int8";
+    } else {
+      return usage(("unknown option " + arg).c_str());
+    }
+  }
+  if (!tilemoe::kernels::tile_instructions_usable()) {
+    std::fprintf(stderr, "tilemoe_tile_store_probe: no usable AMX tiles here: %s\n",
+                 tilemoe::kernels::isa_unavailable_reason(tilemoe::kernels::Isa::amx_bf16).c_str());
+    return 1;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0) std::fprintf(stderr, "tilemoe_tile_store_probe: not pinned to CPU %d\n", cpu);
+
+  const int kblocks = int8 ? 32 : 64;  // K = 2048
+  const std::size_t panel = static_cast<std::size_t>(kblocks) * kBlockBytes;
+  Buffers buf{};
+  buf.a = static_cast<char*>(std::aligned_alloc(4096, kRowBlocks * 2 * panel));
+  buf.b = static_cast<char*>(std::aligned_alloc(4096, kPairs * 2 * panel));
+  buf.cold = static_cast<char*>(std::aligned_alloc(4096, kColdBytes));
+  if (!buf.a || !buf.b || !buf.cold) return std::fprintf(stderr, "tilemoe_tile_store_probe: out of memory\n"), 1;
+  // Small codes (bf16: small finite values), so that no product overflows or turns NaN.
+  for (std::size_t i = 0; i < kRowBlocks * 2 * panel; ++i) buf.a[i] = static_cast<char>(int8 ? i * 7 % 11 : (i % 2 ? 0x3c : 0));
+  for (std::size_t i = 0; i < kPairs * 2 * panel; ++i) buf.b[i] = static_cast<char>(int8 ? i * 13 % 9 : (i % 2 ? 0x3c : 0));
+  std::memset(buf.cold, 0, kColdBytes);
+  buf.acc.assign(static_cast<std::size_t>(kPairs) * 1024, 0);
+
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  _tile_loadd(4, buf.a, 64);
+  _tile_loadd(5, buf.a, 64);
+  _tile_loadd(6, buf.b, 64);
+  _tile_loadd(7, buf.b, 64);
+
+  const double ops = 2.0 * kRowBlocks * 32 * kPairs * 32 * (int8 ? 64.0 : 32.0) * kblocks;
+  std::printf("%s, CPU %d, %d row blocks of 32 x %d pairs, K = 2048, %d rounds: median and best T(FL)OP/s\n", int8 ? "int8" : "bf16", cpu,
+              kRowBlocks, kPairs, rounds);
+  for (const VariantInfo& vi : kVariants) {
+    std::vector<double> rates;
+    for (int r = 0; r < rounds + 1; ++r) {
+      double sec = 0;
+      for (int rep = 0; rep < 8; ++rep) sec += int8 ? pass<true>(vi.v, buf, kblocks) : pass<false>(vi.v, buf, kblocks);
+      if (r > 0) rates.push_back(8 * ops / sec * 1e-12);  // the first round warms the caches
+    }
+    std::sort(rates.begin(), rates.end());
+    std::printf("%-11s %6.2f %6.2f\n", vi.name, rates[rates.size() / 2], rates.back());
+  }
+  _tile_release();
+  std::free(buf.a);
+  std::free(buf.b);
+  std::free(buf.cold);
+  return 0;
+}
