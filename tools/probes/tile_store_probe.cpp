@@ -187,10 +187,17 @@ int main(int argc, char** argv) {
     if (arg == "--help" || arg == "-h") return usage(nullptr);
     const char* v = value();
     if (!v) return usage(("missing value after " + arg).c_str());
+    auto number = [&](int lo, int& out) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end == v || *end != '\0' || n < lo || n > 1 << 20) return false;
+      out = static_cast<int>(n);
+      return true;
+    };
     if (arg == "--cpu") {
-      cpu = std::atoi(v);
+      if (!number(0, cpu)) return usage("--cpu: a CPU number");
     } else if (arg == "--rounds") {
-      rounds = std::max(1, std::atoi(v));
+      if (!number(1, rounds)) return usage("--rounds: a count of at least 1");
     } else if (arg == "--weights") {
       const std::string w = v;
       if (w != "int8" && w != "bf16") return usage("--weights: int8 or bf16");
@@ -207,7 +214,8 @@ int main(int argc, char** argv) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof set, &set) != 0) std::fprintf(stderr, "tilemoe_tile_store_probe: not pinned to CPU %d\n", cpu);
+  const bool pinned = sched_setaffinity(0, sizeof set, &set) == 0;
+  if (!pinned) std::fprintf(stderr, "tilemoe_tile_store_probe: not pinned to CPU %d\n", cpu);
 
   const int kblocks = int8 ? 32 : 64;  // K = 2048
   const std::size_t panel = static_cast<std::size_t>(kblocks) * kBlockBytes;
@@ -234,8 +242,9 @@ int main(int argc, char** argv) {
   _tile_loadd(7, buf.b, 64);
 
   const double ops = 2.0 * kRowBlocks * 32 * kPairs * 32 * (int8 ? 64.0 : 32.0) * kblocks;
-  std::printf("%s, CPU %d, %d row blocks of 32 x %d pairs, K = 2048, %d rounds: median and best T(FL)OP/s\n", int8 ? "int8" : "bf16", cpu,
-              kRowBlocks, kPairs, rounds);
+  const std::string where = pinned ? "CPU " + std::to_string(cpu) : "not pinned";
+  std::printf("%s, %s, %d row blocks of 32 x %d pairs, K = 2048, %d rounds: median and best T(FL)OP/s\n", int8 ? "int8" : "bf16",
+              where.c_str(), kRowBlocks, kPairs, rounds);
   for (const VariantInfo& vi : kVariants) {
     std::vector<double> rates;
     for (int r = 0; r < rounds + 1; ++r) {
