@@ -32,6 +32,8 @@
 #include <vector>
 
 #include "amx/isa.hpp"
+#include "amx/tile_block.hpp"
+#include "amx/tile_config.hpp"
 
 namespace {
 
@@ -40,20 +42,7 @@ constexpr int kRowBlocks = 12;             // 384 rows
 constexpr int kPairs = 8;                  // a 512 KiB group of int8 panels at K = 2048
 constexpr std::size_t kColdBytes = std::size_t{64} << 20;
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1, start_row = 0;
-  std::uint8_t reserved[14]{};
-  std::uint16_t colsb[16]{};
-  std::uint8_t rows[16]{};
-};
-
-#define TILE_PRODUCT(int8, c, a, b) \
-  do {                              \
-    if (int8)                       \
-      _tile_dpbssd(c, a, b);        \
-    else                            \
-      _tile_dpbf16ps(c, a, b);      \
-  } while (0)
+using tilemoe::kernels::TileProduct;
 
 enum class Variant { products, l2, l2_no_store, l1, l2_cold_c, k_parts };
 struct VariantInfo {
@@ -78,27 +67,21 @@ struct Buffers {
   std::vector<std::int32_t> acc;  // kPairs x 4 tiles
 };
 
-template <bool Int8>
-inline void step(const char* a0, const char* a1, const char* b0, const char* b1) {
-  _tile_loadd(4, a0, 64);
-  _tile_loadd(6, b0, 64);
-  _tile_loadd(7, b1, 64);
-  _tile_loadd(5, a1, 64);
-  TILE_PRODUCT(Int8, 0, 4, 6);
-  TILE_PRODUCT(Int8, 1, 4, 7);
-  TILE_PRODUCT(Int8, 2, 5, 6);
-  TILE_PRODUCT(Int8, 3, 5, 7);
+// The kernels' k-step (tile_block.hpp): A's two row tiles `a_second` bytes apart, B's two panels
+// `b_second` apart, all four loaded before the four products.
+template <TileProduct P>
+inline void step(const char* a, std::size_t a_second, const char* b, std::size_t b_second) {
+  tilemoe::kernels::tile_step<P, true, true>(a, a_second, 64, b, b_second);
 }
 
-inline void store4(void* p0, void* p1, void* p2, void* p3, long stride) {
-  _tile_stored(0, p0, stride);
-  _tile_stored(1, p1, stride);
-  _tile_stored(2, p2, stride);
-  _tile_stored(3, p3, stride);
+// The four C tiles: tile t at at(t), rows `ld` bytes apart.
+template <typename At>
+inline void store_c(At at, long ld) {
+  tilemoe::kernels::store_c_tiles<true, true>(at, ld);
 }
 
 // One pass over the group by every row block; returns the seconds it took.
-template <bool Int8>
+template <TileProduct P>
 double pass(Variant v, Buffers& buf, int kblocks) {
   const std::size_t panel = static_cast<std::size_t>(kblocks) * kBlockBytes;
   std::size_t cold_at = 0;
@@ -111,22 +94,17 @@ double pass(Variant v, Buffers& buf, int kblocks) {
         for (int p = 0; p < kPairs; ++p) {
           const char* b = buf.b + static_cast<std::size_t>(p) * 2 * panel;
           std::int32_t* acc = buf.acc.data() + static_cast<std::size_t>(p) * 1024;
+          auto acc_tile = [&](int t) { return acc + 256 * t; };
           if (k0 == 0) {
-            _tile_zero(0);
-            _tile_zero(1);
-            _tile_zero(2);
-            _tile_zero(3);
+            tilemoe::kernels::zero_c_tiles<true, true>();
           } else {
-            _tile_loadd(0, acc, 64);
-            _tile_loadd(1, acc + 256, 64);
-            _tile_loadd(2, acc + 512, 64);
-            _tile_loadd(3, acc + 768, 64);
+            tilemoe::kernels::load_c_tiles<true, true>(acc_tile, 64);
           }
           for (int kb = k0; kb < std::min(kblocks, k0 + kPart); ++kb) {
             const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
-            step<Int8>(a + at, a + panel + at, b + at, b + panel + at);
+            step<P>(a + at, panel, b + at, panel);
           }
-          store4(acc, acc + 256, acc + 512, acc + 768, 64);
+          store_c(acc_tile, 64);
         }
       }
     }
@@ -135,16 +113,10 @@ double pass(Variant v, Buffers& buf, int kblocks) {
       const char* a = buf.a + static_cast<std::size_t>(rb) * 2 * panel;
       for (int p = 0; p < kPairs; ++p) {
         const char* b = buf.b + static_cast<std::size_t>(p) * 2 * panel;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        tilemoe::kernels::zero_c_tiles<true, true>();
         for (int kb = 0; kb < kblocks; ++kb) {
           if (v == Variant::products) {
-            TILE_PRODUCT(Int8, 0, 4, 6);
-            TILE_PRODUCT(Int8, 1, 4, 7);
-            TILE_PRODUCT(Int8, 2, 5, 6);
-            TILE_PRODUCT(Int8, 3, 5, 7);
+            tilemoe::kernels::tile_products<P, true, true>();
             continue;
           }
           // l1: two k-blocks of a 4 KiB window of each operand, over and over.
@@ -152,15 +124,15 @@ double pass(Variant v, Buffers& buf, int kblocks) {
           const char* ak = v == Variant::l1 ? buf.a : a;
           const char* bk = v == Variant::l1 ? buf.b : b;
           const std::size_t second = v == Variant::l1 ? 2 * kBlockBytes : panel;
-          step<Int8>(ak + at, ak + second + at, bk + at, bk + second + at);
+          step<P>(ak + at, second, bk + at, second);
         }
         if (v == Variant::l2_no_store) continue;
         if (v == Variant::l2_cold_c) {
           char* c = buf.cold + cold_at;
           cold_at = (cold_at + 32 * 1024) % kColdBytes;
-          store4(c, c + 64, c + 16 * 1024, c + 16 * 1024 + 64, 1024);
+          store_c([&](int t) { return c + (t / 2) * 16 * 1024 + (t % 2) * 64; }, 1024);
         } else {
-          store4(buf.hot[0], buf.hot[1], buf.hot[2], buf.hot[3], 64);
+          store_c([&](int t) { return buf.hot[t]; }, 64);
         }
       }
     }
@@ -230,16 +202,13 @@ int main(int argc, char** argv) {
   std::memset(buf.cold, 0, kColdBytes);
   buf.acc.assign(static_cast<std::size_t>(kPairs) * 1024, 0);
 
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
+  tilemoe::kernels::ensure_tile_config(tilemoe::kernels::make_tile_config(16, 16));
+  // Tiles 4-7 hold operands for the products-alone variant.
+  if (int8) {
+    step<TileProduct::int8>(buf.a, panel, buf.b, panel);
+  } else {
+    step<TileProduct::bf16>(buf.a, panel, buf.b, panel);
   }
-  _tile_loadconfig(&cfg);
-  _tile_loadd(4, buf.a, 64);
-  _tile_loadd(5, buf.a, 64);
-  _tile_loadd(6, buf.b, 64);
-  _tile_loadd(7, buf.b, 64);
 
   const double ops = 2.0 * kRowBlocks * 32 * kPairs * 32 * (int8 ? 64.0 : 32.0) * kblocks;
   const std::string where = pinned ? "CPU " + std::to_string(cpu) : "not pinned";
@@ -249,7 +218,8 @@ int main(int argc, char** argv) {
     std::vector<double> rates;
     for (int r = 0; r < rounds + 1; ++r) {
       double sec = 0;
-      for (int rep = 0; rep < 8; ++rep) sec += int8 ? pass<true>(vi.v, buf, kblocks) : pass<false>(vi.v, buf, kblocks);
+      for (int rep = 0; rep < 8; ++rep)
+        sec += int8 ? pass<TileProduct::int8>(vi.v, buf, kblocks) : pass<TileProduct::bf16>(vi.v, buf, kblocks);
       if (r > 0) rates.push_back(8 * ops / sec * 1e-12);  // the first round warms the caches
     }
     std::sort(rates.begin(), rates.end());
