@@ -38,6 +38,13 @@ rounds="b n n b b n"
 if [ "${1:-}" != "--" ] && [ -n "${1:-}" ]; then rounds="$1"; shift; fi
 [ "${1:-}" = "--" ] && shift
 [ -d build-ab/base ] || { echo "no build-ab/base: run '$0 prepare' here and carry build-ab" >&2; exit 1; }
+for r in $rounds; do
+  case "$r" in
+    b | n) ;;
+    o) [ -d build-ab/other ] || { echo "round o: no build-ab/other: run '$0 prepare BASE OTHER' here" >&2; exit 1; } ;;
+    *) echo "round '$r': rounds are b (base), n (working tree) and o (other)" >&2; exit 1 ;;
+  esac
+done
 OUT="${OUT:-/tmp/tilemoe-ab}"; mkdir -p "$OUT"
 lscpu | head -20
 mkdir -p /opt/deps && for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
@@ -48,13 +55,16 @@ if [ ! -f /usr/include/hwloc.h ]; then
 fi
 t0=$(date +%s)
 tests=OFF; [ "${TESTS:-0}" = 1 ] && tests=ON
-( cmake -S build-ab/base -B /tmp/ab-base -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
-    > "$OUT/base-configure.txt" 2>&1 && cmake --build /tmp/ab-base -j 6 --target tilemoe_cli > "$OUT/base-build.txt" 2>&1 ) &
+# The command-line tool of build-ab/$1 in /tmp/ab-$1, logs to $OUT/$1-*.txt.
+build_cli() {
+  cmake -S "build-ab/$1" -B "/tmp/ab-$1" -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
+    > "$OUT/$1-configure.txt" 2>&1 && cmake --build "/tmp/ab-$1" -j 6 --target tilemoe_cli > "$OUT/$1-build.txt" 2>&1
+}
+build_cli base &
 base_job=$!
 other_job=
 if [ -d build-ab/other ]; then
-  ( cmake -S build-ab/other -B /tmp/ab-other -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
-      > "$OUT/other-configure.txt" 2>&1 && cmake --build /tmp/ab-other -j 6 --target tilemoe_cli > "$OUT/other-build.txt" 2>&1 ) &
+  build_cli other &
   other_job=$!
 fi
 [ "${KT:-0}" = 1 ] && { bash .ktk/build.sh > "$OUT/kt-build.txt" 2>&1 & }
