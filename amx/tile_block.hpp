@@ -39,13 +39,20 @@ inline void tile_products() {
 // both B tiles (`b_next_panel` bytes apart, 64-byte rows) are loaded before the four products.
 // On the device (16 threads, tiles in L1 or L2) that ran 7-12 % faster than each load right
 // before its first product.
-template <TileProduct P, bool TwoRowTiles, bool TwoPanels>
+// StreamB loads B by TILELOADDT1, the hint that it is not used again soon, so that B's lines do
+// not push out of L1 an A that the next pairs use again.
+template <TileProduct P, bool TwoRowTiles, bool TwoPanels, bool StreamB = false>
 inline void tile_step(const void* a, std::size_t a_next_tile, long lda_bytes, const void* b, std::size_t b_next_panel) {
   const char* ac = static_cast<const char*>(a);
   const char* bc = static_cast<const char*>(b);
   _tile_loadd(4, ac, lda_bytes);
-  _tile_loadd(6, bc, 64);
-  if constexpr (TwoPanels) _tile_loadd(7, bc + b_next_panel, 64);
+  if constexpr (StreamB) {
+    _tile_stream_loadd(6, bc, 64);
+    if constexpr (TwoPanels) _tile_stream_loadd(7, bc + b_next_panel, 64);
+  } else {
+    _tile_loadd(6, bc, 64);
+    if constexpr (TwoPanels) _tile_loadd(7, bc + b_next_panel, 64);
+  }
   if constexpr (TwoRowTiles) _tile_loadd(5, ac + a_next_tile, lda_bytes);
   tile_products<P, TwoRowTiles, TwoPanels>();
 }

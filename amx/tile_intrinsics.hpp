@@ -10,11 +10,14 @@
 
 // <immintrin.h> is already in: its own uses of these names are behind us.
 #undef _tile_loadd
+#undef _tile_stream_loadd
 #undef _tile_stored
 #undef _tile_zero
 #undef _tile_dpbf16ps
 #undef _tile_dpbssd
 #define _tile_loadd(t, base, stride) ::tilemoe::kernels::tile_emulation::load(t, base, stride)
+// A load's cache hint has no meaning to the model.
+#define _tile_stream_loadd(t, base, stride) ::tilemoe::kernels::tile_emulation::load(t, base, stride)
 #define _tile_stored(t, base, stride) ::tilemoe::kernels::tile_emulation::store(t, base, stride)
 #define _tile_zero(t) ::tilemoe::kernels::tile_emulation::zero(t)
 #define _tile_dpbf16ps(c, a, b) ::tilemoe::kernels::tile_emulation::dot_bf16(c, a, b)

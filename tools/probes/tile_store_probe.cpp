@@ -3,21 +3,30 @@
 // thread, pinned to one CPU; stand-alone, as tile_stream_probe.cpp, so that an order can be timed
 // in seconds, while the bench decides what the kernels keep.
 //
-// On the repository's AMX machine (2 vCPUs, KVM; session 61), median T(FL)OP/s of one thread:
+// On the repository's AMX machine (2 vCPUs, KVM), median T(FL)OP/s of one thread, session 61 and
+// session 62 (the machine slower that day):
 //
-//   variant      int8   bf16
-//   products     6.79   2.92   (the products alone: about the peak)
-//   l2           3.09   1.71   (the kernels' order)
-//   l2-nostore   4.29   1.88
-//   l1           5.62   2.36   (with its stores)
-//   l2-cold-c    2.67   1.46
-//   kparts8      3.79   1.59
+//   variant        int8         bf16
+//   products       6.79  6.43   2.92  2.64   (the products alone: about the peak)
+//   l2             3.09  2.75   1.71  1.31   (the kernels' order)
+//   l2-nostore     4.29  3.76   1.88  1.49
+//   l1             5.62  4.86   2.36  2.16   (with its stores)
+//   l2-cold-c      2.67  2.43   1.46  1.21
+//   l2-b-dt1             2.82         1.36
+//   kparts8        3.79  3.39   1.59  1.23
+//   kparts16             3.04         1.18
+//   kparts8-dt1          3.20         1.32
+//   kparts16-dt1         3.71         1.47
+//   bparts16-dt1         3.60         1.16
 //
 // A C tile store after loads from L2 costs the products far more than its own bytes (int8, a
 // store every 32 k-steps: 28 %; bf16, every 64: 9 %); after loads from L1, or in a loop without
 // loads, it costs little; into lines that are not cached, more. Parts of K that keep A's part in
-// L1 win back part of it for int8 and lose for bf16. What a kernel keeps is the bench's to say:
-// the int8 kernel in parts of K ran 2-3 % faster at 4096 tokens here (docs/perf.md, session 61).
+// L1 win back part of it, most with parts of 16 k-blocks whose B is loaded by TILELOADDT1 (then B's
+// lines do not push A's 32 KiB part out of L1; without the hint parts of 16 gain nothing). What a
+// kernel keeps is the bench's to say: in the kernels, parts of 16 with TILELOADDT1 made one expert's
+// product 6-15 % faster here but the bench at 4096 tokens no faster beyond its noise (docs/perf.md,
+// session 62).
 //
 // Usage: tilemoe_tile_store_probe [--cpu N] [--weights int8|bf16] [--rounds R]
 #include <immintrin.h>
@@ -44,19 +53,34 @@ constexpr std::size_t kColdBytes = std::size_t{64} << 20;
 
 using tilemoe::kernels::TileProduct;
 
-enum class Variant { products, l2, l2_no_store, l1, l2_cold_c, k_parts };
-struct VariantInfo {
-  Variant v;
+// products: tile products alone; rows: row blocks outside, pairs inside, whole K (the kernels'
+// order); a_parts: row blocks outside, then parts of K, then pairs (A's part reused from L1 by
+// the pairs); b_parts: pairs outside, then parts of K, then row blocks (B's part reused from L1
+// by the row blocks). Parts go through an int32 accumulator of C tiles.
+enum class Order { products, rows, a_parts, b_parts };
+enum class Operands { l2, l1_window };
+enum class CStore { hot, none, cold };
+struct Variant {
   const char* name;
+  Order order;
+  Operands operands;
+  CStore c;
+  int part;  // k-blocks a part (a_parts, b_parts)
+  bool a_dt1, b_dt1;  // loaded by TILELOADDT1, the hint that the data is not used again soon
   const char* what;
 };
-const VariantInfo kVariants[] = {
-    {Variant::products, "products", "the 2x2 block's products alone, no loads, C stored every block"},
-    {Variant::l2, "l2", "the kernel's order: A and B from L2, C stored into a hot 4 KiB after each block"},
-    {Variant::l2_no_store, "l2-nostore", "l2 without the C stores (timing only)"},
-    {Variant::l1, "l1", "l2's loop over a 4 KiB window of A and of B (L1), C stored"},
-    {Variant::l2_cold_c, "l2-cold-c", "l2 with C stored into rows 1 KiB apart in 64 MiB (not cached)"},
-    {Variant::k_parts, "kparts8", "K in parts of 8 k-blocks, every pair of the group a part, C through an accumulator"},
+const Variant kVariants[] = {
+    {"products", Order::products, Operands::l2, CStore::hot, 0, false, false, "the 2x2 block's products alone, no loads, C stored every block"},
+    {"l2", Order::rows, Operands::l2, CStore::hot, 0, false, false, "the kernels' order: A and B from L2, C stored into a hot 4 KiB after each block"},
+    {"l2-nostore", Order::rows, Operands::l2, CStore::none, 0, false, false, "l2 without the C stores (timing only)"},
+    {"l1", Order::rows, Operands::l1_window, CStore::hot, 0, false, false, "l2's loop over a 4 KiB window of A and of B (L1), C stored"},
+    {"l2-cold-c", Order::rows, Operands::l2, CStore::cold, 0, false, false, "l2 with C stored into rows 1 KiB apart in 64 MiB (not cached)"},
+    {"l2-b-dt1", Order::rows, Operands::l2, CStore::hot, 0, false, true, "l2 with B by TILELOADDT1"},
+    {"kparts8", Order::a_parts, Operands::l2, CStore::hot, 8, false, false, "K in parts of 8 k-blocks, every pair of the group a part"},
+    {"kparts16", Order::a_parts, Operands::l2, CStore::hot, 16, false, false, "the same in parts of 16"},
+    {"kparts8-dt1", Order::a_parts, Operands::l2, CStore::hot, 8, false, true, "kparts8 with B by TILELOADDT1"},
+    {"kparts16-dt1", Order::a_parts, Operands::l2, CStore::hot, 16, false, true, "kparts16 with B by TILELOADDT1"},
+    {"bparts16-dt1", Order::b_parts, Operands::l2, CStore::hot, 16, true, false, "B's part of 16 k-blocks over every row block, A by TILELOADDT1"},
 };
 
 struct Buffers {
@@ -64,14 +88,25 @@ struct Buffers {
   char* b;     // kPairs x 2 panels x kblocks blocks
   char* cold;  // kColdBytes
   alignas(64) std::int32_t hot[4][256];
-  std::vector<std::int32_t> acc;  // kPairs x 4 tiles
+  std::vector<std::int32_t> acc;  // max(kPairs, kRowBlocks) x 4 tiles
 };
 
 // The kernels' k-step (tile_block.hpp): A's two row tiles `a_second` bytes apart, B's two panels
-// `b_second` apart, all four loaded before the four products.
+// `b_second` apart, all four loaded before the four products; either operand by TILELOADDT1.
 template <TileProduct P>
-inline void step(const char* a, std::size_t a_second, const char* b, std::size_t b_second) {
-  tilemoe::kernels::tile_step<P, true, true>(a, a_second, 64, b, b_second);
+inline void step(const Variant& v, const char* a, std::size_t a_second, const char* b, std::size_t b_second) {
+  if (!v.a_dt1 && !v.b_dt1) return tilemoe::kernels::tile_step<P, true, true>(a, a_second, 64, b, b_second);
+  if (!v.a_dt1) return tilemoe::kernels::tile_step<P, true, true, true>(a, a_second, 64, b, b_second);
+  _tile_stream_loadd(4, a, 64);
+  if (v.b_dt1) {
+    _tile_stream_loadd(6, b, 64);
+    _tile_stream_loadd(7, b + b_second, 64);
+  } else {
+    _tile_loadd(6, b, 64);
+    _tile_loadd(7, b + b_second, 64);
+  }
+  _tile_stream_loadd(5, a + a_second, 64);
+  tilemoe::kernels::tile_products<P, true, true>();
 }
 
 // The four C tiles: tile t at at(t), rows `ld` bytes apart.
@@ -80,54 +115,57 @@ inline void store_c(At at, long ld) {
   tilemoe::kernels::store_c_tiles<true, true>(at, ld);
 }
 
+// Part [k0, k1) of one block, C through the accumulator `acc` (4 tiles).
+template <TileProduct P>
+inline void part_block(const Variant& v, const char* a, const char* b, std::size_t panel, int k0, int k1, std::int32_t* acc) {
+  auto acc_tile = [&](int t) { return acc + 256 * t; };
+  if (k0 == 0) {
+    tilemoe::kernels::zero_c_tiles<true, true>();
+  } else {
+    tilemoe::kernels::load_c_tiles<true, true>(acc_tile, 64);
+  }
+  for (int kb = k0; kb < k1; ++kb) {
+    const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
+    step<P>(v, a + at, panel, b + at, panel);
+  }
+  store_c(acc_tile, 64);
+}
+
 // One pass over the group by every row block; returns the seconds it took.
 template <TileProduct P>
-double pass(Variant v, Buffers& buf, int kblocks) {
+double pass(const Variant& v, Buffers& buf, int kblocks) {
   const std::size_t panel = static_cast<std::size_t>(kblocks) * kBlockBytes;
+  auto a_block = [&](int rb) { return buf.a + static_cast<std::size_t>(rb) * 2 * panel; };
+  auto b_pair = [&](int p) { return buf.b + static_cast<std::size_t>(p) * 2 * panel; };
   std::size_t cold_at = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  if (v == Variant::k_parts) {
-    constexpr int kPart = 8;
-    for (int rb = 0; rb < kRowBlocks; ++rb) {
-      const char* a = buf.a + static_cast<std::size_t>(rb) * 2 * panel;
-      for (int k0 = 0; k0 < kblocks; k0 += kPart) {
-        for (int p = 0; p < kPairs; ++p) {
-          const char* b = buf.b + static_cast<std::size_t>(p) * 2 * panel;
-          std::int32_t* acc = buf.acc.data() + static_cast<std::size_t>(p) * 1024;
-          auto acc_tile = [&](int t) { return acc + 256 * t; };
-          if (k0 == 0) {
-            tilemoe::kernels::zero_c_tiles<true, true>();
-          } else {
-            tilemoe::kernels::load_c_tiles<true, true>(acc_tile, 64);
-          }
-          for (int kb = k0; kb < std::min(kblocks, k0 + kPart); ++kb) {
-            const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
-            step<P>(a + at, panel, b + at, panel);
-          }
-          store_c(acc_tile, 64);
-        }
-      }
-    }
+  if (v.order == Order::a_parts) {
+    for (int rb = 0; rb < kRowBlocks; ++rb)
+      for (int k0 = 0; k0 < kblocks; k0 += v.part)
+        for (int p = 0; p < kPairs; ++p)
+          part_block<P>(v, a_block(rb), b_pair(p), panel, k0, std::min(kblocks, k0 + v.part), buf.acc.data() + p * 1024);
+  } else if (v.order == Order::b_parts) {
+    for (int p = 0; p < kPairs; ++p)
+      for (int k0 = 0; k0 < kblocks; k0 += v.part)
+        for (int rb = 0; rb < kRowBlocks; ++rb)
+          part_block<P>(v, a_block(rb), b_pair(p), panel, k0, std::min(kblocks, k0 + v.part), buf.acc.data() + rb * 1024);
   } else {
     for (int rb = 0; rb < kRowBlocks; ++rb) {
-      const char* a = buf.a + static_cast<std::size_t>(rb) * 2 * panel;
       for (int p = 0; p < kPairs; ++p) {
-        const char* b = buf.b + static_cast<std::size_t>(p) * 2 * panel;
         tilemoe::kernels::zero_c_tiles<true, true>();
         for (int kb = 0; kb < kblocks; ++kb) {
-          if (v == Variant::products) {
+          if (v.order == Order::products) {
             tilemoe::kernels::tile_products<P, true, true>();
             continue;
           }
-          // l1: two k-blocks of a 4 KiB window of each operand, over and over.
-          const std::size_t at = static_cast<std::size_t>(v == Variant::l1 ? kb % 2 : kb) * kBlockBytes;
-          const char* ak = v == Variant::l1 ? buf.a : a;
-          const char* bk = v == Variant::l1 ? buf.b : b;
-          const std::size_t second = v == Variant::l1 ? 2 * kBlockBytes : panel;
-          step<P>(ak + at, second, bk + at, second);
+          // l1_window: two k-blocks of a 4 KiB window of each operand, over and over.
+          const bool window = v.operands == Operands::l1_window;
+          const std::size_t at = static_cast<std::size_t>(window ? kb % 2 : kb) * kBlockBytes;
+          const std::size_t second = window ? 2 * kBlockBytes : panel;
+          step<P>(v, (window ? buf.a : a_block(rb)) + at, second, (window ? buf.b : b_pair(p)) + at, second);
         }
-        if (v == Variant::l2_no_store) continue;
-        if (v == Variant::l2_cold_c) {
+        if (v.c == CStore::none) continue;
+        if (v.c == CStore::cold) {
           char* c = buf.cold + cold_at;
           cold_at = (cold_at + 32 * 1024) % kColdBytes;
           store_c([&](int t) { return c + (t / 2) * 16 * 1024 + (t % 2) * 64; }, 1024);
@@ -144,7 +182,7 @@ double pass(Variant v, Buffers& buf, int kblocks) {
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "tilemoe_tile_store_probe: %s\n", why);
   std::fprintf(stderr, "usage: tilemoe_tile_store_probe [--cpu N] [--weights int8|bf16] [--rounds R]\nvariants:\n");
-  for (const VariantInfo& vi : kVariants) std::fprintf(stderr, "  %-11s %s\n", vi.name, vi.what);
+  for (const Variant& v : kVariants) std::fprintf(stderr, "  %-13s %s\n", v.name, v.what);
   return why ? 2 : 0;
 }
 
@@ -200,30 +238,30 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < kRowBlocks * 2 * panel; ++i) buf.a[i] = static_cast<char>(int8 ? i * 7 % 11 : (i % 2 ? 0x3c : 0));
   for (std::size_t i = 0; i < kPairs * 2 * panel; ++i) buf.b[i] = static_cast<char>(int8 ? i * 13 % 9 : (i % 2 ? 0x3c : 0));
   std::memset(buf.cold, 0, kColdBytes);
-  buf.acc.assign(static_cast<std::size_t>(kPairs) * 1024, 0);
+  buf.acc.assign(static_cast<std::size_t>(std::max(kPairs, kRowBlocks)) * 1024, 0);
 
   tilemoe::kernels::ensure_tile_config(tilemoe::kernels::make_tile_config(16, 16));
   // Tiles 4-7 hold operands for the products-alone variant.
   if (int8) {
-    step<TileProduct::int8>(buf.a, panel, buf.b, panel);
+    step<TileProduct::int8>(kVariants[1], buf.a, panel, buf.b, panel);
   } else {
-    step<TileProduct::bf16>(buf.a, panel, buf.b, panel);
+    step<TileProduct::bf16>(kVariants[1], buf.a, panel, buf.b, panel);
   }
 
   const double ops = 2.0 * kRowBlocks * 32 * kPairs * 32 * (int8 ? 64.0 : 32.0) * kblocks;
   const std::string where = pinned ? "CPU " + std::to_string(cpu) : "not pinned";
   std::printf("%s, %s, %d row blocks of 32 x %d pairs, K = 2048, %d rounds: median and best T(FL)OP/s\n", int8 ? "int8" : "bf16",
               where.c_str(), kRowBlocks, kPairs, rounds);
-  for (const VariantInfo& vi : kVariants) {
+  for (const Variant& v : kVariants) {
     std::vector<double> rates;
     for (int r = 0; r < rounds + 1; ++r) {
       double sec = 0;
       for (int rep = 0; rep < 8; ++rep)
-        sec += int8 ? pass<TileProduct::int8>(vi.v, buf, kblocks) : pass<TileProduct::bf16>(vi.v, buf, kblocks);
+        sec += int8 ? pass<TileProduct::int8>(v, buf, kblocks) : pass<TileProduct::bf16>(v, buf, kblocks);
       if (r > 0) rates.push_back(8 * ops / sec * 1e-12);  // the first round warms the caches
     }
     std::sort(rates.begin(), rates.end());
-    std::printf("%-11s %6.2f %6.2f\n", vi.name, rates[rates.size() / 2], rates.back());
+    std::printf("%-13s %6.2f %6.2f\n", v.name, rates[rates.size() / 2], rates.back());
   }
   _tile_release();
   std::free(buf.a);
