@@ -126,43 +126,34 @@ std::vector<double> run_bf16(const Options& o, std::size_t& weight_bytes) {
 
 int main(int argc, char** argv) {
   Options o;
+  struct IntOption {
+    const char* name;
+    int* value;
+    int lo, hi;
+  };
+  const IntOption int_options[] = {{"--rows", &o.rows, 1, 1 << 16},           {"--columns", &o.columns, 1, 1 << 16},
+                                   {"--k", &o.k, 1, 1 << 16},                 {"--experts", &o.experts, 1, 1 << 20},
+                                   {"--a-buffers", &o.a_buffers, 1, 1 << 12}, {"--calls-per-a", &o.calls_per_a, 1, 1 << 12},
+                                   {"--rounds", &o.rounds, 1, 1000},          {"--cpu", &o.cpu, 0, 1 << 16}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") return usage(nullptr);
     const char* v = i + 1 < argc ? argv[++i] : nullptr;
     if (!v) return usage(("missing value after " + arg).c_str());
-    auto number = [&](int lo, int hi, int& out) {
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (end == v || *end != '\0' || n < lo || n > hi) return false;
-      out = static_cast<int>(n);
-      return true;
-    };
-    bool ok = true;
     if (arg == "--weights") {
       const std::string w = v;
-      ok = w == "int8" || w == "bf16";
+      if (w != "int8" && w != "bf16") return usage("--weights: int8 or bf16");
       o.int8 = w == "int8";
-    } else if (arg == "--rows") {
-      ok = number(1, 1 << 16, o.rows);
-    } else if (arg == "--columns") {
-      ok = number(1, 1 << 16, o.columns);
-    } else if (arg == "--k") {
-      ok = number(1, 1 << 16, o.k);
-    } else if (arg == "--experts") {
-      ok = number(1, 1 << 20, o.experts);
-    } else if (arg == "--a-buffers") {
-      ok = number(1, 1 << 12, o.a_buffers);
-    } else if (arg == "--calls-per-a") {
-      ok = number(1, 1 << 12, o.calls_per_a);
-    } else if (arg == "--rounds") {
-      ok = number(1, 1000, o.rounds);
-    } else if (arg == "--cpu") {
-      ok = number(0, 1 << 16, o.cpu);
-    } else {
-      return usage(("unknown option " + arg).c_str());
+      continue;
     }
-    if (!ok) return usage((arg + ": out of range or not a number").c_str());
+    const IntOption* opt = nullptr;
+    for (const IntOption& io : int_options)
+      if (arg == io.name) opt = &io;
+    if (!opt) return usage(("unknown option " + arg).c_str());
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || n < opt->lo || n > opt->hi) return usage((arg + ": out of range or not a number").c_str());
+    *opt->value = static_cast<int>(n);
   }
   if (!tilemoe::kernels::tile_instructions_usable()) {
     std::fprintf(stderr, "tilemoe_expert_product_probe: no usable AMX tiles here: %s\n",
