@@ -8,19 +8,27 @@
 // median TOP/s: weights and A in cache 2.39-2.40; weights of 1200 experts from memory 1.96-2.05;
 // and A cycling over 64 experts' as well 1.67-1.72 (docs/perf.md, session 62).
 //
+// --threads T runs T such threads at once, on CPUs cpu .. cpu + T - 1, each with buffers of its own,
+// every round started together: the device's 16 vCPUs each ran bf16 at about half their lone rate
+// when all 16 ran it, and their sum was what the forward reaches at 4096 tokens (session 63, where
+// separate processes measured it; one process starts the rounds together).
+//
 // Usage: tilemoe_expert_product_probe [--weights bf16|int8] [--rows M] [--columns N] [--k K]
-//          [--experts E] [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N]
+//          [--experts E] [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N] [--threads T]
 // --experts: weight matrices taken in turn (enough to exceed the last-level cache for "from
 // memory"); --a-buffers: distinct A taken in turn, each for --calls-per-a calls in a row (2: gate
 // then up on one A, as a gate_up item).
 #include <sched.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "amx/aligned_vector.hpp"
@@ -41,21 +49,24 @@ struct Options {
   int experts = 0;  // 0: enough for 1 GiB of weights
   int a_buffers = 1, calls_per_a = 1;
   int rounds = 5, cpu = 0;
+  int threads = 1;
 };
 
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "tilemoe_expert_product_probe: %s\n", why);
   std::fprintf(stderr,
                "usage: tilemoe_expert_product_probe [--weights bf16|int8] [--rows M] [--columns N] [--k K] [--experts E]\n"
-               "         [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N]\n");
+               "         [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N] [--threads T]\n");
   return why ? 2 : 0;
 }
 
-// Seconds of each round (the first, a warm-up, dropped) of one call per expert.
+// Seconds of each round (the first, a warm-up, dropped) of one call per expert; every thread
+// starts each round at the barrier, so that the threads' rounds overlap.
 template <typename Call>
-std::vector<double> time_rounds(const Options& o, Call call) {
+std::vector<double> time_rounds(const Options& o, std::barrier<>& start, Call call) {
   std::vector<double> seconds;
   for (int r = 0; r <= o.rounds; ++r) {
+    start.arrive_and_wait();
     const auto t0 = std::chrono::steady_clock::now();
     for (int e = 0; e < o.experts; ++e) call(e, (e / o.calls_per_a) % o.a_buffers);
     if (r > 0) seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -63,7 +74,7 @@ std::vector<double> time_rounds(const Options& o, Call call) {
   return seconds;
 }
 
-std::vector<double> run_int8(const Options& o, std::size_t& weight_bytes) {
+std::vector<double> run_int8(const Options& o, std::barrier<>& start, std::size_t& weight_bytes) {
   using namespace tilemoe::kernels;
   const PackedIntShape s = packed_int_shape(8, o.columns, o.k, 0);
   weight_bytes = s.code_bytes();
@@ -76,7 +87,7 @@ std::vector<double> run_int8(const Options& o, std::size_t& weight_bytes) {
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::int8_t>(i * 7 % 11);
   const std::vector<float> a_scale(static_cast<std::size_t>(o.rows), 1.0f);
   AlignedVector<float> c(static_cast<std::size_t>(o.rows) * s.panels * kPanelColumns);
-  return time_rounds(o, [&](int e, int ai) {
+  return time_rounds(o, start, [&](int e, int ai) {
     GemmIntArgs g{};
     g.a = a.data() + a_bytes * static_cast<std::size_t>(ai);
     g.lda = static_cast<std::size_t>(s.k_padded);
@@ -94,7 +105,7 @@ std::vector<double> run_int8(const Options& o, std::size_t& weight_bytes) {
   });
 }
 
-std::vector<double> run_bf16(const Options& o, std::size_t& weight_bytes) {
+std::vector<double> run_bf16(const Options& o, std::barrier<>& start, std::size_t& weight_bytes) {
   using namespace tilemoe::kernels;
   const std::size_t per_expert = packed_bf16_elements(o.columns, o.k);
   const int k_padded = (o.k + kBlockK - 1) / kBlockK * kBlockK;
@@ -106,7 +117,7 @@ std::vector<double> run_bf16(const Options& o, std::size_t& weight_bytes) {
   const std::size_t a_elements = tiled_rows_elements(o.rows, k_padded);
   AlignedVector<bf16> a(a_elements * static_cast<std::size_t>(o.a_buffers), static_cast<bf16>(0x3f80));
   AlignedVector<float> c(static_cast<std::size_t>(o.rows) * panels * kPanelColumns);
-  return time_rounds(o, [&](int e, int ai) {
+  return time_rounds(o, start, [&](int e, int ai) {
     GemmBf16Args g{};
     g.a = a.data() + a_elements * static_cast<std::size_t>(ai);
     g.lda = static_cast<std::size_t>(k_padded);
@@ -134,7 +145,8 @@ int main(int argc, char** argv) {
   const IntOption int_options[] = {{"--rows", &o.rows, 1, 1 << 16},           {"--columns", &o.columns, 1, 1 << 16},
                                    {"--k", &o.k, 1, 1 << 16},                 {"--experts", &o.experts, 1, 1 << 20},
                                    {"--a-buffers", &o.a_buffers, 1, 1 << 12}, {"--calls-per-a", &o.calls_per_a, 1, 1 << 12},
-                                   {"--rounds", &o.rounds, 1, 1000},          {"--cpu", &o.cpu, 0, 1 << 16}};
+                                   {"--rounds", &o.rounds, 1, 1000},          {"--cpu", &o.cpu, 0, 1 << 16},
+                                   {"--threads", &o.threads, 1, 1024}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") return usage(nullptr);
@@ -162,28 +174,66 @@ int main(int argc, char** argv) {
   }
   const std::size_t one_expert = static_cast<std::size_t>(o.columns) * o.k * (o.int8 ? 1 : 2);
   if (o.experts == 0) o.experts = static_cast<int>(std::max<std::size_t>(1, (std::size_t{1} << 30) / std::max<std::size_t>(one_expert, 1)));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(o.cpu, &set);
-  const bool pinned = sched_setaffinity(0, sizeof set, &set) == 0;
-  if (!pinned) std::fprintf(stderr, "tilemoe_expert_product_probe: not pinned to CPU %d\n", o.cpu);
 
-  std::size_t weight_bytes = 0;
-  std::vector<double> seconds;
-  try {
-    seconds = o.int8 ? run_int8(o, weight_bytes) : run_bf16(o, weight_bytes);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tilemoe_expert_product_probe: %s\n", e.what());
-    return 1;
+  struct ThreadResult {
+    bool pinned = false;
+    std::size_t weight_bytes = 0;
+    std::vector<double> seconds;
+    std::string error;
+  };
+  std::vector<ThreadResult> results(static_cast<std::size_t>(o.threads));
+  std::barrier<> start(o.threads);
+  auto run_thread = [&](int t) {
+    ThreadResult& r = results[static_cast<std::size_t>(t)];
+    if (o.cpu + t < CPU_SETSIZE) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(o.cpu + t, &set);
+      r.pinned = sched_setaffinity(0, sizeof set, &set) == 0;
+    }
+    try {
+      r.seconds = o.int8 ? run_int8(o, start, r.weight_bytes) : run_bf16(o, start, r.weight_bytes);
+    } catch (const std::exception& e) {
+      r.error = e.what();
+      r.seconds.clear();
+      start.arrive_and_drop();  // the others' rounds go on without this thread
+    }
+    tilemoe::kernels::release_amx_tiles();
+  };
+  std::vector<std::thread> workers;
+  for (int t = 1; t < o.threads; ++t) workers.emplace_back(run_thread, t);
+  run_thread(0);
+  for (std::thread& w : workers) w.join();
+
+  const double ops = 2.0 * o.rows * o.columns * o.k * o.experts;  // one thread's round
+  std::printf("%s, CPUs %d..%d, m = %d, n = %d, K = %d, %d experts' weights (%.1f MB) a thread, %d A buffer(s) x %d call(s), %d rounds\n",
+              o.int8 ? "int8" : "bf16", o.cpu, o.cpu + o.threads - 1, o.rows, o.columns, o.k, o.experts,
+              static_cast<double>(one_expert) * o.experts * 1e-6, o.a_buffers, o.calls_per_a, o.rounds);
+  int failed = 0;
+  double sum_of_medians = 0;
+  std::vector<double> slowest(static_cast<std::size_t>(o.rounds), 0.0);  // each round's slowest thread
+  for (int t = 0; t < o.threads; ++t) {
+    ThreadResult& r = results[static_cast<std::size_t>(t)];
+    if (!r.error.empty()) {
+      std::fprintf(stderr, "tilemoe_expert_product_probe: thread %d: %s\n", t, r.error.c_str());
+      ++failed;
+      continue;
+    }
+    if (!r.pinned) std::fprintf(stderr, "tilemoe_expert_product_probe: thread %d not pinned to CPU %d\n", t, o.cpu + t);
+    for (std::size_t i = 0; i < r.seconds.size(); ++i) slowest[i] = std::max(slowest[i], r.seconds[i]);
+    std::vector<double> sorted = r.seconds;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2], best = sorted.front();
+    sum_of_medians += ops / median * 1e-12;
+    std::printf("CPU %d: T(FL)OP/s median %.2f best %.2f; weights streamed at %.1f GB/s (median)\n", o.cpu + t, ops / median * 1e-12,
+                ops / best * 1e-12, static_cast<double>(r.weight_bytes) * o.experts / median * 1e-9);
   }
-  tilemoe::kernels::release_amx_tiles();
-  std::sort(seconds.begin(), seconds.end());
-  const double ops = 2.0 * o.rows * o.columns * o.k * o.experts;
-  const double median = seconds[seconds.size() / 2], best = seconds.front();
-  std::printf("%s, %s, m = %d, n = %d, K = %d, %d experts' weights (%.1f MB), %d A buffer(s) x %d call(s), %d rounds\n",
-              o.int8 ? "int8" : "bf16", pinned ? ("CPU " + std::to_string(o.cpu)).c_str() : "not pinned", o.rows, o.columns, o.k,
-              o.experts, static_cast<double>(weight_bytes) * o.experts * 1e-6, o.a_buffers, o.calls_per_a, o.rounds);
-  std::printf("T(FL)OP/s median %.2f best %.2f; weights streamed at %.1f GB/s (median)\n", ops / median * 1e-12, ops / best * 1e-12,
-              static_cast<double>(weight_bytes) * o.experts / median * 1e-9);
-  return 0;
+  if (failed == o.threads) return 1;
+  if (o.threads > 1) {
+    std::sort(slowest.begin(), slowest.end());
+    const int ran = o.threads - failed;
+    std::printf("%d threads: sum of their medians %.2f T(FL)OP/s; together (each round's slowest thread) %.2f\n", ran, sum_of_medians,
+                ran * ops / slowest[slowest.size() / 2] * 1e-12);
+  }
+  return failed ? 1 : 0;
 }
