@@ -11,7 +11,9 @@
 // --threads T runs T such threads at once, on CPUs cpu .. cpu + T - 1, each with buffers of its own,
 // every round started together: the device's 16 vCPUs each ran bf16 at about half their lone rate
 // when all 16 ran it, and their sum was what the forward reaches at 4096 tokens (session 63, where
-// separate processes measured it; one process starts the rounds together).
+// separate processes measured it; one process starts the rounds together). Session 64 then saw one
+// vCPU's lone rate itself move between about 1.0 and 0.42 TFLOP/s within seconds, so a lone figure
+// compares only with figures of the same minute.
 //
 // Usage: tilemoe_expert_product_probe [--weights bf16|int8] [--rows M] [--columns N] [--k K]
 //          [--experts E] [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N] [--threads T]
