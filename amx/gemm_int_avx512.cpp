@@ -33,7 +33,8 @@ constexpr std::size_t kPrefetchBytes = 1024;
 // lines are in flight than the L1 requests alone keep. On the device (cases taking turns in one
 // process, six processes over two calls, held LoRA r = 16) int8 at 1 token ran 2.9-5.2 % faster
 // and at 16 tokens 1-4.5 %; 2 KiB ahead did as well, 8 KiB half as well. int4 (512 bytes a k-block)
-// was 2-5 % slower with it, and bf16's kernel no faster: they keep the L1 requests alone.
+// was 2-5 % slower with it and keeps the L1 requests alone (bf16's kernel asks into L2 since
+// session 65: gemm_bf16_avx512.cpp).
 constexpr std::size_t kL2PrefetchBytes = 4096;
 // int4's group scales (one 64-byte line a panel and group, read by the group's flush) are asked for
 // into L1 about this many bytes of each panel's codes ahead: left to the flush, the first read of
