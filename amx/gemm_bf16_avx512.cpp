@@ -32,7 +32,8 @@ constexpr int kPrefetchBlocks = 1;
 // and this machine's 2-vCPU guest 16. L2 requests wait in the L2's longer queue instead. On Emerald
 // Rapids instances at 8 GB/s a core (session 38) it was 4 % faster on one and no better on another;
 // on the 2-vCPU guest (real tiles, 2 threads, base and this build in turn, 6 processes each) 1
-// token ran 4-5 % faster in every pair, 16 tokens about 1 %.
+// token ran 4-5 % faster in every pair, 16 tokens about 1 %; on a Sapphire Rapids instance at 150-166
+// GB/s (builds in turn, 7 processes each) 1 token 1.4 % faster on average, 16 tokens level.
 constexpr int kL2AheadBlocks = 4;
 // Panels are grouped so that one group's weights (both products) stay in L2 while every row group
 // of a large m passes over them.
