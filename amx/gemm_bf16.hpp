@@ -23,27 +23,12 @@
 //    (or the form's trailing zeros) finite.
 //  - C column 0 is column 0 of panel panel_begin; C has (panel_end - panel_begin)*16 columns,
 //    ldc >= that. Only rows < m and those columns are written.
-//  - When epilogue is set, the kernel hands it parts of C on the calling thread, each once its
-//    final value is written (and never written again): disjoint parts that together are rows
-//    [0, m) x all of C's columns. m <= 0 hands none. It may read any of C but write only outside
-//    what the kernel reads (A, A2, the weights, C's parts not yet handed over).
 #include <cstddef>
 
 #include "amx/pack_bf16.hpp"
 #include "tilemoe/bf16.hpp"
 
 namespace tilemoe::kernels {
-
-// Work on C once it is final (silu * up into h, C into y): rows [row0, row0 + rows) x C columns
-// [col0, col0 + cols). The AMX kernel runs it a C tile at a time during the next block's tile
-// products, where the core's vector units are otherwise idle; the other kernels once, over all of
-// C, at the end.
-struct CEpilogue {
-  void (*run)(const void* context, int row0, int rows, int col0, int cols) = nullptr;
-  const void* context = nullptr;
-  explicit operator bool() const { return run != nullptr; }
-  void operator()(int row0, int rows, int col0, int cols) const { run(context, row0, rows, col0, cols); }
-};
 
 struct GemmBf16Args {
   const bf16* a;
@@ -61,14 +46,7 @@ struct GemmBf16Args {
   std::size_t ldc;
   bool accumulate = false;  // false: C = ...; true: C += ...
   bool a_tiles = false;     // A in tile order: see the contract above
-  CEpilogue epilogue{};     // see the contract above
 };
-
-// The whole of C to the epilogue, if any: for kernels that finish C all at once.
-inline void run_epilogue_over_c(const GemmBf16Args& args) {
-  if (args.epilogue && args.m > 0 && args.panel_end > args.panel_begin)
-    args.epilogue(0, args.m, 0, (args.panel_end - args.panel_begin) * kPanelColumns);
-}
 
 // Where rows [row0, row0 + r) of the first product's A start, with the element strides from one
 // row to the next and from one k-block to the next. In tile order the r rows must lie in one row

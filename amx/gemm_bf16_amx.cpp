@@ -81,52 +81,9 @@ struct Operand {
   int kblocks;
 };
 
-// The C tiles of the block stored last, handed to the caller's epilogue a few rows at a time,
-// spread evenly over the next block's k-steps: its silu * up or conversion then runs while the tile
-// unit works on the next products, not after the call. Bunched into a few k-steps (a C tile every
-// other step) it held the tile unit up: a 16 x 16 piece is about 500 vector instructions, longer
-// than the two k-steps of products queued behind it.
-class PendingTiles {
- public:
-  PendingTiles(const CEpilogue& epilogue, int steps_per_block) : epilogue_(epilogue), steps_(std::max(1, steps_per_block)) {}
-  // Rows [row0, row0 + rows) x C columns [col0, col0 + 16 panels) are final; the parts of the block
-  // before are handed over first.
-  void hold(int row0, int rows, int col0, int panels) {
-    if (!epilogue_) return;
-    drain();
-    row0_ = row0;
-    rows_ = rows;
-    col0_ = col0;
-    panels_ = panels;
-    next_ = 0;
-    count_ = (rows + kPieceRows - 1) / kPieceRows * panels;
-    gap_ = std::max(1, steps_ / count_);
-    step_ = 0;
-  }
-  void at_step() {
-    if (next_ < count_ && step_++ % gap_ == 0) run_one();
-  }
-  void drain() {
-    while (next_ < count_) run_one();
-  }
-
- private:
-  static constexpr int kPieceRows = 4;
-  // Piece t: rows [4 (t / panels), +4) of panel t % panels.
-  void run_one() {
-    const int t = next_++;
-    const int r = t / panels_ * kPieceRows;
-    epilogue_(row0_ + r, std::min(kPieceRows, rows_ - r), col0_ + t % panels_ * kPanelColumns, kPanelColumns);
-  }
-  CEpilogue epilogue_;
-  int steps_;
-  int row0_ = 0, rows_ = 0, col0_ = 0, panels_ = 1, next_ = 0, count_ = 0, gap_ = 1, step_ = 0;
-};
-
 // All k-blocks of one operand into the C tiles.
 template <bool TwoRowTiles, bool TwoPanels>
-inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b, const NextPair& next = {},
-                    PendingTiles* pending = nullptr) {
+inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b, const NextPair& next = {}) {
   const bf16* a0 = op.a + static_cast<std::size_t>(row0 / kTileRows) * op.row_tile_stride;
   const bf16* b0 = op.packed + panel * op.panel_stride;
   for (int kb = 0; kb < op.kblocks; ++kb) {
@@ -138,7 +95,6 @@ inline void k_sweep(const Operand& op, int row0, int panel, bool prefetch_b, con
       if constexpr (TwoPanels) prefetch_tile_block_l2(bk + op.panel_stride + kL2AheadBlocks * kBlockElements);
     }
     next.ask(kb);
-    if (pending) pending->at_step();
     const bf16* ak = a0 + static_cast<std::size_t>(kb) * op.kblock_stride;
     tile_step<TileProduct::bf16, TwoRowTiles, TwoPanels>(ak, op.row_tile_stride * sizeof(bf16), op.lda_bytes, bk,
                                                          op.panel_stride * sizeof(bf16));
@@ -153,14 +109,13 @@ struct Job {
   std::size_t ldc;
   int panel_begin;
   bool accumulate;
-  PendingTiles* pending;
 };
 
-// Rows [row0, row0 + rows) (the configured rows) × panels p (and p+1): C tiles in, K sweeps of
-// both products, C tiles out.
+// Rows [row0, row0 + configured rows) × panels p (and p+1): C tiles in, K sweeps of both
+// products, C tiles out.
 // (next: the next pair's first weights, asked for during the main product's sweep.)
 template <bool TwoRowTiles, bool TwoPanels>
-void tile_block(const Job& job, int row0, int rows, int panel, bool prefetch_b, const NextPair& next = {}) {
+void tile_block(const Job& job, int row0, int panel, bool prefetch_b, const NextPair& next = {}) {
   float* const c0 = job.c + row0 * job.ldc + (panel - job.panel_begin) * kPanelColumns;
   // C tile t: rows [16 (t / 2), +16) x the pair's panel t % 2 (formed only for tiles that exist).
   auto c_tile = [&](int t) { return c0 + static_cast<std::size_t>(t / 2) * kTileRows * job.ldc + (t % 2) * kPanelColumns; };
@@ -169,10 +124,9 @@ void tile_block(const Job& job, int row0, int rows, int panel, bool prefetch_b, 
   } else {
     zero_c_tiles<TwoRowTiles, TwoPanels>();
   }
-  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, prefetch_b, next, job.pending);
-  if (job.has_second) k_sweep<TwoRowTiles, TwoPanels>(job.second, row0, panel, prefetch_b, {}, job.pending);
+  k_sweep<TwoRowTiles, TwoPanels>(job.first, row0, panel, prefetch_b, next);
+  if (job.has_second) k_sweep<TwoRowTiles, TwoPanels>(job.second, row0, panel, prefetch_b);
   store_c_tiles<TwoRowTiles, TwoPanels>(c_tile, job.ldc_bytes);
-  job.pending->hold(row0, rows, (panel - job.panel_begin) * kPanelColumns, TwoPanels ? 2 : 1);
 }
 
 // Row blocks outside, panel pairs inside: a 32-row block of A (128 KiB at K = 2048) stays in L2
@@ -185,11 +139,10 @@ void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_
   for (int row = row_begin; row < row_end; row += kBlockRows) {
     for (int p = p_begin; p < p_end; p += 2) {
       const bool prefetch_b = first_pass && row == row_begin;
-      const int rows = std::min(kBlockRows, row_end - row);
       if (p + 1 < p_end) {
-        tile_block<TwoRowTiles, true>(job, row, rows, p, prefetch_b);
+        tile_block<TwoRowTiles, true>(job, row, p, prefetch_b);
       } else {
-        tile_block<TwoRowTiles, false>(job, row, rows, p, prefetch_b);
+        tile_block<TwoRowTiles, false>(job, row, p, prefetch_b);
       }
     }
   }
@@ -199,12 +152,12 @@ void panel_pairs(const Job& job, int row_begin, int row_end, int p_begin, int p_
 void pair_block(const Job& job, int row, int rows, int p, bool two, bool prefetch_b, const NextPair& next) {
   if (rows > kTileRows) {
     ensure_tile_config(make_tile_config(kTileRows, rows - kTileRows));
-    if (two) return tile_block<true, true>(job, row, rows, p, prefetch_b, next);
-    return tile_block<true, false>(job, row, rows, p, prefetch_b, next);
+    if (two) return tile_block<true, true>(job, row, p, prefetch_b, next);
+    return tile_block<true, false>(job, row, p, prefetch_b, next);
   }
   ensure_tile_config(make_tile_config(rows, rows));
-  if (two) return tile_block<false, true>(job, row, rows, p, prefetch_b, next);
-  tile_block<false, false>(job, row, rows, p, prefetch_b, next);
+  if (two) return tile_block<false, true>(job, row, p, prefetch_b, next);
+  tile_block<false, false>(job, row, p, prefetch_b, next);
 }
 
 // 33-128 rows (kPairsOutsideMaxRows), in pair_order.hpp's order.
@@ -248,8 +201,6 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   job.ldc_bytes = static_cast<long>(args.ldc * sizeof(float));
   job.panel_begin = args.panel_begin;
   job.accumulate = args.accumulate;
-  PendingTiles pending(args.epilogue, job.first.kblocks + (job.has_second ? job.second.kblocks : 0));
-  job.pending = &pending;
 
   const int m_full = args.m / kBlockRows * kBlockRows;
   const int tail = args.m - m_full;
@@ -264,7 +215,6 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   if (args.m > kBlockRows && args.m <= kPairsOutsideMaxRows) {
     pairs_outside(job, args.m, args.panel_begin, args.panel_end);
     __asm__ volatile("" ::: "memory");
-    pending.drain();
     return;
   }
   for (int g0 = args.panel_begin; g0 < args.panel_end; g0 += group) {
@@ -282,7 +232,6 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
     }
   }
   __asm__ volatile("" ::: "memory");
-  pending.drain();
 }
 
 void release_amx_tiles() {

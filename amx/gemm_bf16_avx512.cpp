@@ -133,14 +133,8 @@ void gemm_by_panel_groups(const GemmBf16Args& args) {
 
 }  // namespace
 
-void gemm_bf16_avx512(const GemmBf16Args& args) {
-  gemm_by_panel_groups<false>(args);
-  run_epilogue_over_c(args);
-}
+void gemm_bf16_avx512(const GemmBf16Args& args) { gemm_by_panel_groups<false>(args); }
 
-void gemm_bf16_avx512_prefetching(const GemmBf16Args& args) {
-  gemm_by_panel_groups<true>(args);
-  run_epilogue_over_c(args);
-}
+void gemm_bf16_avx512_prefetching(const GemmBf16Args& args) { gemm_by_panel_groups<true>(args); }
 
 }  // namespace tilemoe::kernels

@@ -66,7 +66,6 @@ void gemm_bf16_portable(const GemmBf16Args& args) {
     case 1: row_group<1>(args, row); break;
     default: break;
   }
-  run_epilogue_over_c(args);
 }
 
 }  // namespace tilemoe::kernels

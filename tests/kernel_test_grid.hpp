@@ -83,13 +83,12 @@ struct GemmCase {
   bool misaligned = false;  // A, A2 and C start off a 64-byte line (A by one bf16)
   bool tiles = false;       // A given in tile order (pack_rows_as_tiles); lda then unused
   bool compact2 = false;    // the second product's W2 in the short panel form (compact_packed_panels)
-  bool epilogue = false;    // an epilogue that records the parts of C it is handed (EpilogueRecorder)
 
   std::string describe() const {
     std::ostringstream s;
     s << "m=" << m << " n=" << n << " k=" << k << " k2=" << k2 << " accumulate=" << accumulate << " panels=["
       << panel_begin << "," << panel_end << ") lda+=" << lda_extra << " ldc+=" << ldc_extra
-      << " misaligned=" << misaligned << " tiles=" << tiles << " compact2=" << compact2 << " epilogue=" << epilogue;
+      << " misaligned=" << misaligned << " tiles=" << tiles << " compact2=" << compact2;
     return s.str();
   }
 };
@@ -121,51 +120,6 @@ struct Operand {
     }
   }
   std::size_t a_count(int m) const { return (m - 1) * lda + k_padded; }
-};
-
-// Checks GemmBf16Args::epilogue's contract: every element of C handed over exactly once, inside
-// rows [0, m) x C's columns, with the value C keeps after the call (C final when handed over).
-struct EpilogueRecorder {
-  const float* c;
-  std::size_t ldc;
-  int m, cols;
-  std::vector<int> times;
-  std::vector<float> seen;
-  std::string error;
-
-  EpilogueRecorder(const float* c_, std::size_t ldc_, int m_, int cols_)
-      : c(c_), ldc(ldc_), m(m_), cols(cols_), times(static_cast<std::size_t>(m_) * cols_), seen(times.size()) {}
-
-  static void run(const void* self, int row0, int rows, int col0, int cols_) {
-    auto& r = *const_cast<EpilogueRecorder*>(static_cast<const EpilogueRecorder*>(self));
-    if (row0 < 0 || rows < 0 || row0 + rows > r.m || col0 < 0 || cols_ < 0 || col0 + cols_ > r.cols) {
-      if (r.error.empty())
-        r.error = "part rows [" + std::to_string(row0) + ", +" + std::to_string(rows) + ") cols [" + std::to_string(col0) + ", +" +
-                  std::to_string(cols_) + ") is outside C";
-      return;
-    }
-    for (int i = row0; i < row0 + rows; ++i)
-      for (int j = col0; j < col0 + cols_; ++j) {
-        const std::size_t at = static_cast<std::size_t>(i) * r.cols + j;
-        ++r.times[at];
-        r.seen[at] = r.c[static_cast<std::size_t>(i) * r.ldc + j];
-      }
-  }
-
-  // "" when the contract held.
-  std::string check() const {
-    if (!error.empty()) return error;
-    for (int i = 0; i < m; ++i)
-      for (int j = 0; j < cols; ++j) {
-        const std::size_t at = static_cast<std::size_t>(i) * cols + j;
-        const float final_value = c[static_cast<std::size_t>(i) * ldc + j];
-        if (times[at] != 1) return "C[" + std::to_string(i) + "][" + std::to_string(j) + "] handed over " + std::to_string(times[at]) + " times";
-        if (std::memcmp(&seen[at], &final_value, sizeof(float)) != 0)
-          return "C[" + std::to_string(i) + "][" + std::to_string(j) + "] handed over as " + std::to_string(seen[at]) + ", final " +
-                 std::to_string(final_value);
-      }
-    return "";
-  }
 };
 
 inline constexpr float kUnwritten = 12345.0f;  // target elements before a non-accumulating call
@@ -230,14 +184,7 @@ inline void check_gemm_case(GemmBf16Fn gemm, const GemmCase& tc, std::mt19937& r
   args.c = c.data();
   args.ldc = ldc;
   args.accumulate = tc.accumulate;
-  EpilogueRecorder recorder(c.data(), ldc, tc.m, cols);
-  if (tc.epilogue) args.epilogue = CEpilogue{EpilogueRecorder::run, &recorder};
   gemm(args);
-  if (tc.epilogue) {
-    const std::string broken = recorder.check();
-    INFO("epilogue: " << broken);
-    REQUIRE(broken.empty());
-  }
 
   std::ostringstream error;  // the first wrong element, if any
   for (int i = 0; i < tc.m && error.tellp() == 0; ++i) {
@@ -297,7 +244,6 @@ inline void check_gemm_grid(GemmBf16Fn gemm) {
         tc.misaligned = rng() % 2 == 0;
         tc.tiles = rng() % 2 == 0;
         tc.compact2 = rng() % 2 == 0;
-        tc.epilogue = rng() % 2 == 0;
         check_gemm_case(gemm, tc, rng);
       }
     }
@@ -327,8 +273,6 @@ inline void check_gemm_features(GemmBf16Fn gemm) {
         check_gemm_case(gemm, tc, rng);
         tc.tiles = true;
         check_gemm_case(gemm, tc, rng);
-        tc.epilogue = true;
-        check_gemm_case(gemm, tc, rng);
       }
     }
   }
@@ -342,7 +286,6 @@ inline void check_gemm_empty_k(GemmBf16Fn gemm) {
     GemmCase tc{m, 33, 0};
     tc.k2 = 16;
     tc.accumulate = true;
-    tc.epilogue = true;
     check_gemm_case(gemm, tc, rng);
   }
 }
@@ -359,7 +302,6 @@ inline void check_gemm_large(GemmBf16Fn gemm) {
     check_gemm_case(gemm, tc, rng);
     tc.tiles = true;
     tc.compact2 = true;
-    tc.epilogue = m != 7;
     check_gemm_case(gemm, tc, rng);
   }
   // Many 32-row blocks, then a row tail.
@@ -368,7 +310,6 @@ inline void check_gemm_large(GemmBf16Fn gemm) {
   check_gemm_case(gemm, many, rng);
   many.tiles = true;
   many.accumulate = true;
-  many.epilogue = true;
   check_gemm_case(gemm, many, rng);
 }
 

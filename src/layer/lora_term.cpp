@@ -259,12 +259,8 @@ kernels::GradTarget lora_grad_b(const LoraProjectionGrad& g, int e, int rank, in
 }
 
 void gemm_main_weights(const kernels::KernelTable& kt, const kernels::GemmBf16Args& g, const kernels::Mxfp4Operand* mxfp4) {
-  if (!mxfp4) return kt.gemm_bf16(g);
-  // The MXFP4 kernels know no epilogue: it runs over all of C after them.
-  kernels::GemmBf16Args plain = g;
-  plain.epilogue = {};
-  kernels::gemm_mxfp4(plain, mxfp4->shape, mxfp4->view, kernels::mxfp4_kernels(kt));
-  kernels::run_epilogue_over_c(g);
+  if (mxfp4) kernels::gemm_mxfp4(g, mxfp4->shape, mxfp4->view, kernels::mxfp4_kernels(kt));
+  else kt.gemm_bf16(g);
 }
 
 void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args g, const LoraTerm* const* terms, int term_count,
@@ -272,13 +268,6 @@ void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args 
   const LoraTerm* fused = nullptr;
   for (int t = 0; t < term_count && !fused; ++t)
     if (terms[t] && terms[t]->fuse_into(g, panel_shift)) fused = terms[t];
-  // A term added after the product (the f32 form, a second packed term) changes C after the kernel:
-  // the epilogue then runs once all of them are in.
-  bool added_after = false;
-  for (int t = 0; t < term_count; ++t)
-    added_after = added_after || (terms[t] && terms[t]->active() && terms[t] != fused);
-  const kernels::CEpilogue epilogue = g.epilogue;
-  if (added_after) g.epilogue = {};
   gemm_main_weights(kt, g, mxfp4);
   const int col0 = (g.panel_begin + panel_shift) * kernels::kPanelColumns;
   for (int t = 0; t < term_count; ++t) {
@@ -294,10 +283,6 @@ void gemm_with_lora_terms(const kernels::KernelTable& kt, kernels::GemmBf16Args 
     extra.accumulate = true;
     term->fuse_into(extra, panel_shift);
     kt.gemm_bf16(extra);
-  }
-  if (added_after) {
-    g.epilogue = epilogue;
-    kernels::run_epilogue_over_c(g);
   }
 }
 

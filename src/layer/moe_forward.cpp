@@ -10,7 +10,6 @@
 #include "src/layer/column_bias.hpp"
 #include "src/layer/swiglu_form.hpp"
 #include "src/layer/work_split.hpp"
-#include "tilemoe/error.hpp"
 
 namespace tilemoe {
 namespace {
@@ -20,88 +19,21 @@ namespace {
 constexpr int kTileOrderMinRows = 16;
 int tile_order_min_rows(const kernels::KernelTable& kt) { return std::max(kt.amx_min_rows, kTileOrderMinRows); }
 
-// h = silu(g) * u (in the shape's SwiGLU form, swiglu_form.hpp) for rows [row0, row0 + m) × columns [col0, col0 + n) of an
-// expert's h held in tile order (row length k_padded); g and u hold row row0's column col0 at index 0, row stride ldgu.
-void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const float* u, std::size_t ldgu, int row0, int m, int col0,
-                         int n, bf16* tiles, int k_padded, kernels::SwigluForm form) {
+// h = silu(g) * u (in the shape's SwiGLU form, swiglu_form.hpp) for m rows × columns [col0, col0 + n) of an expert's h
+// held in tile order (row length k_padded); g and u have their column col0 at index 0, row stride ldgu.
+void silu_mul_into_tiles(const kernels::KernelTable& kt, const float* g, const float* u, std::size_t ldgu, int m, int col0, int n,
+                         bf16* tiles, int k_padded, kernels::SwigluForm form) {
   for (int c = col0; c < col0 + n;) {
     const int kb = c / kernels::kBlockK;
     const int end = std::min(col0 + n, (kb + 1) * kernels::kBlockK);
-    for (int r = row0; r < row0 + m;) {
-      const int tile_end = std::min(row0 + m, (r / kernels::kATileRows + 1) * kernels::kATileRows);
-      const std::size_t at = static_cast<std::size_t>(r - row0) * ldgu + static_cast<std::size_t>(c - col0);
-      kt.silu_mul_bf16(g + at, ldgu, u + at, ldgu, tile_end - r, end - c, kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK,
-                       kernels::kBlockK, form);
-      r = tile_end;
+    for (int r = 0; r < m; r += kernels::kATileRows) {
+      const std::size_t at = static_cast<std::size_t>(r) * ldgu + static_cast<std::size_t>(c - col0);
+      kt.silu_mul_bf16(g + at, ldgu, u + at, ldgu, std::min(kernels::kATileRows, m - r), end - c,
+                       kernels::tile_row(tiles, k_padded, r, kb) + c % kernels::kBlockK, kernels::kBlockK, form);
     }
     c = end;
   }
 }
-
-// A gate_up item's silu(gate) * up into h, as the up product's epilogue (kernels::CEpilogue): C's
-// rows and columns are the item's; g and u are its gate's and up's C (ld apart), col0 the item's
-// first column of h and n its real columns. In the kernel's shadow it is no pass of its own over
-// g and u (on the device, silu * up took 4-6 % of a 4096-token bf16 call as one).
-// With saved gate and up (the fine-tuning forward), each part is first saved as bf16 there, rows
-// ld_saved apart from the item's first row and column, with the clamp sides that the backward's
-// masks read.
-struct SiluIntoH {
-  const kernels::KernelTable* kt;
-  const float* g;
-  const float* u;
-  std::size_t ld;
-  int col0, n;
-  bf16* h;  // the expert's h: rows ldh apart, or in tile order (row length ldh)
-  std::size_t ldh;
-  bool tiles;
-  kernels::SwigluForm form;
-  bf16* saved_gate = nullptr;
-  bf16* saved_up = nullptr;
-  std::size_t ld_saved = 0;
-
-  static void run(const void* self, int row0, int rows, int c0, int cols) {
-    const SiluIntoH& s = *static_cast<const SiluIntoH*>(self);
-    cols = std::min(cols, s.n - c0);
-    if (cols <= 0) return;
-    const std::size_t at = static_cast<std::size_t>(row0) * s.ld + static_cast<std::size_t>(c0);
-    if (s.saved_gate) {
-      const std::size_t saved_at = static_cast<std::size_t>(row0) * s.ld_saved + static_cast<std::size_t>(c0);
-      const std::size_t w = static_cast<std::size_t>(cols);
-      kernels::convert_rows_to_bf16(s.kt->convert_to_bf16, s.g + at, s.ld, rows, w, 1.0f, s.saved_gate + saved_at, s.ld_saved);
-      kernels::convert_rows_to_bf16(s.kt->convert_to_bf16, s.u + at, s.ld, rows, w, 1.0f, s.saved_up + saved_at, s.ld_saved);
-      // The backward's clamp masks then read what these f32 values decided.
-      if (s.form.limit > 0) {
-        s.kt->keep_clamp_sides(s.g + at, s.ld, rows, cols, s.saved_gate + saved_at, s.ld_saved, s.form.limit, false);
-        s.kt->keep_clamp_sides(s.u + at, s.ld, rows, cols, s.saved_up + saved_at, s.ld_saved, s.form.limit, true);
-      }
-    }
-    if (s.tiles) {
-      silu_mul_into_tiles(*s.kt, s.g + at, s.u + at, s.ld, row0, rows, s.col0 + c0, cols, s.h, static_cast<int>(s.ldh), s.form);
-    } else {
-      s.kt->silu_mul_bf16(s.g + at, s.ld, s.u + at, s.ld, rows, cols, s.h + static_cast<std::size_t>(row0) * s.ldh + s.col0 + c0, s.ldh,
-                          s.form);
-    }
-  }
-};
-
-// A down item's C into its rows of y as bf16, as the down product's epilogue: C's rows and columns
-// are the item's, n its real columns.
-struct CIntoY {
-  kernels::ConvertToBf16Fn convert;
-  const float* c;
-  std::size_t ldc;
-  int n;
-  bf16* y;
-  std::size_t ldy;
-
-  static void run(const void* self, int row0, int rows, int c0, int cols) {
-    const CIntoY& s = *static_cast<const CIntoY*>(self);
-    cols = std::min(cols, s.n - c0);
-    if (cols <= 0) return;
-    kernels::convert_rows_to_bf16(s.convert, s.c + static_cast<std::size_t>(row0) * s.ldc + c0, s.ldc, rows,
-                                  static_cast<std::size_t>(cols), 1.0f, s.y + static_cast<std::size_t>(row0) * s.ldy + c0, s.ldy);
-  }
-};
 
 // Forward reads the caller's factors as they are: A [rank][in], B [out][rank]; each GEMM item packs
 // its own panels of the caller's B (b_by_item), a held set is packed whole once.
@@ -153,7 +85,7 @@ void split_phase_tail(std::vector<ExpertItem>& items, const TokenGroups& groups)
 
 bool MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term,
                                  float* c, std::size_t ldc, int n, ItemCountdowns* ready, std::size_t ready_counter, std::size_t ready_slot,
-                                 bf16* y, std::size_t ldy, kernels::CEpilogue epilogue) {
+                                 bf16* y, std::size_t ldy) {
   const bool f32_form = term != nullptr && term->active() && !term->packed();
   if (!is_integer_weight_type(w_.weight_type())) {
     const bool mx = w_.weight_type() == WeightType::mxfp4;
@@ -165,15 +97,11 @@ bool MoeForward::project_columns(Projection p, int e, int m, std::size_t row0, i
       gemm_main_weights(kt_, g, mx ? &mxfp4 : nullptr);
       ready->wait(ready_counter, ready_slot);
       term->add_f32(kt_, m, p0 * kernels::kPanelColumns, n, c, ldc);
-      g.epilogue = epilogue;
-      kernels::run_epilogue_over_c(g);
       return false;
     }
-    g.epilogue = epilogue;
     gemm_with_lora_terms(kt_, g, &term, 1, 0, n, mx ? &mxfp4 : nullptr);
     return false;
   }
-  if (epilogue) fail(ErrorKind::invalid_argument, "MoeForward::project_columns: an epilogue is for bf16 and MXFP4 weights only");
   const bool down = p == Projection::down;
   const kernels::PackedIntShape& is = w_.int_shape(p);
   const std::size_t ldq = static_cast<std::size_t>(is.k_padded);
@@ -666,28 +594,32 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     float* cg = scratch.data();
     float* cu = cg + static_cast<std::size_t>(m) * cols;
     const std::size_t row0 = static_cast<std::size_t>(groups.offsets[e]);
-    const ExpertRows he = expert_rows(h_, e, ik);
-    // silu * up (and the saved gate and up) as up's epilogue on bf16 and MXFP4 weights, unless
-    // biases are to be added to gate and up first.
-    const bool silu_in_epilogue = !quantized && !w_.biases().of(Projection::gate, e) && !w_.biases().of(Projection::up, e);
-    SiluIntoH silu{&kt_, cg, cu, static_cast<std::size_t>(cols), col0, n, he.p, ik, he.tiles, swiglu_form(s)};
-    if (save) {
-      silu.saved_gate = save->gate + row0 * inter + col0;
-      silu.saved_up = save->up + row0 * inter + col0;
-      silu.ld_saved = inter;
-    }
     for (Projection p : {Projection::gate, Projection::up}) {
       const LoraTerm* term = any_lora ? &lora_[e][static_cast<int>(p)] : nullptr;
       const ExpertRows xe = x_rows ? expert_rows(xs, e, hk) : ExpertRows{nullptr, hk, false};
-      const kernels::CEpilogue epilogue =
-          silu_in_epilogue && p == Projection::up ? kernels::CEpilogue{SiluIntoH::run, &silu} : kernels::CEpilogue{};
       project_columns(p, e, m, row0, p0, p1, xe, term, p == Projection::gate ? cg : cu, static_cast<std::size_t>(cols), n, &ready_,
-                      static_cast<std::size_t>(e), slot, nullptr, 0, epilogue);
+                      static_cast<std::size_t>(e), slot);
     }
     // The experts' biases (gpt-oss) before anything reads gate and up: the saved values hold them.
     if (const float* b = w_.biases().of(Projection::gate, e)) add_column_bias(cg, static_cast<std::size_t>(cols), m, n, b + col0);
     if (const float* b = w_.biases().of(Projection::up, e)) add_column_bias(cu, static_cast<std::size_t>(cols), m, n, b + col0);
-    if (!silu_in_epilogue) SiluIntoH::run(&silu, 0, m, 0, n);
+    if (save) {
+      kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cg, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
+                                    save->gate + row0 * inter + col0, inter);
+      kernels::convert_rows_to_bf16(kt_.convert_to_bf16, cu, static_cast<std::size_t>(cols), m, static_cast<std::size_t>(n), 1.0f,
+                                    save->up + row0 * inter + col0, inter);
+      // The backward's clamp masks then read what these f32 values decided.
+      if (s.swiglu_limit > 0) {
+        kt_.keep_clamp_sides(cg, static_cast<std::size_t>(cols), m, n, save->gate + row0 * inter + col0, inter, s.swiglu_limit, false);
+        kt_.keep_clamp_sides(cu, static_cast<std::size_t>(cols), m, n, save->up + row0 * inter + col0, inter, s.swiglu_limit, true);
+      }
+    }
+    const ExpertRows he = expert_rows(h_, e, ik);
+    if (he.tiles) {
+      silu_mul_into_tiles(kt_, cg, cu, static_cast<std::size_t>(cols), m, col0, n, he.p, static_cast<int>(ik), swiglu_form(s));
+    } else {
+      kt_.silu_mul_bf16(cg, static_cast<std::size_t>(cols), cu, static_cast<std::size_t>(cols), m, n, he.p + col0, ik, swiglu_form(s));
+    }
     // acq_rel: the item that takes the count to zero sees every other item's h, and hands it on to
     // the down items with h_done.
     if (std::atomic_ref<int>(h_items_left_[static_cast<std::size_t>(e)]).fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -745,18 +677,13 @@ void MoeForward::forward(const LayerLoraView& lora, int tokens, int top_k, const
     auto& c = scratch_[worker];
     grow_to(c, static_cast<std::size_t>(m) * cols);
     bf16* const y_rows = y_.data() + row0 * y_ld + col0;
-    // A bias is added to C, so the product does not write y itself then. bf16 and MXFP4 weights
-    // convert C into y in the product's epilogue, integer weights from their flush.
+    // A bias is added to C, so the product does not write y itself then.
     const float* bias = w_.biases().of(Projection::down, e);
-    const CIntoY into_y{kt_.convert_to_bf16, c.data(), cols, n, y_rows, y_ld};
-    const bool y_in_epilogue = !quantized && !bias;
     if (project_columns(Projection::down, e, m, row0, p0, p1, expert_rows(h_, e, ik), term, c.data(), cols, n, &ready_,
-                        down_ready + static_cast<std::size_t>(e), slot, bias ? nullptr : y_rows, y_ld,
-                        y_in_epilogue ? kernels::CEpilogue{CIntoY::run, &into_y} : kernels::CEpilogue{}) ||
-        y_in_epilogue)
+                        down_ready + static_cast<std::size_t>(e), slot, bias ? nullptr : y_rows, y_ld))
       return;
     if (bias) add_column_bias(c.data(), cols, m, n, bias + col0);
-    CIntoY::run(&into_y, 0, m, 0, n);
+    kernels::convert_rows_to_bf16(kt_.convert_to_bf16, c.data(), cols, m, static_cast<std::size_t>(n), 1.0f, y_rows, y_ld);
   };
 
   // Both in one parallel_for, down's after all of gate_up's: a worker that runs out of gate_up

@@ -117,11 +117,9 @@ class MoeForward {
   // parallel_for. A packed term must be ready before the call.
   // With y (integer weights), the result may go to y's rows (ldy apart) as bf16 instead of c, where
   // the kernel can write it so (gemm_int.hpp): true if it did.
-  // With an epilogue (bf16 and MXFP4 weights), C goes to it once it holds the product and the term
-  // (gemm_bf16.hpp's contract): during the tile products where the kernel can, else after.
   bool project_columns(Projection p, int e, int m, std::size_t row0, int p0, int p1, ExpertRows a, const LoraTerm* term, float* c,
                        std::size_t ldc, int n, ItemCountdowns* ready = nullptr, std::size_t ready_counter = 0, std::size_t ready_slot = 0,
-                       bf16* y = nullptr, std::size_t ldy = 0, kernels::CEpilogue epilogue = {});
+                       bf16* y = nullptr, std::size_t ldy = 0);
   void quantize_rows(const bf16* src, std::size_t ld, int rows, Projection p, std::int8_t* codes, float* scales);
   // The same into rows [row0, row0 + rows) of codes held in tile order.
   void quantize_rows_as_tiles(const bf16* src, std::size_t ld, int row0, int rows, Projection p, std::int8_t* tiles, float* scales);
