@@ -15,7 +15,8 @@
 # rounds listed in KT_AFTER (default 3) and at the end, with KT_ARGS (default: --qlens 1,512
 # --sft-qlens 512): its runs differ by up to 15 %, so a peer figure wants several; STEP=1 adds a
 # fine-tuning step at 512 tokens (weight copy) to every round; SHAPES (default v2-lite) lists the
-# bench shapes each round runs. Logs go to $OUT.
+# bench shapes each round runs. Logs go to $OUT, and at the end scripts/ab-summary.py's table of
+# each row's processes, means and neighbouring pairs (also $OUT/summary.txt).
 set -o pipefail
 cd "$(dirname "$0")/.."
 what="${1:-}"; shift || true
@@ -101,4 +102,8 @@ for r in $rounds; do
   [ "${KT:-0}" = 1 ] && [[ " ${KT_AFTER:-3} " == *" $i "* ]] && kt
 done
 [ "${KT:-0}" = 1 ] && kt
+if command -v python3 > /dev/null; then
+  echo "== summary"
+  python3 scripts/ab-summary.py "$OUT" "$rounds" | tee "$OUT/summary.txt"
+fi
 echo "done in $(( $(date +%s) - t0 )) s"
