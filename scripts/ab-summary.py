@@ -51,7 +51,7 @@ def processes(path):
 
 def main():
     if len(sys.argv) < 3:
-        print(__doc__.strip().splitlines()[3].strip(), file=sys.stderr)
+        print('usage: ab-summary.py OUT_DIR "b n n b b n"', file=sys.stderr)
         return 2
     out_dir, rounds = sys.argv[1], sys.argv[2].split()
     per_build = {r: processes(f"{out_dir}/bench-{r}.txt") for r in sorted(set(rounds))}
