@@ -17,9 +17,16 @@
 //
 // Usage: tilemoe_expert_product_probe [--weights bf16|int8] [--rows M] [--columns N] [--k K]
 //          [--experts E] [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N] [--threads T]
+//          [--lora-rank R]
 // --experts: weight matrices taken in turn (enough to exceed the last-level cache for "from
 // memory"); --a-buffers: distinct A taken in turn, each for --calls-per-a calls in a row (2: gate
-// then up on one A, as a gate_up item).
+// then up on one A, as a gate_up item); --lora-rank R adds the fused second product of a LoRA of
+// rank R (an xa of R columns times a B' of R rows a panel, as the forward's held adapters give it),
+// so that its cost in the kernel's own loop is measured apart from the forward's other work (the
+// rates count the base product's operations only). Session 68, int8, m = 48, n = 256, K = 2048, 4
+// experts' weights (in L2/L3): r=16 ran 8-12 % under r=0; left out one part at a time (a temporary
+// switch), its tile products and their zeroing cost about nothing, the four extra tile stores of
+// each 32 x 32 block nearly all of it.
 #include <sched.h>
 
 #include <algorithm>
@@ -52,13 +59,36 @@ struct Options {
   int a_buffers = 1, calls_per_a = 1;
   int rounds = 5, cpu = 0;
   int threads = 1;
+  int lora_rank = 0;
+};
+
+// A LoRA's second product for the kernels: xa (rows x rank, padded to whole k-steps) and B'
+// (rank x columns in panels). Values are small and finite; the timing does not depend on them.
+struct SecondProduct {
+  int k2_padded = 0;
+  AlignedVector<tilemoe::bf16> xa, b2;
+
+  SecondProduct(int rank, int rows, int panels) {
+    if (rank == 0) return;
+    k2_padded = (rank + tilemoe::kernels::kBlockK - 1) / tilemoe::kernels::kBlockK * tilemoe::kernels::kBlockK;
+    xa.assign(static_cast<std::size_t>(rows) * k2_padded, static_cast<tilemoe::bf16>(0x3c00));  // 2^-7
+    b2.assign(static_cast<std::size_t>(panels) * k2_padded * tilemoe::kernels::kPanelColumns, static_cast<tilemoe::bf16>(0x3c00));
+  }
+  template <typename Args>
+  void set(Args& g) const {
+    if (k2_padded == 0) return;
+    g.a2 = xa.data();
+    g.lda2 = static_cast<std::size_t>(k2_padded);
+    g.k2_padded = k2_padded;
+    g.packed_b2 = b2.data();
+  }
 };
 
 int usage(const char* why) {
   if (why) std::fprintf(stderr, "tilemoe_expert_product_probe: %s\n", why);
   std::fprintf(stderr,
                "usage: tilemoe_expert_product_probe [--weights bf16|int8] [--rows M] [--columns N] [--k K] [--experts E]\n"
-               "         [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N] [--threads T]\n");
+               "         [--a-buffers A] [--calls-per-a C] [--rounds R] [--cpu N] [--threads T] [--lora-rank R]\n");
   return why ? 2 : 0;
 }
 
@@ -89,8 +119,10 @@ std::vector<double> run_int8(const Options& o, std::barrier<>& start, std::size_
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::int8_t>(i * 7 % 11);
   const std::vector<float> a_scale(static_cast<std::size_t>(o.rows), 1.0f);
   AlignedVector<float> c(static_cast<std::size_t>(o.rows) * s.panels * kPanelColumns);
+  const SecondProduct second(o.lora_rank, o.rows, s.panels);
   return time_rounds(o, start, [&](int e, int ai) {
     GemmIntArgs g{};
+    second.set(g);
     g.a = a.data() + a_bytes * static_cast<std::size_t>(ai);
     g.lda = static_cast<std::size_t>(s.k_padded);
     g.a_tiles = true;
@@ -119,8 +151,10 @@ std::vector<double> run_bf16(const Options& o, std::barrier<>& start, std::size_
   const std::size_t a_elements = tiled_rows_elements(o.rows, k_padded);
   AlignedVector<bf16> a(a_elements * static_cast<std::size_t>(o.a_buffers), static_cast<bf16>(0x3f80));
   AlignedVector<float> c(static_cast<std::size_t>(o.rows) * panels * kPanelColumns);
+  const SecondProduct second(o.lora_rank, o.rows, panels);
   return time_rounds(o, start, [&](int e, int ai) {
     GemmBf16Args g{};
+    second.set(g);
     g.a = a.data() + a_elements * static_cast<std::size_t>(ai);
     g.lda = static_cast<std::size_t>(k_padded);
     g.a_tiles = true;
@@ -148,7 +182,7 @@ int main(int argc, char** argv) {
                                    {"--k", &o.k, 1, 1 << 16},                 {"--experts", &o.experts, 1, 1 << 20},
                                    {"--a-buffers", &o.a_buffers, 1, 1 << 12}, {"--calls-per-a", &o.calls_per_a, 1, 1 << 12},
                                    {"--rounds", &o.rounds, 1, 1000},          {"--cpu", &o.cpu, 0, 1 << 16},
-                                   {"--threads", &o.threads, 1, 1024}};
+                                   {"--threads", &o.threads, 1, 1024},        {"--lora-rank", &o.lora_rank, 0, 1024}};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") return usage(nullptr);
@@ -208,8 +242,8 @@ int main(int argc, char** argv) {
   for (std::thread& w : workers) w.join();
 
   const double ops = 2.0 * o.rows * o.columns * o.k * o.experts;  // one thread's round
-  std::printf("%s, CPUs %d..%d, m = %d, n = %d, K = %d, %d experts' weights (%.1f MB) a thread, %d A buffer(s) x %d call(s), %d rounds\n",
-              o.int8 ? "int8" : "bf16", o.cpu, o.cpu + o.threads - 1, o.rows, o.columns, o.k, o.experts,
+  std::printf("%s, CPUs %d..%d, m = %d, n = %d, K = %d, LoRA rank %d, %d experts' weights (%.1f MB) a thread, %d A buffer(s) x %d call(s), %d rounds\n",
+              o.int8 ? "int8" : "bf16", o.cpu, o.cpu + o.threads - 1, o.rows, o.columns, o.k, o.lora_rank, o.experts,
               static_cast<double>(one_expert) * o.experts * 1e-6, o.a_buffers, o.calls_per_a, o.rounds);
   int failed = 0;
   double sum_of_medians = 0;

@@ -19,6 +19,11 @@
 //   kparts16-dt1         3.71         1.47
 //   bparts16-dt1         3.60         1.16
 //
+// Session 68 (same machine; l2 3.12-3.13 int8 and 1.47-1.56 bf16 in those runs): l2-skew1 3.20-3.35
+// and 1.50-1.61, l2-skew2 3.36-3.37 and 1.53-1.62, l2-skew4 3.37-3.44 and 1.57-1.58, l2-nostore
+// 4.23-4.24 and 1.80-1.81. A store beside products on other tiles costs less than one that the
+// next products wait behind: the skews win back about a quarter of int8's store cost.
+//
 // A C tile store after loads from L2 costs the products far more than its own bytes (int8, a
 // store every 32 k-steps: 28 %; bf16, every 64: 9 %); after loads from L1, or in a loop without
 // loads, it costs little; into lines that are not cached, more. Parts of K that keep A's part in
@@ -57,7 +62,7 @@ using tilemoe::kernels::TileProduct;
 // order); a_parts: row blocks outside, then parts of K, then pairs (A's part reused from L1 by
 // the pairs); b_parts: pairs outside, then parts of K, then row blocks (B's part reused from L1
 // by the row blocks). Parts go through an int32 accumulator of C tiles.
-enum class Order { products, rows, a_parts, b_parts };
+enum class Order { products, rows, a_parts, b_parts, rows_skewed };
 enum class Operands { l2, l1_window };
 enum class CStore { hot, none, cold };
 struct Variant {
@@ -72,6 +77,9 @@ struct Variant {
 const Variant kVariants[] = {
     {"products", Order::products, Operands::l2, CStore::hot, 0, false, false, "the 2x2 block's products alone, no loads, C stored every block"},
     {"l2", Order::rows, Operands::l2, CStore::hot, 0, false, false, "the kernels' order: A and B from L2, C stored into a hot 4 KiB after each block"},
+    {"l2-skew1", Order::rows_skewed, Operands::l2, CStore::hot, 1, false, false, "l2, row tile 0's C stored beside row tile 1's last products, row tile 1's beside the next block's first row-0 k-step"},
+    {"l2-skew2", Order::rows_skewed, Operands::l2, CStore::hot, 2, false, false, "l2-skew1 with the next block's first 2 row-0 k-steps before row tile 1's stores"},
+    {"l2-skew4", Order::rows_skewed, Operands::l2, CStore::hot, 4, false, false, "the same with 4"},
     {"l2-nostore", Order::rows, Operands::l2, CStore::none, 0, false, false, "l2 without the C stores (timing only)"},
     {"l1", Order::rows, Operands::l1_window, CStore::hot, 0, false, false, "l2's loop over a 4 KiB window of A and of B (L1), C stored"},
     {"l2-cold-c", Order::rows, Operands::l2, CStore::cold, 0, false, false, "l2 with C stored into rows 1 KiB apart in 64 MiB (not cached)"},
@@ -149,6 +157,63 @@ double pass(const Variant& v, Buffers& buf, int kblocks) {
       for (int k0 = 0; k0 < kblocks; k0 += v.part)
         for (int rb = 0; rb < kRowBlocks; ++rb)
           part_block<P>(v, a_block(rb), b_pair(p), panel, k0, std::min(kblocks, k0 + v.part), buf.acc.data() + rb * 1024);
+  } else if (v.order == Order::rows_skewed) {
+    // C0/C1 (row tile 0) are stored while C2/C3's last products run; C2/C3 after the next block's
+    // first v.part k-steps of row tile 0 (B reloaded from L1 for row tile 1's). Tiles 0-3 C, 4/5 A,
+    // 6/7 B as in tile_block.hpp.
+    tilemoe::kernels::zero_c_tiles<true, true>();
+    bool first = true;
+    const int skew = v.part;
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+      for (int p = 0; p < kPairs; ++p) {
+        const char* a = a_block(rb);
+        const char* b = b_pair(p);
+        int kb = 0;
+        if (!first) {
+          for (; kb < skew && kb < kblocks; ++kb) {
+            const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
+            _tile_loadd(4, a + at, 64);
+            _tile_loadd(6, b + at, 64);
+            _tile_loadd(7, b + at + panel, 64);
+            if constexpr (P == TileProduct::int8) {
+              _tile_dpbssd(0, 4, 6);
+              _tile_dpbssd(1, 4, 7);
+            } else {
+              _tile_dpbf16ps(0, 4, 6);
+              _tile_dpbf16ps(1, 4, 7);
+            }
+          }
+          _tile_stored(2, buf.hot[2], 64);
+          _tile_stored(3, buf.hot[3], 64);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int k = 0; k < kb; ++k) {
+            const std::size_t at = static_cast<std::size_t>(k) * kBlockBytes;
+            _tile_loadd(5, a + at + panel, 64);
+            _tile_loadd(6, b + at, 64);
+            _tile_loadd(7, b + at + panel, 64);
+            if constexpr (P == TileProduct::int8) {
+              _tile_dpbssd(2, 5, 6);
+              _tile_dpbssd(3, 5, 7);
+            } else {
+              _tile_dpbf16ps(2, 5, 6);
+              _tile_dpbf16ps(3, 5, 7);
+            }
+          }
+        }
+        for (; kb < kblocks; ++kb) {
+          const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
+          step<P>(v, a + at, panel, b + at, panel);
+        }
+        first = false;
+        _tile_stored(0, buf.hot[0], 64);
+        _tile_stored(1, buf.hot[1], 64);
+        _tile_zero(0);
+        _tile_zero(1);
+      }
+    }
+    _tile_stored(2, buf.hot[2], 64);
+    _tile_stored(3, buf.hot[3], 64);
   } else {
     for (int rb = 0; rb < kRowBlocks; ++rb) {
       for (int p = 0; p < kPairs; ++p) {
