@@ -22,7 +22,11 @@
 // Session 68 (same machine; l2 3.12-3.13 int8 and 1.47-1.56 bf16 in those runs): l2-skew1 3.20-3.35
 // and 1.50-1.61, l2-skew2 3.36-3.37 and 1.53-1.62, l2-skew4 3.37-3.44 and 1.57-1.58, l2-nostore
 // 4.23-4.24 and 1.80-1.81. A store beside products on other tiles costs less than one that the
-// next products wait behind: the skews win back about a quarter of int8's store cost.
+// next products wait behind: the skews win back about a quarter of int8's store cost here. Not on
+// the device (an Emerald Rapids vCPU whose products alone ran 2.33 int8 / 0.98 bf16): l2 1.12 /
+// 0.56, l2-nostore 1.13 / 0.57, the skews 0.81-1.04 / 0.55-0.56; there the stores cost nothing and
+// the products' rate is the limit. The int8 kernel skewed that way was no faster here either
+// (docs/perf.md, session 68).
 //
 // A C tile store after loads from L2 costs the products far more than its own bytes (int8, a
 // store every 32 k-steps: 28 %; bf16, every 64: 9 %); after loads from L1, or in a loop without
