@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# The figures of issues 4 and 7's lines in one device call: tilemoe's bench (bf16, then int8), then
-# kt-kernel (bf16 and int8) and SGLang's fused MoE, all on the machine of that call, since machines of
-# one kind differ by up to 40 % (docs/perf.md opens with where each line stands).
+# The figures of issues 4 and 7's lines in one device call: tilemoe's bench (bf16, int8, int4), then
+# kt-kernel (bf16, int8, int4) and SGLang's fused MoE, all on the machine of that call, since machines
+# of one kind differ by up to 40 % (docs/perf.md opens with where each line stands); REPEAT times
+# over, since one machine's processes differ too, and the lines ask for most processes. At the end
+# scripts/issue-tables-summary.py prints each line's verdict in each process.
 #
 #   device: bash scripts/issue-tables.sh   (carry .devdeps, .ktk and .sgl; the peers are skipped
 #           where their folder is missing: ../shared/anchors/{ktkernel,sglang} copied to .ktk / .sgl)
 #
-# Environment: TOKENS (default 1,512,4096) the bf16 token counts, INT8_TOKENS (default 1,512,4096),
-# SGL_TOKENS (default 1,4096: SGLang is the best peer at decode at most, kt-kernel at 512 and 4096),
-# OUT (default /tmp/tilemoe-tables) where the logs go.
+# Environment: REPEAT (default 1) processes of each; TOKENS (default 1,16,128,512,4096) bf16's token
+# counts, INT8_TOKENS (1,512,4096), INT4_TOKENS (1,4096; group 128); SGL_TOKENS (1,16,128: SGLang is
+# the slower peer at 512 and 4096 tokens on every machine so far, by 1.4-2x); OUT (default
+# /tmp/tilemoe-tables) where the logs go, one file per bench and process.
+# A process of everything takes 40-60 s at the defaults, after 30-50 s of builds.
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/tilemoe-tables}"; mkdir -p "$OUT"
+TOKENS="${TOKENS:-1,16,128,512,4096}" INT8_TOKENS="${INT8_TOKENS:-1,512,4096}" INT4_TOKENS="${INT4_TOKENS:-1,4096}"
+SGL_TOKENS="${SGL_TOKENS:-1,16,128}"
 lscpu | grep -E "^(Model name|Model|CPU\(s\)):"
 mkdir -p /opt/deps && for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
 export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
@@ -27,23 +33,32 @@ cmake -S . -B /tmp/tables-build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS
 cmake --build /tmp/tables-build -j 16 --target tilemoe_cli > "$OUT/build.txt" 2>&1 || { grep -E "error" "$OUT/build.txt" | head; exit 1; }
 wait  # no build runs while anything is timed
 echo "built in $(( $(date +%s) - t0 )) s"
-bench() {
-  /tmp/tables-build/tilemoe bench --lora-rank 0,16 --lora-held --lora-dtype bf16 "$@" 2>&1 | tee -a "$OUT/tilemoe.txt" |
-    grep -E "^ +[0-9]|GB/s|TFLOP"
-}
-echo "== tilemoe bf16"
-bench --tokens "${TOKENS:-1,512,4096}"
-echo "== tilemoe int8"
-bench --weights int8 --tokens "${INT8_TOKENS:-1,512,4096}"
-if [ -x .ktk/bench ]; then
-  echo "== kt-kernel bf16"
-  .ktk/bench --qlens "${TOKENS:-1,512,4096}" --no-sft 2>&1 | tee -a "$OUT/kt.txt" | grep -E "^ +[0-9]"
-  echo "== kt-kernel int8"
-  .ktk/bench --weights int8 --qlens "${INT8_TOKENS:-1,512,4096}" --no-sft 2>&1 | tee -a "$OUT/kt.txt" | grep -E "^ +[0-9]"
-fi
-if [ -f .sgl/sgl_moe.so ]; then
-  echo "== SGLang bf16"
-  OMP_NUM_THREADS=16 OMP_PROC_BIND=close OMP_PLACES=threads python3 .sgl/bench_sglang.py --qlens "${SGL_TOKENS:-1,4096}" --no-check \
-    2>&1 | tee "$OUT/sgl.txt" | tail -8
+rows() { grep -E "^ +[0-9]|GB/s, amx|^tokens"; }
+for p in $(seq 1 "${REPEAT:-1}"); do
+  echo "== process $p"
+  for w in bf16 int8 int4; do
+    case $w in bf16) t=$TOKENS ;; int8) t=$INT8_TOKENS ;; int4) t=$INT4_TOKENS ;; esac
+    [ -n "$t" ] || continue
+    echo "-- tilemoe $w"
+    /tmp/tables-build/tilemoe bench --weights "$w" --tokens "$t" --lora-rank 0,16 --lora-held --lora-dtype bf16 2>&1 |
+      tee "$OUT/tilemoe-$w-$p.txt" | rows
+  done
+  if [ -x .ktk/bench ]; then
+    for w in bf16 int8 int4; do
+      case $w in bf16) t=$TOKENS ;; int8) t=$INT8_TOKENS ;; int4) t=$INT4_TOKENS ;; esac
+      [ -n "$t" ] || continue
+      echo "-- kt-kernel $w"
+      .ktk/bench --weights "$w" --qlens "$t" --no-sft 2>&1 | tee "$OUT/kt-$w-$p.txt" | grep -E "^ +[0-9]"
+    done
+  fi
+  if [ -f .sgl/sgl_moe.so ] && [ -n "$SGL_TOKENS" ]; then
+    echo "-- SGLang bf16"
+    OMP_NUM_THREADS=16 OMP_PROC_BIND=close OMP_PLACES=threads python3 .sgl/bench_sglang.py --qlens "$SGL_TOKENS" --no-check \
+      2>&1 | tee "$OUT/sgl-$p.txt" | grep -E "^ +[0-9]"
+  fi
+done
+if command -v python3 > /dev/null; then
+  echo "== lines"
+  python3 scripts/issue-tables-summary.py "$OUT" "${REPEAT:-1}" | tee "$OUT/summary.txt"
 fi
 echo "done in $(( $(date +%s) - t0 )) s"
