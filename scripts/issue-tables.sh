@@ -11,14 +11,17 @@
 # Environment: REPEAT (default 1) processes of each; TOKENS (default 1,16,128,512,4096) bf16's token
 # counts, INT8_TOKENS (1,512,4096), INT4_TOKENS (1,4096; group 128); SGL_TOKENS (1,16,128: SGLang is
 # the slower peer at 512 and 4096 tokens on every machine so far, by 1.4-2x); OUT (default
-# /tmp/tilemoe-tables) where the logs go, one file per bench and process.
-# A process of everything takes 40-60 s at the defaults, after 30-50 s of builds.
+# /tmp/tilemoe-tables) where the logs go: logs.tar.gz (a file per bench and process; the device tool
+# returns a few files only), summary.txt (the CPU and each line's verdicts, also printed last).
+# Three processes of everything took 200 s after 50 s of builds (session 68).
 set -o pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-/tmp/tilemoe-tables}"; mkdir -p "$OUT"
+OUT="${OUT:-/tmp/tilemoe-tables}"
+LOGS="$OUT/logs"; mkdir -p "$LOGS"
 TOKENS="${TOKENS:-1,16,128,512,4096}" INT8_TOKENS="${INT8_TOKENS:-1,512,4096}" INT4_TOKENS="${INT4_TOKENS:-1,4096}"
 SGL_TOKENS="${SGL_TOKENS:-1,16,128}"
-lscpu | grep -E "^(Model name|Model|CPU\(s\)):"
+cpu=$(lscpu | grep -E "^(Model name|Model|CPU\(s\)):")
+echo "$cpu"
 mkdir -p /opt/deps && for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
 export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
 if [ ! -f /usr/include/hwloc.h ]; then
@@ -26,11 +29,11 @@ if [ ! -f /usr/include/hwloc.h ]; then
   export CPATH=/opt/deps/usr/include LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
 fi
 t0=$(date +%s)
-[ -d .ktk ] && { bash .ktk/build.sh > "$OUT/kt-build.txt" 2>&1 & }
-[ -d .sgl ] && { bash .sgl/build.sh > "$OUT/sgl-build.txt" 2>&1 & }
+[ -d .ktk ] && { bash .ktk/build.sh > "$LOGS/kt-build.txt" 2>&1 & }
+[ -d .sgl ] && { bash .sgl/build.sh > "$LOGS/sgl-build.txt" 2>&1 & }
 cmake -S . -B /tmp/tables-build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
-  > "$OUT/configure.txt" 2>&1 || { tail "$OUT/configure.txt"; exit 1; }
-cmake --build /tmp/tables-build -j 16 --target tilemoe_cli > "$OUT/build.txt" 2>&1 || { grep -E "error" "$OUT/build.txt" | head; exit 1; }
+  > "$LOGS/configure.txt" 2>&1 || { tail "$LOGS/configure.txt"; exit 1; }
+cmake --build /tmp/tables-build -j 16 --target tilemoe_cli > "$LOGS/build.txt" 2>&1 || { grep -E "error" "$LOGS/build.txt" | head; exit 1; }
 wait  # no build runs while anything is timed
 echo "built in $(( $(date +%s) - t0 )) s"
 rows() { grep -E "^ +[0-9]|GB/s, amx|^tokens"; }
@@ -41,24 +44,26 @@ for p in $(seq 1 "${REPEAT:-1}"); do
     [ -n "$t" ] || continue
     echo "-- tilemoe $w"
     /tmp/tables-build/tilemoe bench --weights "$w" --tokens "$t" --lora-rank 0,16 --lora-held --lora-dtype bf16 2>&1 |
-      tee "$OUT/tilemoe-$w-$p.txt" | rows
+      tee "$LOGS/tilemoe-$w-$p.txt" | rows
   done
   if [ -x .ktk/bench ]; then
     for w in bf16 int8 int4; do
       case $w in bf16) t=$TOKENS ;; int8) t=$INT8_TOKENS ;; int4) t=$INT4_TOKENS ;; esac
       [ -n "$t" ] || continue
       echo "-- kt-kernel $w"
-      .ktk/bench --weights "$w" --qlens "$t" --no-sft 2>&1 | tee "$OUT/kt-$w-$p.txt" | grep -E "^ +[0-9]"
+      .ktk/bench --weights "$w" --qlens "$t" --no-sft 2>&1 | tee "$LOGS/kt-$w-$p.txt" | grep -E "^ +[0-9]"
     done
   fi
   if [ -f .sgl/sgl_moe.so ] && [ -n "$SGL_TOKENS" ]; then
     echo "-- SGLang bf16"
     OMP_NUM_THREADS=16 OMP_PROC_BIND=close OMP_PLACES=threads python3 .sgl/bench_sglang.py --qlens "$SGL_TOKENS" --no-check \
-      2>&1 | tee "$OUT/sgl-$p.txt" | grep -E "^ +[0-9]"
+      2>&1 | tee "$LOGS/sgl-$p.txt" | grep -E "^ +[0-9]"
   fi
 done
-if command -v python3 > /dev/null; then
-  echo "== lines"
-  python3 scripts/issue-tables-summary.py "$OUT" "${REPEAT:-1}" | tee "$OUT/summary.txt"
-fi
+echo "== lines"
+{
+  echo "$cpu" | sed 's/  */ /g'
+  command -v python3 > /dev/null && python3 scripts/issue-tables-summary.py "$LOGS" "${REPEAT:-1}"
+} | tee "$OUT/summary.txt"
+tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
 echo "done in $(( $(date +%s) - t0 )) s"
