@@ -32,6 +32,14 @@ std::string model_from_proc_cpuinfo() {
   return {};
 }
 
+std::string cpu_signature_from_proc_cpuinfo() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string text, line;
+  // The first processor's block is enough: it ends at the first empty line.
+  while (std::getline(in, line) && !line.empty()) text += line + '\n';
+  return detail::cpu_signature_from_cpuinfo(text);
+}
+
 // The cpus this process may run on; the ids need not be contiguous under taskset or cgroups.
 std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
@@ -143,12 +151,38 @@ std::optional<Topology> probe_with_hwloc() {
   const char* model = package != nullptr ? hwloc_obj_get_info_by_name(package, "CPUModel") : nullptr;
   if (model == nullptr) model = hwloc_obj_get_info_by_name(hwloc_get_root_obj(raw), "CPUModel");
   result.cpu_model = model != nullptr ? model : model_from_proc_cpuinfo();
+  result.cpu_signature = cpu_signature_from_proc_cpuinfo();
   return result;
 }
 
 }  // namespace
 
 namespace detail {
+
+std::string cpu_signature_from_cpuinfo(const std::string& cpuinfo) {
+  std::string family, model, stepping;
+  std::size_t at = 0;
+  while (at < cpuinfo.size()) {
+    std::size_t end = cpuinfo.find('\n', at);
+    if (end == std::string::npos) end = cpuinfo.size();
+    const std::string line = cpuinfo.substr(at, end - at);
+    at = end + 1;
+    if (line.empty()) break;  // the first processor's block only
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    const auto start = line.find_first_not_of(" \t", colon + 1);
+    const std::string value = start == std::string::npos ? std::string() : line.substr(start);
+    // Numbers only: "model name" is another key, and a value with anything else is not one of these.
+    if (value.empty() || value.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (key == "cpu family") family = value;
+    if (key == "model") model = value;
+    if (key == "stepping") stepping = value;
+  }
+  if (family.empty() || model.empty() || stepping.empty()) return {};
+  return "family " + family + " model " + model + " stepping " + stepping;
+}
 
 Topology probe_without_hwloc() {
   Topology result;
@@ -162,6 +196,7 @@ Topology probe_without_hwloc() {
   result.l2_bytes_per_core = sysconf_bytes(_SC_LEVEL2_CACHE_SIZE);
   result.llc_bytes = std::max(sysconf_bytes(_SC_LEVEL3_CACHE_SIZE), result.l2_bytes_per_core);
   result.cpu_model = model_from_proc_cpuinfo();
+  result.cpu_signature = cpu_signature_from_proc_cpuinfo();
   return result;
 }
 

@@ -24,6 +24,10 @@ struct Topology {
   std::size_t l2_bytes_per_core = 0;  // an L2 shared by k cores counts as size / k
   std::size_t llc_bytes = 0;  // one instance of the last-level cache (per socket or per CCX)
   std::string cpu_model;      // empty when unknown
+  // "family 6 model 143 stepping 8" from /proc/cpuinfo, or empty: virtual machines often report
+  // a model name of "Intel(R) Xeon(R) Processor" for every generation, and these numbers tell
+  // them apart (a bench figure depends on which one it ran on).
+  std::string cpu_signature;
 };
 
 // Probed once (hwloc) on first call; thread-safe. Falls back to probe_without_hwloc() if hwloc
@@ -42,6 +46,9 @@ namespace detail {
 // The fallback of system_topology(): one node holding every cpu the process may run on, each
 // counted as a core, with sizes from sysconf and /proc/cpuinfo. Exposed so tests can run it.
 Topology probe_without_hwloc();
+// The signature of a /proc/cpuinfo text (its first processor's "cpu family", "model" and
+// "stepping"), or empty where one of them is missing.
+std::string cpu_signature_from_cpuinfo(const std::string& cpuinfo);
 }  // namespace detail
 
 }  // namespace tilemoe::numa

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -75,6 +76,41 @@ TEST_CASE("the probe finds at least one node and one core", "[topology]") {
   const Topology* seen = nullptr;
   std::thread([&] { seen = &system_topology(); }).join();
   CHECK(seen == &topo);
+}
+
+TEST_CASE("the CPU signature comes from the first processor's family, model and stepping", "[topology]") {
+  using tilemoe::numa::detail::cpu_signature_from_cpuinfo;
+  const std::string two =
+      "processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+      "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 8\n\n"
+      "processor\t: 1\ncpu family\t: 6\nmodel\t\t: 207\nstepping\t: 2\n";
+  CHECK(cpu_signature_from_cpuinfo(two) == "family 6 model 143 stepping 8");
+  // "model name" is not "model", wherever it comes.
+  CHECK(cpu_signature_from_cpuinfo("cpu family\t: 25\nmodel\t\t: 17\nmodel name\t: 7\nstepping\t: 1\n") ==
+        "family 25 model 17 stepping 1");
+  // A missing or non-numeric field: no signature rather than a wrong one.
+  CHECK(cpu_signature_from_cpuinfo("cpu family\t: 6\nmodel\t\t: 143\n").empty());
+  CHECK(cpu_signature_from_cpuinfo("cpu family\t: 6\nmodel\t\t: x86\nstepping\t: 8\n").empty());
+  CHECK(cpu_signature_from_cpuinfo("").empty());
+  // The second processor's fields do not fill the first one's gaps.
+  CHECK(cpu_signature_from_cpuinfo("cpu family\t: 6\nmodel\t\t: 143\n\nstepping\t: 8\n").empty());
+}
+
+TEST_CASE("the machine's CPU signature is read where /proc/cpuinfo has one", "[topology]") {
+  const std::string signature = system_topology().cpu_signature;
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  bool has_family = false;
+  if (f != nullptr) {
+    char line[512];
+    while (!has_family && std::fgets(line, sizeof line, f) != nullptr) has_family = std::strncmp(line, "cpu family", 10) == 0;
+    std::fclose(f);
+  }
+  std::printf("cpu signature: \"%s\"\n", signature.c_str());
+  if (has_family) {
+    CHECK(signature.rfind("family ", 0) == 0);
+  } else {
+    CHECK(signature.empty());
+  }
 }
 
 TEST_CASE("the fallback probe describes one node", "[topology]") {

@@ -245,8 +245,9 @@ void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::T
   if (s.swiglu_limit > 0) std::snprintf(clamp, sizeof clamp, ", swiglu_limit %g", s.swiglu_limit);
   std::printf("tilemoe bench: shape %s (hidden %d, intermediate %d, %d experts, top-%d%s), isa %s, %d threads\n", o.shape_name.c_str(),
               s.hidden, s.intermediate, s.num_experts, s.top_k, clamp, kernels::isa_label(o.isa).c_str(), pool.size());
-  std::printf("machine: %s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n", topo.cpu_model.c_str(),
-              topo.cores, topo.llc_bytes / 1e6, b.bandwidth / 1e9, kernels::isa_label(o.isa).c_str(), b.peak / 1e12);
+  const std::string signature = topo.cpu_signature.empty() ? std::string() : " (" + topo.cpu_signature + ")";
+  std::printf("machine: %s%s, %d cores, LLC %.0f MB; measured read bandwidth %.1f GB/s, %s peak %.2f TFLOP/s\n", topo.cpu_model.c_str(),
+              signature.c_str(), topo.cores, topo.llc_bytes / 1e6, b.bandwidth / 1e9, kernels::isa_label(o.isa).c_str(), b.peak / 1e12);
   // The floor's bandwidth is the best of these; a decode figure is read against the pattern it resembles.
   std::printf("read patterns, best / median GB/s:");
   for (std::size_t i = 0; i < b.read_patterns.size(); ++i)
@@ -463,12 +464,13 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
     std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                 "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                 "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                "\"node_gbps\":%.2f,\"read_patterns_gbps\":{%s},\"group_size\":%d,\"lora_dtype\":\"%s\"%s}\n",
+                "\"node_gbps\":%.2f,\"read_patterns_gbps\":{%s},\"group_size\":%d,\"lora_dtype\":\"%s\",\"cpu_signature\":\"%s\"%s}\n",
                 o.shape_name.c_str(), o.weights_name.c_str(), tokens, rank, kernels::isa_name(o.isa), threads, o.backward ? "true" : "false",
                 median, min_ms, o.backward ? fwd_median : median, o.backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
                 bytes / median / 1e6, flops / median / 1e9, b.bandwidth / 1e9, b.peak / 1e12, b.layers, iters, split,
                 bytes / split / median / 1e6, patterns.c_str(), o.weight_type == WeightType::int4 ? o.group_sizes[cs.group_index] : 0,
-                cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32", has_lora_cost ? (",\"lora_cost\":" + std::to_string(lora_cost)).c_str() : "");
+                cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32", numa::system_topology().cpu_signature.c_str(),
+                has_lora_cost ? (",\"lora_cost\":" + std::to_string(lora_cost)).c_str() : "");
   else if (o.backward)
     std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,
                 bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6, fwd_median,

@@ -49,8 +49,9 @@ void print_text(kernels::Isa chosen, const Measured& m) {
   }
   std::printf("chosen: %s (override with --isa or TILEMOE_ISA)\n", isa_name(chosen));
   const auto& t = numa::system_topology();
-  std::printf("cpu: %s, %d cores, %d hardware threads, L2 %.1f MB per core, last-level cache %.0f MB\n",
-              t.cpu_model.empty() ? "unknown" : t.cpu_model.c_str(), t.cores, t.pus, t.l2_bytes_per_core / 1e6, t.llc_bytes / 1e6);
+  const std::string signature = t.cpu_signature.empty() ? std::string() : " (" + t.cpu_signature + ")";
+  std::printf("cpu: %s%s, %d cores, %d hardware threads, L2 %.1f MB per core, last-level cache %.0f MB\n",
+              t.cpu_model.empty() ? "unknown" : t.cpu_model.c_str(), signature.c_str(), t.cores, t.pus, t.l2_bytes_per_core / 1e6, t.llc_bytes / 1e6);
   for (const auto& n : t.nodes) std::printf("  NUMA node %d: %zu cores, %.1f GB\n", n.os_index, n.cpus.size(), n.memory_bytes / 1e9);
   std::printf("measured with %d threads: read bandwidth %.1f GB/s (%zu MiB, best of %d)", m.threads, m.read_bytes_per_s / 1e9,
               m.buffer_bytes >> 20, kBandwidthRepeats);
@@ -78,6 +79,7 @@ void print_json(kernels::Isa chosen, const Measured& m) {
       {"isa", isas},
       {"chosen_isa", isa_name(chosen)},
       {"cpu_model", t.cpu_model},
+      {"cpu_signature", t.cpu_signature},
       {"cores", t.cores},
       {"hardware_threads", t.pus},
       {"l2_bytes_per_core", t.l2_bytes_per_core},
