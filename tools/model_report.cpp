@@ -59,7 +59,11 @@ std::string layer_list(const std::vector<int>& layers) {  // "1-26" or "0, 2, 4"
     std::size_t j = i;
     while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
     if (!out.empty()) out += ", ";
-    out += std::to_string(layers[i]) + (j > i + 1 ? "-" + std::to_string(layers[j]) : j == i + 1 ? ", " + std::to_string(layers[j]) : "");
+    out += std::to_string(layers[i]);
+    if (j > i) {
+      out += j > i + 1 ? "-" : ", ";  // a run of three or more, or two apart
+      out += std::to_string(layers[j]);
+    }
     i = j + 1;
   }
   return out.empty() ? "none" : out;

@@ -210,7 +210,11 @@ void Checkpoint::add_stacked_experts(int layer, const std::string& name, const L
                                   "; expert weights must be BF16, F16, F32 or F8_E4M3");
   const std::size_t bytes =
       static_cast<std::size_t>(projection_out(s, first)) * static_cast<std::size_t>(cols) * io::dtype_size(info.dtype);
-  place_stacked_refs(layer, ExpertTensorRef{name, 0, 0, bytes}, parts, refs);
+  ExpertTensorRef stacked;
+  stacked.name = name;
+  stacked.stacked_expert = 0;
+  stacked.bytes = bytes;
+  place_stacked_refs(layer, stacked, parts, refs);
 }
 
 void Checkpoint::place_stacked_refs(int layer, const ExpertTensorRef& like, const std::vector<std::pair<Projection, int>>& parts,
@@ -399,7 +403,9 @@ std::array<std::vector<ExpertTensorRef>, 3> Checkpoint::expert_tensors(int layer
       fail(ErrorKind::bad_file, where + ": '" + name + "' but config.json says " + std::to_string(s.num_experts) + " experts");
     auto& slot = refs[static_cast<int>(parsed.projection)][parsed.expert];
     if (!slot.name.empty()) fail(ErrorKind::bad_file, where + ": stored twice, as '" + slot.name + "' and '" + name + "'");
-    slot = ExpertTensorRef{name, -1, 0, loc->info->nbytes};
+    slot = ExpertTensorRef{};
+    slot.name = name;
+    slot.bytes = loc->info->nbytes;
   }
   for (Projection p : kProjections)
     for (int e = 0; e < s.num_experts; ++e)

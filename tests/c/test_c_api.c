@@ -89,7 +89,9 @@ static void test_memory_layer(tilemoe_runtime* rt) {
   }
   const double alpha = 6.0, s = alpha / R;
 
-  tilemoe_layer_config cfg = {E, K, H, I, /*max_tokens*/ T, /*lora_rank*/ R, alpha, 0, /*depth*/ 1, 0, 1, 0, 0, /*swiglu_limit*/ 0.0};
+  /* Fields not named are 0: plain SwiGLU, bf16 weights, no rsLoRA. */
+  tilemoe_layer_config cfg = {.num_experts = E, .top_k = K, .hidden = H, .intermediate = I, .max_tokens = T, .lora_rank = R,
+                              .lora_alpha = alpha, .max_cache_depth = 1, .numa_nodes = 1};
   tilemoe_layer* layer = NULL;
   REQUIRE_OK(tilemoe_layer_create(rt, &cfg, gate, up, down, &layer));
   tilemoe_lora_weights lw = {ga, gb, ua, ub, da, db};
