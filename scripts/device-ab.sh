@@ -48,12 +48,8 @@ for r in $rounds; do
 done
 OUT="${OUT:-/tmp/tilemoe-ab}"; mkdir -p "$OUT"
 lscpu | head -20
-mkdir -p /opt/deps && for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
-export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
-if [ ! -f /usr/include/hwloc.h ]; then
-  export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=/opt/deps
-  export CPATH=/opt/deps/usr/include LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
-fi
+# shellcheck source=scripts/device-env.sh
+. scripts/device-env.sh
 t0=$(date +%s)
 tests=OFF; [ "${TESTS:-0}" = 1 ] && tests=ON
 # The command-line tool of build-ab/$1 in /tmp/ab-$1, logs to $OUT/$1-*.txt.

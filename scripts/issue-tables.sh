@@ -22,12 +22,8 @@ TOKENS="${TOKENS:-1,16,128,512,4096}" INT8_TOKENS="${INT8_TOKENS:-1,512,4096}" I
 SGL_TOKENS="${SGL_TOKENS:-1,16,128}"
 cpu=$(lscpu | grep -E "^(Model name|Model|CPU\(s\)):")
 echo "$cpu"
-mkdir -p /opt/deps && for f in .devdeps/*.deb; do dpkg -x "$f" /opt/deps; done
-export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
-if [ ! -f /usr/include/hwloc.h ]; then
-  export PKG_CONFIG_PATH=/opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig PKG_CONFIG_SYSROOT_DIR=/opt/deps
-  export CPATH=/opt/deps/usr/include LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu
-fi
+# shellcheck source=scripts/device-env.sh
+. scripts/device-env.sh
 t0=$(date +%s)
 [ -d .ktk ] && { bash .ktk/build.sh > "$LOGS/kt-build.txt" 2>&1 & }
 [ -d .sgl ] && { bash .sgl/build.sh > "$LOGS/sgl-build.txt" 2>&1 & }
