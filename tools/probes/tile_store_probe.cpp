@@ -121,26 +121,16 @@ inline void step(const Variant& v, const char* a, std::size_t a_second, const ch
   tilemoe::kernels::tile_products<P, true, true>();
 }
 
-// One row tile's half of a k-step: its A tile (tmm4 for row tile 0, tmm5 for 1) and both B tiles,
-// then its two products (C tiles 0/1 or 2/3). Tile numbers are literals of the instructions.
-template <TileProduct P, int RowTile>
-inline void row_tile_step(const char* a, const char* b, std::size_t b_second) {
-  if constexpr (RowTile == 0) {
-    _tile_loadd(4, a, 64);
-  } else {
-    _tile_loadd(5, a, 64);
-  }
+// Row tile 1's half of a k-step: its A tile (tmm5), both B tiles, and its two products (C tiles 2
+// and 3). Row tile 0's half is tile_step<P, false, true> (tile_block.hpp).
+template <TileProduct P>
+inline void second_row_tile_step(const char* a, const char* b, std::size_t b_second) {
+  _tile_loadd(5, a, 64);
   _tile_loadd(6, b, 64);
   _tile_loadd(7, b + b_second, 64);
-  if constexpr (P == TileProduct::int8 && RowTile == 0) {
-    _tile_dpbssd(0, 4, 6);
-    _tile_dpbssd(1, 4, 7);
-  } else if constexpr (P == TileProduct::int8) {
+  if constexpr (P == TileProduct::int8) {
     _tile_dpbssd(2, 5, 6);
     _tile_dpbssd(3, 5, 7);
-  } else if constexpr (RowTile == 0) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
   } else {
     _tile_dpbf16ps(2, 5, 6);
     _tile_dpbf16ps(3, 5, 7);
@@ -202,7 +192,7 @@ double pass(const Variant& v, Buffers& buf, int kblocks) {
         if (!first) {
           for (; kb < skew && kb < kblocks; ++kb) {
             const std::size_t at = static_cast<std::size_t>(kb) * kBlockBytes;
-            row_tile_step<P, 0>(a + at, b + at, panel);
+            tilemoe::kernels::tile_step<P, false, true>(a + at, 0, 64, b + at, panel);
           }
           _tile_stored(2, buf.hot[2], 64);
           _tile_stored(3, buf.hot[3], 64);
@@ -210,7 +200,7 @@ double pass(const Variant& v, Buffers& buf, int kblocks) {
           _tile_zero(3);
           for (int k = 0; k < kb; ++k) {
             const std::size_t at = static_cast<std::size_t>(k) * kBlockBytes;
-            row_tile_step<P, 1>(a + at + panel, b + at, panel);
+            second_row_tile_step<P>(a + at + panel, b + at, panel);
           }
         }
         for (; kb < kblocks; ++kb) {
