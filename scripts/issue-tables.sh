@@ -33,10 +33,11 @@ cmake --build /tmp/tables-build -j 16 --target tilemoe_cli > "$LOGS/build.txt" 2
 wait  # no build runs while anything is timed
 echo "built in $(( $(date +%s) - t0 )) s"
 rows() { grep -E "^ +[0-9]|GB/s, amx|^tokens"; }
+tokens_of() { case $1 in bf16) echo "$TOKENS" ;; int8) echo "$INT8_TOKENS" ;; int4) echo "$INT4_TOKENS" ;; esac; }
 for p in $(seq 1 "${REPEAT:-1}"); do
   echo "== process $p"
   for w in bf16 int8 int4; do
-    case $w in bf16) t=$TOKENS ;; int8) t=$INT8_TOKENS ;; int4) t=$INT4_TOKENS ;; esac
+    t=$(tokens_of "$w")
     [ -n "$t" ] || continue
     echo "-- tilemoe $w"
     /tmp/tables-build/tilemoe bench --weights "$w" --tokens "$t" --lora-rank 0,16 --lora-held --lora-dtype bf16 2>&1 |
@@ -44,7 +45,7 @@ for p in $(seq 1 "${REPEAT:-1}"); do
   done
   if [ -x .ktk/bench ]; then
     for w in bf16 int8 int4; do
-      case $w in bf16) t=$TOKENS ;; int8) t=$INT8_TOKENS ;; int4) t=$INT4_TOKENS ;; esac
+      t=$(tokens_of "$w")
       [ -n "$t" ] || continue
       echo "-- kt-kernel $w"
       .ktk/bench --weights "$w" --qlens "$t" --no-sft 2>&1 | tee "$LOGS/kt-$w-$p.txt" | grep -E "^ +[0-9]"
