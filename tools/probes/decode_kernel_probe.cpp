@@ -5,14 +5,22 @@
 // (docs/perf.md, session 57). The bench, not this, decides what the kernels keep.
 //
 // Each of T threads (pinned to CPU i) owns its weights and runs passes over them in items of 4
-// panels, as the forward's decode items; rounds alternate the kernels. Printed per case: the
-// median over rounds of the median thread's GB/s (weight bytes read) and of the sum over threads.
+// panels, as the forward's decode items; each case runs its rounds before the next case. Printed
+// per case: the median over rounds of the median thread's GB/s (weight bytes read) and of the sum
+// over threads.
 //
 // The "pattern" cases read the MXFP4 memory cases' codes as the bench's bandwidth probe does (four
 // streams, one word a line, 8 lines ahead), in items of 4, 8 or 16 panels or of 1 MiB: what the
 // memory gives to a kernel of no work on the same bytes in the same items.
 //
+// --bf16-decode: instead, variants of the bf16 decode kernel's loop (prefetch distances, no
+// products, two accumulators a panel) and the pattern over one shared set of bf16 weights, the
+// cases taking turns round by round (session 69). --decode-calls: instead, the forward's calls of
+// one token (104 MB of weights) with the items handed out by a shared counter or in fixed ranges
+// (decode_calls below).
+//
 // Usage: tilemoe_decode_kernel_probe [--threads T] [--rounds R] [--k K] [--only NAME_PREFIX]
+//                                    [--bf16-decode | --decode-calls]
 #include <sched.h>
 
 #include <algorithm>
@@ -136,8 +144,54 @@ __attribute__((noinline)) void mxfp4_variant(const PackedMxfp4Shape& s, const Pa
     _mm512_storeu_ps(c + p * kPanelColumns, _mm512_add_ps(acc[p], _mm512_cvtepi32_ps(iacc[p])));
 }
 
+// Variants of the bf16 decode kernel for one row over one item of 4 panels (timing only; V 1's
+// sums are not the product): where its stream from memory falls short of a loop of no work on the
+// same bytes. Prefetch distances in k-blocks (1 KiB a panel) into L1 (T0) and L2 (T1), 0 = none:
+// V 0 the forward's (1 / 4, gemm_bf16_avx512_prefetching); 1 the same loads and prefetches, the
+// lines XORed instead of multiplied (no accumulator chain waits on a load); 2 two accumulators a
+// panel (even and odd k-pairs); 3 T0 2 / T1 8; 4 T1 4 alone; 5 T0 1 alone; 6 T0 1 / T1 4 and T2
+// (the LLC) 16 ahead.
+template <int V>
+__attribute__((noinline)) void bf16_variant(const bf16* panel0, std::size_t panel_stride, int kblocks, const bf16* a, float* c) {
+  constexpr int P = 4;
+  constexpr int kT0 = V == 3 ? 2 : V == 4 ? 0 : 1;
+  constexpr int kT1 = V == 3 ? 8 : V == 5 ? 0 : 4;
+  constexpr int kT2 = V == 6 ? 16 : 0;
+  __m512 acc[P], acc2[P];
+  __m512i bits[P];
+  for (int p = 0; p < P; ++p) acc[p] = acc2[p] = _mm512_setzero_ps(), bits[p] = _mm512_setzero_si512();
+  for (int kb = 0; kb < kblocks; ++kb) {
+    const bf16* block = panel0 + static_cast<std::size_t>(kb) * kBlockElements;
+    const bf16* ak = a + static_cast<std::size_t>(kb) * kBlockK;
+#pragma GCC unroll 16
+    for (int r = 0; r < kBlockK / 2; ++r) {
+      std::int32_t v;
+      std::memcpy(&v, ak + 2 * r, sizeof v);
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(v);
+#pragma GCC unroll 4
+      for (int p = 0; p < P; ++p) {
+        const bf16* row = block + p * panel_stride + r * 32;
+        if constexpr (kT0 > 0) _mm_prefetch(reinterpret_cast<const char*>(row + kT0 * kBlockElements), _MM_HINT_T0);
+        if constexpr (kT1 > 0) _mm_prefetch(reinterpret_cast<const char*>(row + kT1 * kBlockElements), _MM_HINT_T1);
+        if constexpr (kT2 > 0) _mm_prefetch(reinterpret_cast<const char*>(row + kT2 * kBlockElements), _MM_HINT_T2);
+        const __m512i w = _mm512_loadu_si512(row);
+        if constexpr (V == 1) {
+          bits[p] = _mm512_xor_si512(bits[p], w);
+        } else if constexpr (V == 2) {
+          if (r % 2 == 0) acc[p] = _mm512_dpbf16_ps(acc[p], x, (__m512bh)w);
+          else acc2[p] = _mm512_dpbf16_ps(acc2[p], x, (__m512bh)w);
+        } else {
+          acc[p] = _mm512_dpbf16_ps(acc[p], x, (__m512bh)w);
+        }
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p)
+    _mm512_storeu_ps(c + p * kPanelColumns, _mm512_add_ps(_mm512_add_ps(acc[p], acc2[p]), _mm512_castsi512_ps(bits[p])));
+}
+
 double weight_bytes(const Weights& w, int k, int variant) {
-  if (variant >= 10) return static_cast<double>(w.codes.size());
+  if (variant >= 10 && variant < 20) return static_cast<double>(w.codes.size());
   if (!w.codes.empty()) return static_cast<double>(w.codes.size() + w.exponents.size());
   return static_cast<double>(w.panels) * kPanelColumns * k * 2.0;
 }
@@ -165,8 +219,77 @@ std::uint64_t read_pattern(const Weights& w, int panels) {
   return sink[0] ^ sink[1] ^ sink[2] ^ sink[3];
 }
 
+// The bandwidth probe's pattern over bf16 weights in items of 4 panels (four streams, one a
+// panel), `ahead` lines on asked for into L1; `whole` reads every line as one zmm instead of a word.
+std::uint64_t read_pattern_bf16(const Weights& w, int k_padded, std::size_t ahead, bool whole) {
+  constexpr std::size_t kLine = 64;
+  const std::size_t panel_bytes = static_cast<std::size_t>(k_padded) * kPanelColumns * sizeof(bf16);
+  const std::size_t item = 4 * panel_bytes;
+  const std::size_t bytes = static_cast<std::size_t>(w.panels) * panel_bytes;
+  const std::uint8_t* data = reinterpret_cast<const std::uint8_t*>(w.bf16_packed.data());
+  std::uint64_t sink[4] = {};
+  __m512i zsink[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (std::size_t at = 0; at + item <= bytes; at += item) {
+    const std::uint8_t* base = data + at;
+    for (std::size_t j = 0; j < panel_bytes; j += kLine)
+      for (std::size_t s = 0; s < 4; ++s) {
+        const std::uint8_t* q = base + s * panel_bytes + j;
+        if (j + ahead * kLine < panel_bytes) _mm_prefetch(reinterpret_cast<const char*>(q + ahead * kLine), _MM_HINT_T0);
+        if (whole) {
+          zsink[s] = _mm512_xor_si512(zsink[s], _mm512_loadu_si512(q));
+        } else {
+          std::uint64_t v;
+          std::memcpy(&v, q, sizeof v);
+          sink[s] ^= v;
+        }
+      }
+  }
+  for (int s = 0; s < 4; ++s) sink[s] ^= static_cast<std::uint64_t>(_mm512_reduce_add_epi64(zsink[s]));
+  return sink[0] ^ sink[1] ^ sink[2] ^ sink[3];
+}
+
 // One pass over w in items of 4 panels.
 void pass(const Weights& w, int k_padded, const bf16* x, float* c, int variant) {
+  if (variant >= 20 && variant < 30) {
+    // bf16 weights: 20 the forward's prefetching kernel, 21 the plain one, 22-28 bf16_variant<V - 21>,
+    // 29 unused.
+    const std::size_t panel_stride = static_cast<std::size_t>(k_padded) / kBlockK * kBlockElements;
+    for (int p0 = 0; p0 + 4 <= w.panels; p0 += 4) {
+      const bf16* panel0 = w.bf16_packed.data() + static_cast<std::size_t>(p0) * panel_stride;
+      const int kblocks = k_padded / kBlockK;
+      switch (variant) {
+        case 20:
+        case 21: {
+          GemmBf16Args g{};
+          g.a = x;
+          g.lda = static_cast<std::size_t>(k_padded);
+          g.m = 1;
+          g.k_padded = k_padded;
+          g.panel_begin = p0;
+          g.panel_end = p0 + 4;
+          g.c = c;
+          g.ldc = 4 * kPanelColumns;
+          g.packed_b = w.bf16_packed.data();
+          if (variant == 20) gemm_bf16_avx512_prefetching(g);
+          else gemm_bf16_avx512(g);
+          break;
+        }
+        case 22: bf16_variant<1>(panel0, panel_stride, kblocks, x, c); break;
+        case 23: bf16_variant<2>(panel0, panel_stride, kblocks, x, c); break;
+        case 24: bf16_variant<3>(panel0, panel_stride, kblocks, x, c); break;
+        case 25: bf16_variant<4>(panel0, panel_stride, kblocks, x, c); break;
+        case 26: bf16_variant<5>(panel0, panel_stride, kblocks, x, c); break;
+        case 27: bf16_variant<6>(panel0, panel_stride, kblocks, x, c); break;
+        default: bf16_variant<0>(panel0, panel_stride, kblocks, x, c); break;
+      }
+    }
+    return;
+  }
+  if (variant >= 30) {
+    // The pattern over bf16 weights: 30 8 lines ahead, 31 32 lines ahead, 32 whole lines 8 ahead.
+    c[0] += static_cast<float>(read_pattern_bf16(w, k_padded, variant == 31 ? 32 : 8, variant == 32) & 1);
+    return;
+  }
   if (variant >= 10) {
     c[0] += static_cast<float>(read_pattern(w, variant == 13 ? 0 : 4 << (variant - 10)) & 1);
     return;
@@ -204,6 +327,168 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// --decode-calls: how the forward's way of handing out decode items changes the stream. One
+// shared set of packed bf16 weights (1.5 GiB, K given), read as "calls" of 104 MB (DeepSeek-V2-Lite's
+// bytes at one token), each call over the next window so that nothing comes from the LLC; T pinned
+// threads (the caller is thread 0) take the call's items of 4 panels and meet at its end, as the
+// forward's one parallel_for does. Modes take turns call by call: 0 a shared counter (the
+// forward's pool), 1 contiguous ranges (thread t the t-th share, in order), 2 contiguous ranges
+// whose threads, once done, take what is left of others' from their ends, 3 and 4 the bandwidth
+// probe's pattern (a word a line) over the items of modes 0 and 1. Printed: the median call's ms and
+// GB/s.
+struct DecodeCalls {
+  static constexpr int kModes = 5;
+  int threads = 16, k_padded = 2048, panels_per_call = 0, windows = 0, items = 0;
+  std::size_t panel_elems = 0;
+  AlignedVector<bf16> w;
+  std::vector<bf16> x;
+  std::atomic<int> gen{0}, done{0}, stop{0};
+  int mode = 0, window = 0;
+  std::atomic<int> next{0};
+  struct alignas(64) Range {
+    std::atomic<int> begin{0}, end{0};
+  };
+  std::vector<Range> ranges;
+
+  // Thread t's share of a call's items in the fixed-range modes: [share_begin(t), share_begin(t + 1)).
+  int share_begin(int t) const { return static_cast<int>(static_cast<long>(items) * t / threads); }
+  void item(int i, float* c) const {
+    const int p0 = window * panels_per_call + 4 * i;
+    if (mode >= 3) {
+      c[0] += static_cast<float>(pattern_item(p0) & 1);
+      return;
+    }
+    GemmBf16Args g{};
+    g.a = x.data();
+    g.lda = static_cast<std::size_t>(k_padded);
+    g.m = 1;
+    g.k_padded = k_padded;
+    g.panel_begin = p0;
+    g.panel_end = p0 + 4;
+    g.c = c;
+    g.ldc = 4 * kPanelColumns;
+    g.packed_b = w.data();
+    gemm_bf16_avx512_prefetching(g);
+  }
+  std::uint64_t pattern_item(int p0) const {
+    const std::size_t panel_bytes = panel_elems * sizeof(bf16);
+    const std::uint8_t* base = reinterpret_cast<const std::uint8_t*>(w.data() + static_cast<std::size_t>(p0) * panel_elems);
+    std::uint64_t sink = 0;
+    for (std::size_t j = 0; j < panel_bytes; j += 64)
+      for (std::size_t s = 0; s < 4; ++s) {
+        const std::uint8_t* q = base + s * panel_bytes + j;
+        _mm_prefetch(reinterpret_cast<const char*>(q + 32 * 64), _MM_HINT_T0);
+        std::uint64_t v;
+        std::memcpy(&v, q, sizeof v);
+        sink ^= v;
+      }
+    return sink;
+  }
+  void run_share(int t, float* c) {
+    if (mode == 0 || mode == 3) {
+      for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) item(i, c);
+    } else if (mode == 1 || mode == 4) {
+      for (int i = share_begin(t); i < share_begin(t + 1); ++i) item(i, c);
+    } else {
+      // Own range from its front; then others' from their backs.
+      Range& mine = ranges[static_cast<std::size_t>(t)];
+      for (;;) {
+        const int i = mine.begin.fetch_add(1, std::memory_order_relaxed);
+        if (i >= mine.end.load(std::memory_order_relaxed)) break;
+        item(i, c);
+      }
+      for (int o = 1; o < threads; ++o) {
+        Range& r = ranges[static_cast<std::size_t>((t + o) % threads)];
+        for (;;) {
+          const int i = r.end.fetch_sub(1, std::memory_order_relaxed) - 1;
+          if (i < r.begin.load(std::memory_order_relaxed)) break;
+          item(i, c);
+        }
+      }
+    }
+  }
+};
+
+void decode_calls(int threads, int k, int rounds) {
+  DecodeCalls d;
+  d.threads = threads;
+  d.k_padded = (k + kBlockK - 1) / kBlockK * kBlockK;
+  d.panel_elems = static_cast<std::size_t>(d.k_padded) * kPanelColumns;
+  const std::size_t panel_bytes = d.panel_elems * sizeof(bf16);
+  d.panels_per_call = static_cast<int>((std::size_t(104) << 20) / panel_bytes / 4 * 4);
+  d.items = d.panels_per_call / 4;
+  d.windows = static_cast<int>((std::size_t(3) << 29) / (panel_bytes * d.panels_per_call));
+  d.w.resize(d.panel_elems * d.panels_per_call * d.windows);
+  d.ranges = std::vector<DecodeCalls::Range>(static_cast<std::size_t>(threads));
+  d.x.assign(d.k_padded, float_to_bf16(0.01f));
+  std::vector<std::thread> helpers;
+  auto worker = [&](int t) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(t, &set);
+    sched_setaffinity(0, sizeof set, &set);
+    std::vector<float> c(4 * kPanelColumns);
+    int seen = 0;
+    for (;;) {
+      int g;
+      while ((g = d.gen.load(std::memory_order_acquire)) == seen) {
+        if (d.stop.load(std::memory_order_relaxed)) return;
+        _mm_pause();
+      }
+      seen = g;
+      d.run_share(t, c.data());
+      d.done.fetch_add(1, std::memory_order_acq_rel);
+    }
+  };
+  for (int t = 1; t < threads; ++t) helpers.emplace_back(worker, t);
+  {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+    sched_setaffinity(0, sizeof set, &set);
+  }
+  std::vector<float> c0(4 * kPanelColumns);
+  auto call = [&](int mode, int window) {
+    d.mode = mode;
+    d.window = window;
+    d.next.store(0, std::memory_order_relaxed);
+    for (int t = 0; t < threads; ++t) {
+      d.ranges[static_cast<std::size_t>(t)].begin.store(d.share_begin(t), std::memory_order_relaxed);
+      d.ranges[static_cast<std::size_t>(t)].end.store(d.share_begin(t + 1), std::memory_order_relaxed);
+    }
+    d.done.store(0, std::memory_order_relaxed);
+    const auto t0 = std::chrono::steady_clock::now();
+    d.gen.fetch_add(1, std::memory_order_acq_rel);
+    d.run_share(0, c0.data());
+    while (d.done.load(std::memory_order_acquire) < threads - 1) _mm_pause();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  // Filled by this thread (one memory node), then every window read once.
+  for (std::size_t i = 0; i < d.w.size(); ++i) d.w[i] = float_to_bf16(static_cast<float>(i % 7) * 0.01f);
+  for (int win = 0; win < d.windows; ++win) call(1, win);
+  std::vector<std::vector<double>> ms(DecodeCalls::kModes);
+  int win = 0;
+  for (int r = 0; r < rounds; ++r)
+    for (int m = 0; m < DecodeCalls::kModes; ++m) {
+      const int mode = (m + r) % DecodeCalls::kModes;  // each mode after each other in turn
+      ms[static_cast<std::size_t>(mode)].push_back(call(mode, win) * 1e3);
+      win = (win + 1) % d.windows;
+    }
+  d.stop.store(1);
+  d.gen.fetch_add(1);
+  for (auto& h : helpers) h.join();
+  const double bytes = static_cast<double>(panel_bytes) * d.panels_per_call;
+  const char* names[DecodeCalls::kModes] = {"shared counter", "contiguous", "contig + steal", "pattern, counter", "pattern, contig"};
+  std::printf("decode calls: %d threads, K %d, %.1f MB a call, %d items of 4 panels, %d windows, %d calls a mode\n", threads, d.k_padded,
+              bytes / 1e6, d.items, d.windows, rounds);
+  std::printf("%-16s %9s %9s %9s\n", "mode", "median_ms", "min_ms", "GB/s");
+  for (int m = 0; m < DecodeCalls::kModes; ++m) {
+    const double med = median(ms[static_cast<std::size_t>(m)]);
+    const double mn = *std::min_element(ms[static_cast<std::size_t>(m)].begin(), ms[static_cast<std::size_t>(m)].end());
+    std::printf("%-16s %9.3f %9.3f %9.1f\n", names[m], med, mn, bytes / med / 1e6);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -211,13 +496,29 @@ int main(int argc, char** argv) {
   int rounds = 9;
   int k = 2880;
   std::string only;  // cases whose name starts with it
+  bool bf16_decode = false;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--bf16-decode") bf16_decode = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--bf16-decode" || a == "--decode-calls") {
+      --i;
+      continue;
+    }
     if (a == "--threads") threads = std::atoi(argv[i + 1]);
     else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
     else if (a == "--k") k = std::atoi(argv[i + 1]);
     else if (a == "--only") only = argv[i + 1];
   }
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--decode-calls") {
+      if (!isa_available(Isa::avx512_bf16)) {
+        std::printf("SKIPPED: no AVX512-BF16\n");
+        return 0;
+      }
+      decode_calls(threads, k, rounds);
+      return 0;
+    }
   auto selected = [&](const char* name) { return only.empty() || std::strncmp(name, only.c_str(), only.size()) == 0; };
   if (!isa_available(Isa::avx512_bf16)) {
     std::printf("SKIPPED: no AVX512-BF16\n");
@@ -235,62 +536,94 @@ int main(int argc, char** argv) {
     int passes;
     int variant = 0;
   };
-  const Case cases[] = {{"bf16 L2", false, l2_panels, 400},
-                        {"mxfp4 L2", true, l2_panels, 1600},
-                        {"mxfp4 L2 v0", true, l2_panels, 1600, 4},
-                        {"mxfp4 L2 v1", true, l2_panels, 1600, 1},
-                        {"mxfp4 L2 v2", true, l2_panels, 1600, 2},
-                        {"mxfp4 L2 v3", true, l2_panels, 1600, 3},
-                        {"mxfp4 L2 v5", true, l2_panels, 1600, 5},
-                        {"bf16 memory", false, mem_panels_bf16, 2},
-                        {"mxfp4 memory", true, mem_panels_mxfp4, 2},
-                        {"pattern 4 pan", true, mem_panels_mxfp4, 2, 10},
-                        {"pattern 8 pan", true, mem_panels_mxfp4, 2, 11},
-                        {"pattern 16 pan", true, mem_panels_mxfp4, 2, 12},
-                        {"pattern 1 MiB", true, mem_panels_mxfp4, 2, 13},
-                        // again: an instance's rate drifts within a run
-                        {"mxfp4 memory", true, mem_panels_mxfp4, 2},
-                        {"bf16 memory", false, mem_panels_bf16, 2}};
-  std::vector<std::vector<Weights>> weights(std::size(cases));
-  for (std::size_t c = 0; c < std::size(cases); ++c)
+  const std::vector<Case> default_cases = {{"bf16 L2", false, l2_panels, 400},
+                                           {"mxfp4 L2", true, l2_panels, 1600},
+                                           {"mxfp4 L2 v0", true, l2_panels, 1600, 4},
+                                           {"mxfp4 L2 v1", true, l2_panels, 1600, 1},
+                                           {"mxfp4 L2 v2", true, l2_panels, 1600, 2},
+                                           {"mxfp4 L2 v3", true, l2_panels, 1600, 3},
+                                           {"mxfp4 L2 v5", true, l2_panels, 1600, 5},
+                                           {"bf16 memory", false, mem_panels_bf16, 2},
+                                           {"mxfp4 memory", true, mem_panels_mxfp4, 2},
+                                           {"pattern 4 pan", true, mem_panels_mxfp4, 2, 10},
+                                           {"pattern 8 pan", true, mem_panels_mxfp4, 2, 11},
+                                           {"pattern 16 pan", true, mem_panels_mxfp4, 2, 12},
+                                           {"pattern 1 MiB", true, mem_panels_mxfp4, 2, 13},
+                                           // again: an instance's rate drifts within a run
+                                           {"mxfp4 memory", true, mem_panels_mxfp4, 2},
+                                           {"bf16 memory", false, mem_panels_bf16, 2}};
+  // --bf16-decode: the bf16 decode kernel's variants (bf16_variant) and the probe's pattern over
+  // the same weights (one 96 MiB set a thread, shared by the cases), the cases taking turns round
+  // by round so that the instance's drift falls on all of them alike.
+  const std::vector<Case> bf16_cases = {{"tree", false, mem_panels_bf16, 2, 20},
+                                        {"no prefetch", false, mem_panels_bf16, 2, 21},
+                                        {"tree (copy)", false, mem_panels_bf16, 2, 28},
+                                        {"xor, no dpbf16", false, mem_panels_bf16, 2, 22},
+                                        {"2 acc a panel", false, mem_panels_bf16, 2, 23},
+                                        {"T0 2 / T1 8", false, mem_panels_bf16, 2, 24},
+                                        {"T1 4 only", false, mem_panels_bf16, 2, 25},
+                                        {"T0 1 only", false, mem_panels_bf16, 2, 26},
+                                        {"tree + T2 16", false, mem_panels_bf16, 2, 27},
+                                        {"pattern 8", false, mem_panels_bf16, 2, 30},
+                                        {"pattern 32", false, mem_panels_bf16, 2, 31},
+                                        {"pattern zmm 8", false, mem_panels_bf16, 2, 32}};
+  const std::vector<Case>& cases = bf16_decode ? bf16_cases : default_cases;
+  std::vector<std::vector<Weights>> weights(cases.size());
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    if (bf16_decode && c > 0) continue;  // the cases share case 0's
     for (int t = 0; t < threads && selected(cases[c].name); ++t) weights[c].push_back(make_weights(cases[c].panels, k, cases[c].mxfp4, 17 * t + c));
+  }
   std::vector<bf16> x(k_padded);
   for (int i = 0; i < k_padded; ++i) x[i] = float_to_bf16(i < k ? 0.01f * (i % 13) : 0.f);
 
-  std::printf("threads %d, K %d; GB/s of weights read, median over %d rounds\n", threads, k, rounds);
+  std::printf("threads %d, K %d; GB/s of weights read, median over %d rounds%s\n", threads, k, rounds,
+              bf16_decode ? " (cases taking turns round by round)" : "");
   std::printf("%-14s %12s %12s %12s\n", "case", "median thr", "min thr", "sum");
-  for (std::size_t c = 0; c < std::size(cases); ++c) {
-    if (!selected(cases[c].name)) continue;
-    std::vector<double> med, mins, sums;
-    for (int r = 0; r < rounds; ++r) {
-      std::vector<double> rate(threads);
-      std::atomic<int> ready{0};
-      std::vector<std::thread> pool;
-      for (int t = 0; t < threads; ++t)
-        pool.emplace_back([&, t] {
-          cpu_set_t set;
-          CPU_ZERO(&set);
-          CPU_SET(t, &set);
-          sched_setaffinity(0, sizeof set, &set);
-          std::vector<float> out(4 * kPanelColumns);
-          const Weights& w = weights[c][t];
-          pass(w, k_padded, x.data(), out.data(), cases[c].variant);  // warm (L2) / first touch done at fill
-          ready.fetch_add(1);
-          while (ready.load() < threads) {
-          }
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int i = 0; i < cases[c].passes; ++i) pass(w, k_padded, x.data(), out.data(), cases[c].variant);
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          rate[t] = weight_bytes(w, k, cases[c].variant) * cases[c].passes / s / 1e9;
-        });
-      for (auto& th : pool) th.join();
-      double sum = 0;
-      for (double v : rate) sum += v;
-      med.push_back(median(rate));
-      mins.push_back(*std::min_element(rate.begin(), rate.end()));
-      sums.push_back(sum);
+  std::vector<std::vector<double>> med(cases.size()), mins(cases.size()), sums(cases.size());
+  auto run_round = [&](std::size_t c) {
+    const std::vector<Weights>& ws = weights[bf16_decode ? 0 : c];
+    std::vector<double> rate(threads);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(t, &set);
+        sched_setaffinity(0, sizeof set, &set);
+        std::vector<float> out(4 * kPanelColumns);
+        const Weights& w = ws[t];
+        pass(w, k_padded, x.data(), out.data(), cases[c].variant);  // warm (L2) / first touch done at fill
+        ready.fetch_add(1);
+        while (ready.load() < threads) {
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < cases[c].passes; ++i) pass(w, k_padded, x.data(), out.data(), cases[c].variant);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rate[t] = weight_bytes(w, k, cases[c].variant) * cases[c].passes / s / 1e9;
+      });
+    for (auto& th : pool) th.join();
+    double sum = 0;
+    for (double v : rate) sum += v;
+    med[c].push_back(median(rate));
+    mins[c].push_back(*std::min_element(rate.begin(), rate.end()));
+    sums[c].push_back(sum);
+  };
+  auto print_case = [&](std::size_t c) {
+    std::printf("%-14s %12.2f %12.2f %12.1f\n", cases[c].name, median(med[c]), median(mins[c]), median(sums[c]));
+  };
+  if (bf16_decode) {
+    for (int r = 0; r < rounds; ++r)
+      for (std::size_t c = 0; c < cases.size(); ++c)
+        if (selected(cases[c].name)) run_round(c);
+    for (std::size_t c = 0; c < cases.size(); ++c)
+      if (selected(cases[c].name)) print_case(c);
+  } else {
+    for (std::size_t c = 0; c < cases.size(); ++c) {
+      if (!selected(cases[c].name)) continue;
+      for (int r = 0; r < rounds; ++r) run_round(c);
+      print_case(c);
     }
-    std::printf("%-14s %12.2f %12.2f %12.1f\n", cases[c].name, median(med), median(mins), median(sums));
   }
   return 0;
 }
