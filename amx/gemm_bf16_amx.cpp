@@ -52,15 +52,17 @@ constexpr int kTileRows = 16;
 constexpr int kBlockRows = 2 * kTileRows;
 constexpr int kTileRowBytes = 64;
 // B blocks are prefetched this many k-blocks ahead into L1 on the first pass over a panel pair
-// (later passes find them in L2); 4 KiB per panel is about one memory latency of work. The same
-// pass also asks for the blocks kL2AheadBlocks ahead into L2, so that more of the core's misses
-// are in flight than the L1 requests alone keep. On the device (with and without as cases taking
-// turns in one process, two calls) that took the forward at 128 and 512 tokens 1-4 % faster in
-// 13 of 14 pairs (the other +1.8 %), and the fine-tuning step at 512 tokens 0-2 %. With the L1
-// requests only 2 blocks ahead it was 1-4 % faster on one instance and 16-21 % slower on
-// another: the 4 ahead stay.
-constexpr int kPrefetchBlocks = 4;
-constexpr int kL2AheadBlocks = 16;
+// (later passes find them in L2), and kL2AheadBlocks ahead into L2, so that more of the core's
+// misses are in flight than the L1 requests alone keep (sessions 33-34: the L2 requests took the
+// forward at 128 and 512 tokens 1-4 % faster in 13 of 14 pairs). The distances were 4 and 16 until
+// session 69, when distances taking turns call by call as cases of one process (held LoRA r=16,
+// the DeepSeek-V2-Lite shape) gave: on two Emerald Rapids machines, four processes, 2 / 8 against
+// 4 / 16 1.6-3.2 % faster at 128 tokens and 0.5-2.8 % at 512, 8 pairs of 8 (1 / 4 about the same,
+// 2 / 16 and 4 / 8 each faster at one of the two, 8 / 32 5 % slower); on a Sapphire Rapids machine,
+// two processes, level within 1 %. Session 33's "+16-21 % on another instance" for L1 requests 2
+// ahead came from separate processes of two builds, which differ by that much on these machines.
+constexpr int kPrefetchBlocks = 2;
+constexpr int kL2AheadBlocks = 8;
 // Panel groups: the weights of one group are re-read by every 32-row block and by the tail pass.
 constexpr std::size_t kGroupBytes = 512 * 1024;
 // Experts of 33-128 rows run panel pairs outside and row blocks inside (pair_order.hpp): with
