@@ -334,12 +334,19 @@ double median(std::vector<double> v) {
 // forward's one parallel_for does. Modes take turns call by call: 0 a shared counter (the
 // forward's pool), 1 contiguous ranges (thread t the t-th share, in order), 2 contiguous ranges
 // whose threads, once done, take what is left of others' from their ends, 3 and 4 the bandwidth
-// probe's pattern (a word a line) over the items of modes 0 and 1. Printed: the median call's ms and
-// GB/s.
+// probe's pattern (a word a line) over the items of modes 0 and 1, 5 the forward's own items
+// (DecodeCalls::forward_item). Printed: the median call's ms and GB/s.
 struct DecodeCalls {
-  static constexpr int kModes = 5;
+  static constexpr int kModes = 6;
+  // Mode 5: DeepSeek-V2-Lite's six experts of a token as the forward's items read them: an expert's
+  // gate and up (88 panels each, K as given: 2048 there) then its down (128 panels, K = 1408);
+  // gate_up items of 4 panels of gate and then the same of up, then the down items, all from the
+  // shared counter (the forward's down items wait for their expert's h; these do not).
+  static constexpr int kExperts = 6, kUpPanels = 88, kDownPanels = 128, kDownK = 1408;
+  static constexpr int kForwardItems = kExperts * (kUpPanels / 4 + kDownPanels / 4);
   int threads = 16, k_padded = 2048, panels_per_call = 0, windows = 0, items = 0;
   std::size_t panel_elems = 0;
+  std::size_t window_elems = 0;  // from one call's window to the next: the larger of the two layouts
   AlignedVector<bf16> w;
   std::vector<bf16> x;
   std::atomic<int> gen{0}, done{0}, stop{0};
@@ -352,8 +359,40 @@ struct DecodeCalls {
 
   // Thread t's share of a call's items in the fixed-range modes: [share_begin(t), share_begin(t + 1)).
   int share_begin(int t) const { return static_cast<int>(static_cast<long>(items) * t / threads); }
+  void forward_item(int i, float* c) const {
+    const std::size_t up_elems = static_cast<std::size_t>(kUpPanels) * panel_elems;
+    const std::size_t expert_elems = 2 * up_elems + static_cast<std::size_t>(kDownPanels) * kDownK * kPanelColumns;
+    const bf16* base = w.data() + static_cast<std::size_t>(window) * window_elems;
+    GemmBf16Args g{};
+    g.a = x.data();
+    g.m = 1;
+    g.c = c;
+    g.ldc = 4 * kPanelColumns;
+    constexpr int kGateUpItems = kExperts * kUpPanels / 4;
+    if (i < kGateUpItems) {
+      const int e = i / (kUpPanels / 4), p0 = 4 * (i % (kUpPanels / 4));
+      g.lda = static_cast<std::size_t>(k_padded);
+      g.k_padded = k_padded;
+      g.panel_begin = p0;
+      g.panel_end = p0 + 4;
+      g.packed_b = base + e * expert_elems;
+      gemm_bf16_avx512_prefetching(g);
+      g.packed_b = base + e * expert_elems + up_elems;
+      gemm_bf16_avx512_prefetching(g);
+      return;
+    }
+    i -= kGateUpItems;
+    const int e = i / (kDownPanels / 4), p0 = 4 * (i % (kDownPanels / 4));
+    g.lda = kDownK;
+    g.k_padded = kDownK;
+    g.panel_begin = p0;
+    g.panel_end = p0 + 4;
+    g.packed_b = base + e * expert_elems + 2 * up_elems;
+    gemm_bf16_avx512_prefetching(g);
+  }
   void item(int i, float* c) const {
-    const int p0 = window * panels_per_call + 4 * i;
+    if (mode == 5) return forward_item(i, c);
+    const int p0 = 4 * i;
     if (mode >= 3) {
       c[0] += static_cast<float>(pattern_item(p0) & 1);
       return;
@@ -367,12 +406,13 @@ struct DecodeCalls {
     g.panel_end = p0 + 4;
     g.c = c;
     g.ldc = 4 * kPanelColumns;
-    g.packed_b = w.data();
+    g.packed_b = w.data() + static_cast<std::size_t>(window) * window_elems;
     gemm_bf16_avx512_prefetching(g);
   }
   std::uint64_t pattern_item(int p0) const {
     const std::size_t panel_bytes = panel_elems * sizeof(bf16);
-    const std::uint8_t* base = reinterpret_cast<const std::uint8_t*>(w.data() + static_cast<std::size_t>(p0) * panel_elems);
+    const std::uint8_t* base =
+        reinterpret_cast<const std::uint8_t*>(w.data() + static_cast<std::size_t>(window) * window_elems + static_cast<std::size_t>(p0) * panel_elems);
     std::uint64_t sink = 0;
     for (std::size_t j = 0; j < panel_bytes; j += 64)
       for (std::size_t s = 0; s < 4; ++s) {
@@ -385,8 +425,9 @@ struct DecodeCalls {
     return sink;
   }
   void run_share(int t, float* c) {
-    if (mode == 0 || mode == 3) {
-      for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < items;) item(i, c);
+    if (mode == 0 || mode == 3 || mode == 5) {
+      const int n = mode == 5 ? kForwardItems : items;
+      for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) item(i, c);
     } else if (mode == 1 || mode == 4) {
       for (int i = share_begin(t); i < share_begin(t + 1); ++i) item(i, c);
     } else {
@@ -417,8 +458,11 @@ void decode_calls(int threads, int k, int rounds) {
   const std::size_t panel_bytes = d.panel_elems * sizeof(bf16);
   d.panels_per_call = static_cast<int>((std::size_t(104) << 20) / panel_bytes / 4 * 4);
   d.items = d.panels_per_call / 4;
-  d.windows = static_cast<int>((std::size_t(3) << 29) / (panel_bytes * d.panels_per_call));
-  d.w.resize(d.panel_elems * d.panels_per_call * d.windows);
+  const std::size_t forward_elems = static_cast<std::size_t>(DecodeCalls::kExperts) *
+                                    (2 * DecodeCalls::kUpPanels * d.panel_elems + static_cast<std::size_t>(DecodeCalls::kDownPanels) * DecodeCalls::kDownK * kPanelColumns);
+  d.window_elems = std::max(d.panel_elems * d.panels_per_call, forward_elems);
+  d.windows = static_cast<int>((std::size_t(3) << 29) / (d.window_elems * sizeof(bf16)));
+  d.w.resize(d.window_elems * d.windows);
   d.ranges = std::vector<DecodeCalls::Range>(static_cast<std::size_t>(threads));
   d.x.assign(d.k_padded, float_to_bf16(0.01f));
   std::vector<std::thread> helpers;
@@ -478,14 +522,19 @@ void decode_calls(int threads, int k, int rounds) {
   d.gen.fetch_add(1);
   for (auto& h : helpers) h.join();
   const double bytes = static_cast<double>(panel_bytes) * d.panels_per_call;
-  const char* names[DecodeCalls::kModes] = {"shared counter", "contiguous", "contig + steal", "pattern, counter", "pattern, contig"};
+  const char* names[DecodeCalls::kModes] = {"shared counter", "contiguous", "contig + steal", "pattern, counter", "pattern, contig",
+                                            "forward items"};
   std::printf("decode calls: %d threads, K %d, %.1f MB a call, %d items of 4 panels, %d windows, %d calls a mode\n", threads, d.k_padded,
               bytes / 1e6, d.items, d.windows, rounds);
   std::printf("%-16s %9s %9s %9s\n", "mode", "median_ms", "min_ms", "GB/s");
   for (int m = 0; m < DecodeCalls::kModes; ++m) {
     const double med = median(ms[static_cast<std::size_t>(m)]);
     const double mn = *std::min_element(ms[static_cast<std::size_t>(m)].begin(), ms[static_cast<std::size_t>(m)].end());
-    std::printf("%-16s %9.3f %9.3f %9.1f\n", names[m], med, mn, bytes / med / 1e6);
+    const double mode_bytes =
+        m == 5 ? static_cast<double>(DecodeCalls::kExperts) *
+                     (2.0 * DecodeCalls::kUpPanels * panel_bytes + static_cast<double>(DecodeCalls::kDownPanels) * DecodeCalls::kDownK * 32)
+               : bytes;
+    std::printf("%-16s %9.3f %9.3f %9.1f\n", names[m], med, mn, mode_bytes / med / 1e6);
   }
 }
 
