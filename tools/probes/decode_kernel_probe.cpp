@@ -335,15 +335,19 @@ double median(std::vector<double> v) {
 // forward's pool), 1 contiguous ranges (thread t the t-th share, in order), 2 contiguous ranges
 // whose threads, once done, take what is left of others' from their ends, 3 and 4 the bandwidth
 // probe's pattern (a word a line) over the items of modes 0 and 1, 5 the forward's own items
-// (DecodeCalls::forward_item). Printed: the median call's ms and GB/s.
+// (DecodeCalls::forward_item), 6 the same over six experts drawn at random. Printed: the median
+// call's ms and GB/s.
 struct DecodeCalls {
-  static constexpr int kModes = 6;
+  static constexpr int kModes = 7;
   // Mode 5: DeepSeek-V2-Lite's six experts of a token as the forward's items read them: an expert's
   // gate and up (88 panels each, K as given: 2048 there) then its down (128 panels, K = 1408);
   // gate_up items of 4 panels of gate and then the same of up, then the down items, all from the
   // shared counter (the forward's down items wait for their expert's h; these do not).
   static constexpr int kExperts = 6, kUpPanels = 88, kDownPanels = 128, kDownK = 1408;
   static constexpr int kForwardItems = kExperts * (kUpPanels / 4 + kDownPanels / 4);
+  // Mode 6: the same with the call's six experts drawn at random from all the buffer holds (as the
+  // bench's routing draws them from a layer's 64), not six neighbours.
+  int random_experts[kExperts] = {};
   int threads = 16, k_padded = 2048, panels_per_call = 0, windows = 0, items = 0;
   std::size_t panel_elems = 0;
   std::size_t window_elems = 0;  // from one call's window to the next: the larger of the two layouts
@@ -362,7 +366,10 @@ struct DecodeCalls {
   void forward_item(int i, float* c) const {
     const std::size_t up_elems = static_cast<std::size_t>(kUpPanels) * panel_elems;
     const std::size_t expert_elems = 2 * up_elems + static_cast<std::size_t>(kDownPanels) * kDownK * kPanelColumns;
-    const bf16* base = w.data() + static_cast<std::size_t>(window) * window_elems;
+    auto expert = [&](int e) {
+      return mode == 6 ? w.data() + static_cast<std::size_t>(random_experts[e]) * expert_elems
+                       : w.data() + static_cast<std::size_t>(window) * window_elems + e * expert_elems;
+    };
     GemmBf16Args g{};
     g.a = x.data();
     g.m = 1;
@@ -375,9 +382,9 @@ struct DecodeCalls {
       g.k_padded = k_padded;
       g.panel_begin = p0;
       g.panel_end = p0 + 4;
-      g.packed_b = base + e * expert_elems;
+      g.packed_b = expert(e);
       gemm_bf16_avx512_prefetching(g);
-      g.packed_b = base + e * expert_elems + up_elems;
+      g.packed_b = expert(e) + up_elems;
       gemm_bf16_avx512_prefetching(g);
       return;
     }
@@ -387,11 +394,11 @@ struct DecodeCalls {
     g.k_padded = kDownK;
     g.panel_begin = p0;
     g.panel_end = p0 + 4;
-    g.packed_b = base + e * expert_elems + 2 * up_elems;
+    g.packed_b = expert(e) + 2 * up_elems;
     gemm_bf16_avx512_prefetching(g);
   }
   void item(int i, float* c) const {
-    if (mode == 5) return forward_item(i, c);
+    if (mode >= 5) return forward_item(i, c);
     const int p0 = 4 * i;
     if (mode >= 3) {
       c[0] += static_cast<float>(pattern_item(p0) & 1);
@@ -425,8 +432,8 @@ struct DecodeCalls {
     return sink;
   }
   void run_share(int t, float* c) {
-    if (mode == 0 || mode == 3 || mode == 5) {
-      const int n = mode == 5 ? kForwardItems : items;
+    if (mode == 0 || mode == 3 || mode >= 5) {
+      const int n = mode >= 5 ? kForwardItems : items;
       for (int i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) item(i, c);
     } else if (mode == 1 || mode == 4) {
       for (int i = share_begin(t); i < share_begin(t + 1); ++i) item(i, c);
@@ -492,7 +499,16 @@ void decode_calls(int threads, int k, int rounds) {
     sched_setaffinity(0, sizeof set, &set);
   }
   std::vector<float> c0(4 * kPanelColumns);
+  const int expert_slots = static_cast<int>(d.w.size() / (forward_elems / DecodeCalls::kExperts));
+  std::mt19937 pick(7);
   auto call = [&](int mode, int window) {
+    for (int e = 0; e < DecodeCalls::kExperts; ++e) {
+      bool again = true;
+      while (again) {
+        d.random_experts[e] = static_cast<int>(pick() % static_cast<unsigned>(expert_slots));
+        again = std::find(d.random_experts, d.random_experts + e, d.random_experts[e]) != d.random_experts + e;
+      }
+    }
     d.mode = mode;
     d.window = window;
     d.next.store(0, std::memory_order_relaxed);
@@ -523,7 +539,7 @@ void decode_calls(int threads, int k, int rounds) {
   for (auto& h : helpers) h.join();
   const double bytes = static_cast<double>(panel_bytes) * d.panels_per_call;
   const char* names[DecodeCalls::kModes] = {"shared counter", "contiguous", "contig + steal", "pattern, counter", "pattern, contig",
-                                            "forward items"};
+                                            "forward items", "fwd, random"};
   std::printf("decode calls: %d threads, K %d, %.1f MB a call, %d items of 4 panels, %d windows, %d calls a mode\n", threads, d.k_padded,
               bytes / 1e6, d.items, d.windows, rounds);
   std::printf("%-16s %9s %9s %9s\n", "mode", "median_ms", "min_ms", "GB/s");
@@ -531,7 +547,7 @@ void decode_calls(int threads, int k, int rounds) {
     const double med = median(ms[static_cast<std::size_t>(m)]);
     const double mn = *std::min_element(ms[static_cast<std::size_t>(m)].begin(), ms[static_cast<std::size_t>(m)].end());
     const double mode_bytes =
-        m == 5 ? static_cast<double>(DecodeCalls::kExperts) *
+        m >= 5 ? static_cast<double>(DecodeCalls::kExperts) *
                      (2.0 * DecodeCalls::kUpPanels * panel_bytes + static_cast<double>(DecodeCalls::kDownPanels) * DecodeCalls::kDownK * 32)
                : bytes;
     std::printf("%-16s %9.3f %9.3f %9.1f\n", names[m], med, mn, mode_bytes / med / 1e6);
