@@ -561,34 +561,28 @@ int main(int argc, char** argv) {
   int rounds = 9;
   int k = 2880;
   std::string only;  // cases whose name starts with it
-  bool bf16_decode = false;
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--bf16-decode") bf16_decode = true;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool bf16_decode = false, calls = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--bf16-decode" || a == "--decode-calls") {
-      --i;
-      continue;
+    if (a == "--bf16-decode") bf16_decode = true;
+    else if (a == "--decode-calls") calls = true;
+    else if (i + 1 < argc) {
+      if (a == "--threads") threads = std::atoi(argv[i + 1]);
+      else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
+      else if (a == "--k") k = std::atoi(argv[i + 1]);
+      else if (a == "--only") only = argv[i + 1];
+      ++i;
     }
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (a == "--k") k = std::atoi(argv[i + 1]);
-    else if (a == "--only") only = argv[i + 1];
   }
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--decode-calls") {
-      if (!isa_available(Isa::avx512_bf16)) {
-        std::printf("SKIPPED: no AVX512-BF16\n");
-        return 0;
-      }
-      decode_calls(threads, k, rounds);
-      return 0;
-    }
-  auto selected = [&](const char* name) { return only.empty() || std::strncmp(name, only.c_str(), only.size()) == 0; };
   if (!isa_available(Isa::avx512_bf16)) {
     std::printf("SKIPPED: no AVX512-BF16\n");
     return 0;
   }
+  if (calls) {
+    decode_calls(threads, k, rounds);
+    return 0;
+  }
+  auto selected = [&](const char* name) { return only.empty() || std::strncmp(name, only.c_str(), only.size()) == 0; };
   const int k_padded = (k + kBlockK - 1) / kBlockK * kBlockK;
   // L2: about 0.7 MiB of bf16 (0.2 of MXFP4); memory: 96 MiB of either a thread.
   const int l2_panels = 8;
@@ -635,8 +629,9 @@ int main(int argc, char** argv) {
   const std::vector<Case>& cases = bf16_decode ? bf16_cases : default_cases;
   std::vector<std::vector<Weights>> weights(cases.size());
   for (std::size_t c = 0; c < cases.size(); ++c) {
-    if (bf16_decode && c > 0) continue;  // the cases share case 0's
-    for (int t = 0; t < threads && selected(cases[c].name); ++t) weights[c].push_back(make_weights(cases[c].panels, k, cases[c].mxfp4, 17 * t + c));
+    if (bf16_decode && c > 0) break;  // the cases share case 0's, made whichever are selected
+    for (int t = 0; t < threads && (bf16_decode || selected(cases[c].name)); ++t)
+      weights[c].push_back(make_weights(cases[c].panels, k, cases[c].mxfp4, 17 * t + c));
   }
   std::vector<bf16> x(k_padded);
   for (int i = 0; i < k_padded; ++i) x[i] = float_to_bf16(i < k ? 0.01f * (i % 13) : 0.f);
