@@ -471,7 +471,7 @@ void decode_calls(int threads, int k, int rounds) {
   d.windows = static_cast<int>((std::size_t(3) << 29) / (d.window_elems * sizeof(bf16)));
   d.w.resize(d.window_elems * d.windows);
   d.ranges = std::vector<DecodeCalls::Range>(static_cast<std::size_t>(threads));
-  d.x.assign(d.k_padded, float_to_bf16(0.01f));
+  d.x.assign(std::max(d.k_padded, DecodeCalls::kDownK), float_to_bf16(0.01f));  // down items read kDownK
   std::vector<std::thread> helpers;
   auto worker = [&](int t) {
     cpu_set_t set;
