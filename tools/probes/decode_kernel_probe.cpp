@@ -244,7 +244,11 @@ std::uint64_t read_pattern_bf16(const Weights& w, int k_padded, std::size_t ahea
         }
       }
   }
-  for (int s = 0; s < 4; ++s) sink[s] ^= static_cast<std::uint64_t>(_mm512_reduce_add_epi64(zsink[s]));
+  for (int s = 0; s < 4; ++s) {
+    alignas(64) std::uint64_t lanes[8];
+    _mm512_store_si512(lanes, zsink[s]);
+    for (std::uint64_t v : lanes) sink[s] ^= v;
+  }
   return sink[0] ^ sink[1] ^ sink[2] ^ sink[3];
 }
 
