@@ -117,32 +117,31 @@ int main(int argc, char** argv) {
     pool.parallel_for(items.size(), [&](std::size_t i, int worker) {
       const Item& it = items[i];
       const int e = static_cast<int>(r.expert_ids[static_cast<std::size_t>(it.expert_slot)]);
-      kernels::GemmBf16Args g{};
-      g.a = xk.data();
-      g.m = 1;
-      g.c = scratch[static_cast<std::size_t>(worker)].data();
-      g.ldc = 4 * kernels::kPanelColumns;
-      if (it.gate_up) {
-        g.lda = static_cast<std::size_t>(up.k_padded);
-        g.k_padded = up.k_padded;
+      // Panels [p0, p0 + 4) of one projection, as the forward's decode items call the kernel.
+      auto product = [&](const kernels::PackedShape& shape, const bf16* packed) {
+        kernels::GemmBf16Args g{};
+        g.a = xk.data();
+        g.lda = static_cast<std::size_t>(shape.k_padded);
+        g.m = 1;
+        g.k_padded = shape.k_padded;
         g.panel_begin = it.p0;
-        g.panel_end = std::min(it.p0 + 4, up.panels);
-        g.packed_b = w.packed(Projection::gate, e);
+        g.panel_end = std::min(it.p0 + 4, shape.panels);
+        g.c = scratch[static_cast<std::size_t>(worker)].data();
+        g.ldc = 4 * kernels::kPanelColumns;
+        g.packed_b = packed;
         kernels::gemm_bf16_avx512_prefetching(g);
-        g.packed_b = w.packed(Projection::up, e);
-        kernels::gemm_bf16_avx512_prefetching(g);
-        left[static_cast<std::size_t>(it.expert_slot)].fetch_sub(1, std::memory_order_acq_rel);
+      };
+      std::atomic<int>& h_left = left[static_cast<std::size_t>(it.expert_slot)];
+      if (it.gate_up) {
+        product(up, w.packed(Projection::gate, e));
+        product(up, w.packed(Projection::up, e));
+        h_left.fetch_sub(1, std::memory_order_acq_rel);
         return;
       }
       if (wait_h)
-        while (left[static_cast<std::size_t>(it.expert_slot)].load(std::memory_order_acquire) > 0) {
+        while (h_left.load(std::memory_order_acquire) > 0) {
         }
-      g.lda = static_cast<std::size_t>(down.k_padded);
-      g.k_padded = down.k_padded;
-      g.panel_begin = it.p0;
-      g.panel_end = std::min(it.p0 + 4, down.panels);
-      g.packed_b = w.packed(Projection::down, e);
-      kernels::gemm_bf16_avx512_prefetching(g);
+      product(down, w.packed(Projection::down, e));
     });
   };
 

@@ -72,6 +72,22 @@ Weights make_weights(int panels, int k, bool mxfp4, std::uint32_t seed) {
 }
 
 
+// The decode kernels' arguments for one row of x (k_padded long) times panels [p0, p1) of `packed`,
+// into c (4 panels wide).
+GemmBf16Args one_row_args(const bf16* x, int k_padded, const bf16* packed, int p0, int p1, float* c) {
+  GemmBf16Args g{};
+  g.a = x;
+  g.lda = static_cast<std::size_t>(k_padded);
+  g.m = 1;
+  g.k_padded = k_padded;
+  g.panel_begin = p0;
+  g.panel_end = p1;
+  g.c = c;
+  g.ldc = 4 * kPanelColumns;
+  g.packed_b = packed;
+  return g;
+}
+
 // Variants of the MXFP4 rows kernel for one row (timing only; their sums are not the product):
 // 0 the kernel's instructions with one sum a panel (no block scales), 1 no lookups (the shifted line multiplied as it is), 2 no shifts (every row looked up from the
 // unshifted line), 3 a W4A8 form (VPSHUFB to int8 values, VPDPBUSD with int8 activations), 5 the lookups
@@ -264,16 +280,7 @@ void pass(const Weights& w, int k_padded, const bf16* x, float* c, int variant) 
       switch (variant) {
         case 20:
         case 21: {
-          GemmBf16Args g{};
-          g.a = x;
-          g.lda = static_cast<std::size_t>(k_padded);
-          g.m = 1;
-          g.k_padded = k_padded;
-          g.panel_begin = p0;
-          g.panel_end = p0 + 4;
-          g.c = c;
-          g.ldc = 4 * kPanelColumns;
-          g.packed_b = w.bf16_packed.data();
+          const GemmBf16Args g = one_row_args(x, k_padded, w.bf16_packed.data(), p0, p0 + 4, c);
           if (variant == 20) gemm_bf16_avx512_prefetching(g);
           else gemm_bf16_avx512(g);
           break;
@@ -308,17 +315,8 @@ void pass(const Weights& w, int k_padded, const bf16* x, float* c, int variant) 
       else mxfp4_variant<3>(w.shape, v, x, p0, c);
       continue;
     }
-    GemmBf16Args g{};
-    g.a = x;
-    g.lda = static_cast<std::size_t>(k_padded);
-    g.m = 1;
-    g.k_padded = k_padded;
-    g.panel_begin = p0;
-    g.panel_end = std::min(p0 + 4, w.panels);
-    g.c = c;
-    g.ldc = 4 * kPanelColumns;
+    const GemmBf16Args g = one_row_args(x, k_padded, w.codes.empty() ? w.bf16_packed.data() : nullptr, p0, std::min(p0 + 4, w.panels), c);
     if (w.codes.empty()) {
-      g.packed_b = w.bf16_packed.data();
       gemm_bf16_avx512(g);
     } else {
       gemm_mxfp4_rows_avx512(g, w.shape, {w.codes.data(), w.exponents.data()});
@@ -374,32 +372,16 @@ struct DecodeCalls {
       return mode == 6 ? w.data() + static_cast<std::size_t>(random_experts[e]) * expert_elems
                        : w.data() + static_cast<std::size_t>(window) * window_elems + e * expert_elems;
     };
-    GemmBf16Args g{};
-    g.a = x.data();
-    g.m = 1;
-    g.c = c;
-    g.ldc = 4 * kPanelColumns;
     constexpr int kGateUpItems = kExperts * kUpPanels / 4;
     if (i < kGateUpItems) {
       const int e = i / (kUpPanels / 4), p0 = 4 * (i % (kUpPanels / 4));
-      g.lda = static_cast<std::size_t>(k_padded);
-      g.k_padded = k_padded;
-      g.panel_begin = p0;
-      g.panel_end = p0 + 4;
-      g.packed_b = expert(e);
-      gemm_bf16_avx512_prefetching(g);
-      g.packed_b = expert(e) + up_elems;
-      gemm_bf16_avx512_prefetching(g);
+      gemm_bf16_avx512_prefetching(one_row_args(x.data(), k_padded, expert(e), p0, p0 + 4, c));
+      gemm_bf16_avx512_prefetching(one_row_args(x.data(), k_padded, expert(e) + up_elems, p0, p0 + 4, c));
       return;
     }
     i -= kGateUpItems;
     const int e = i / (kDownPanels / 4), p0 = 4 * (i % (kDownPanels / 4));
-    g.lda = kDownK;
-    g.k_padded = kDownK;
-    g.panel_begin = p0;
-    g.panel_end = p0 + 4;
-    g.packed_b = expert(e) + 2 * up_elems;
-    gemm_bf16_avx512_prefetching(g);
+    gemm_bf16_avx512_prefetching(one_row_args(x.data(), kDownK, expert(e) + 2 * up_elems, p0, p0 + 4, c));
   }
   void item(int i, float* c) const {
     if (mode >= 5) return forward_item(i, c);
@@ -408,17 +390,7 @@ struct DecodeCalls {
       c[0] += static_cast<float>(pattern_item(p0) & 1);
       return;
     }
-    GemmBf16Args g{};
-    g.a = x.data();
-    g.lda = static_cast<std::size_t>(k_padded);
-    g.m = 1;
-    g.k_padded = k_padded;
-    g.panel_begin = p0;
-    g.panel_end = p0 + 4;
-    g.c = c;
-    g.ldc = 4 * kPanelColumns;
-    g.packed_b = w.data() + static_cast<std::size_t>(window) * window_elems;
-    gemm_bf16_avx512_prefetching(g);
+    gemm_bf16_avx512_prefetching(one_row_args(x.data(), k_padded, w.data() + static_cast<std::size_t>(window) * window_elems, p0, p0 + 4, c));
   }
   std::uint64_t pattern_item(int p0) const {
     const std::size_t panel_bytes = panel_elems * sizeof(bf16);
