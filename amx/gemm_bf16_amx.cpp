@@ -17,7 +17,8 @@
 //
 // The configuration changes only between those two passes; panels are processed in groups
 // whose weights stay in L2 so that the tail pass re-reads them from L2, not memory. Experts of
-// 33-128 rows run panel pairs outside instead (pairs_outside), as the int8 kernel does.
+// 33-128 rows run panel pairs outside instead (pairs_outside), as the int8 kernel does. Experts
+// of at most 16 rows run 1 x 4 blocks where one_row_tile_block() says quads (quad_block).
 //
 // A may come in tile order (pack_rows_as_tiles): each A tile load is then one contiguous 1 KiB.
 // On the device, the gate_up phase (48 and 384 rows per expert, K = 2048, 16 threads) ran 20-27 %
@@ -35,6 +36,7 @@
 
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
+#include "amx/one_row_tile_block.hpp"
 #include "amx/pack_bf16.hpp"
 #include "amx/pair_order.hpp"
 #include "amx/prefetch.hpp"
@@ -176,6 +178,67 @@ void pairs_outside(const Job& job, int m, int p_begin, int p_end) {
   });
 }
 
+// One row tile (m <= 16) over four panels at once, for OneRowTileBlock::quads
+// (one_row_tile_block.hpp): C in tmm0-3, A in tmm4, B through tmm5-7 (the configuration gives
+// tmm5 16 rows), so that a core streams four panels as the decode kernel does, with one A load
+// per four products instead of one per two. tmm5 takes the fourth panel's B after the first
+// product has read it: tile registers are not renamed, so that load waits for the product.
+inline void k_sweep_quad(const Operand& op, int panel, bool prefetch_b) {
+  const bf16* b0 = op.packed + panel * op.panel_stride;
+  const std::size_t ps = op.panel_stride;
+  const std::size_t psb = ps * sizeof(bf16);
+  for (int kb = 0; kb < op.kblocks; ++kb) {
+    const bf16* bk = b0 + static_cast<std::size_t>(kb) * kBlockElements;
+    if (prefetch_b) {
+      for (int q = 0; q < 4; ++q) {
+        prefetch_tile_block_l1(bk + q * ps + kPrefetchBlocks * kBlockElements);
+        prefetch_tile_block_l2(bk + q * ps + kL2AheadBlocks * kBlockElements);
+      }
+    }
+    const char* ak = reinterpret_cast<const char*>(op.a + static_cast<std::size_t>(kb) * op.kblock_stride);
+    const char* bc = reinterpret_cast<const char*>(bk);
+    _tile_loadd(4, ak, op.lda_bytes);
+    _tile_loadd(5, bc, 64);
+    _tile_loadd(6, bc + psb, 64);
+    _tile_loadd(7, bc + 2 * psb, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, bc + 3 * psb, 64);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+}
+
+// Rows [0, configured rows) x panels [panel, panel + 4): C tiles in, K sweeps of both products,
+// C tiles out.
+void quad_block(const Job& job, int panel, bool prefetch_b) {
+  float* const c0 = job.c + (panel - job.panel_begin) * kPanelColumns;
+  const long ldb = job.ldc_bytes;
+  if (job.accumulate) {
+    _tile_loadd(0, c0, ldb);
+    _tile_loadd(1, c0 + kPanelColumns, ldb);
+    _tile_loadd(2, c0 + 2 * kPanelColumns, ldb);
+    _tile_loadd(3, c0 + 3 * kPanelColumns, ldb);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  k_sweep_quad(job.first, panel, prefetch_b);
+  if (job.has_second) k_sweep_quad(job.second, panel, false);
+  _tile_stored(0, c0, ldb);
+  _tile_stored(1, c0 + kPanelColumns, ldb);
+  _tile_stored(2, c0 + 2 * kPanelColumns, ldb);
+  _tile_stored(3, c0 + 3 * kPanelColumns, ldb);
+}
+
+TileConfig quad_tile_config(int rows) {
+  TileConfig cfg = make_tile_config(rows, rows);
+  cfg.rows[5] = 16;  // a B tile here, an A tile of a second row tile in the pairs' configuration
+  return cfg;
+}
+
 Operand make_operand(const bf16* a, std::size_t lda, bool tiles, const bf16* packed, int k_padded, std::size_t b_panel_stride = 0) {
   const int kblocks = k_padded / kBlockK;
   const std::size_t panel_stride = second_panel_stride(k_padded, b_panel_stride);
@@ -206,6 +269,7 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
 
   const int m_full = args.m / kBlockRows * kBlockRows;
   const int tail = args.m - m_full;
+  const bool quads = m_full == 0 && one_row_tile_block() == OneRowTileBlock::quads;
   // Groups are sized by the main product's weights. A LoRA's B (1-2 KiB a panel) is left out:
   // counted, it made 64 KiB panels into groups of 6 and 2 instead of 8, so that every row block
   // of A was streamed twice per 8-panel item. On the device at 4096 tokens (builds taking turns,
@@ -229,8 +293,15 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
       ensure_tile_config(make_tile_config(kTileRows, tail - kTileRows));
       panel_pairs<true>(job, m_full, args.m, g0, g1, m_full == 0);
     } else if (tail > 0) {
-      ensure_tile_config(make_tile_config(tail, tail));
-      panel_pairs<false>(job, m_full, args.m, g0, g1, m_full == 0);
+      int p = g0;
+      if (quads) {
+        ensure_tile_config(quad_tile_config(tail));
+        for (; p + 4 <= g1; p += 4) quad_block(job, p, true);
+      }
+      if (p < g1) {
+        ensure_tile_config(make_tile_config(tail, tail));
+        panel_pairs<false>(job, m_full, args.m, p, g1, m_full == 0);
+      }
     }
   }
   __asm__ volatile("" ::: "memory");

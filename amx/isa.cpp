@@ -2,6 +2,8 @@
 // xgetbv (the _xgetbv intrinsic would need -mxsave) and never touches an AVX-512 register.
 #include "amx/isa.hpp"
 
+#include "amx/one_row_tile_block.hpp"
+
 #include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -64,6 +66,9 @@ CpuFeatures detect() {
   unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 1) return f;
   __cpuid(1, eax, ebx, ecx, edx);
+  const unsigned base_family = (eax >> 8) & 0xf, base_model = (eax >> 4) & 0xf;
+  f.family = base_family == 0xf ? base_family + ((eax >> 20) & 0xff) : base_family;
+  f.model = base_family == 0x6 || base_family == 0xf ? (((eax >> 16) & 0xf) << 4) + base_model : base_model;
   f.fma = bit(ecx, 12);
   f.f16c = bit(ecx, 29);
   bool osxsave = bit(ecx, 27);
@@ -180,7 +185,9 @@ Isa best_available_isa() {
   return Isa::portable;
 }
 
-Isa resolve_isa(std::string_view requested) {
+namespace {
+
+Isa resolve_isa_name(std::string_view requested) {
   std::string_view name = requested;
   std::string source = "requested ISA";
   if (name.empty() || name == "auto") {
@@ -199,6 +206,16 @@ Isa resolve_isa(std::string_view requested) {
     fail(ErrorKind::unsupported, source + " '" + std::string(name) + "' cannot run on this machine: " + reason);
   }
   return *isa;
+}
+
+}  // namespace
+
+Isa resolve_isa(std::string_view requested) {
+  const Isa isa = resolve_isa_name(requested);
+  // A misspelt TILEMOE_ONE_ROW_BLOCK fails here, where a layer or runtime is made, not silently
+  // in the kernel (which falls back to the CPU's default).
+  if (isa == Isa::amx_bf16) resolve_one_row_tile_block({});
+  return isa;
 }
 
 }  // namespace tilemoe::kernels

@@ -22,6 +22,9 @@ struct CpuFeatures {
   // A TILEMOE_AMX_EMULATION build (tests only) on a CPU with the AVX-512 the AMX table also uses:
   // the AMX kernels run on tile_emulation's software model, whatever the CPU has.
   bool amx_emulated = false;
+  // CPUID leaf 1's display family and model (Sapphire Rapids 6 / 143, Emerald Rapids 6 / 207): for
+  // the few choices measured to go different ways on CPUs of one ISA (one_row_tile_block.hpp).
+  unsigned family = 0, model = 0;
 };
 
 // Detected once (thread-safe); requests AMX tile permission once when the CPU and OS have AMX.

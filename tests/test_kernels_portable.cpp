@@ -8,6 +8,7 @@
 
 #include "amx/isa.hpp"
 #include "amx/kernel_table.hpp"
+#include "amx/one_row_tile_block.hpp"
 #include "amx/pack_bf16.hpp"
 #include "amx/zero_streaming.hpp"
 #include "kernel_test_grid.hpp"
@@ -153,20 +154,25 @@ TEST_CASE("availability and reasons agree with the detected features") {
 
 namespace {
 
-// Sets TILEMOE_ISA for one scope and restores what was there.
-class ScopedIsaEnv {
+// Sets an environment variable for one scope and restores what was there.
+class ScopedEnv {
  public:
-  explicit ScopedIsaEnv(const char* value) {
-    if (const char* old = std::getenv("TILEMOE_ISA")) saved_ = old, had_ = true;
-    if (value) setenv("TILEMOE_ISA", value, 1); else unsetenv("TILEMOE_ISA");
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old, had_ = true;
+    if (value) setenv(name, value, 1); else unsetenv(name);
   }
-  ~ScopedIsaEnv() {
-    if (had_) setenv("TILEMOE_ISA", saved_.c_str(), 1); else unsetenv("TILEMOE_ISA");
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1); else unsetenv(name_);
   }
 
  private:
+  const char* name_;
   std::string saved_;
   bool had_ = false;
+};
+
+struct ScopedIsaEnv : ScopedEnv {
+  explicit ScopedIsaEnv(const char* value) : ScopedEnv("TILEMOE_ISA", value) {}
 };
 
 ErrorKind kind_of(std::string_view requested, std::string* message = nullptr) {
@@ -231,6 +237,57 @@ TEST_CASE("resolve_isa picks the requested, the environment's or the best ISA") 
       CHECK(message.find("TILEMOE_ISA") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("the one-row tile block: the CPU's default, TILEMOE_ONE_ROW_BLOCK, a request, the process's setting") {
+  CpuFeatures f;
+  f.family = 6, f.model = 143;
+  CHECK(default_one_row_tile_block(f) == OneRowTileBlock::quads);
+  f.model = 207;
+  CHECK(default_one_row_tile_block(f) == OneRowTileBlock::pairs);
+  f.family = 25, f.model = 143;  // an AMD family with that model number
+  CHECK(default_one_row_tile_block(f) == OneRowTileBlock::pairs);
+  CHECK(cpu_features().family != 0);  // CPUID leaf 1 read
+
+  auto error_of = [](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::make_pair(e.kind(), std::string(e.what()));
+    }
+    return std::make_pair(ErrorKind::state, std::string("no error"));
+  };
+  {
+    ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", nullptr);
+    CHECK(resolve_one_row_tile_block("") == default_one_row_tile_block(cpu_features()));
+    CHECK(resolve_one_row_tile_block("auto") == default_one_row_tile_block(cpu_features()));
+    CHECK(resolve_one_row_tile_block("quads") == OneRowTileBlock::quads);
+    CHECK(resolve_one_row_tile_block("pairs") == OneRowTileBlock::pairs);
+    auto [kind, message] = error_of([] { resolve_one_row_tile_block("triples"); });
+    CHECK(kind == ErrorKind::invalid_argument);
+    CHECK(message.find("triples") != std::string::npos);
+    CHECK(message.find("pairs") != std::string::npos);
+  }
+  {
+    ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "quads");
+    CHECK(resolve_one_row_tile_block("") == OneRowTileBlock::quads);
+    CHECK(resolve_one_row_tile_block("pairs") == OneRowTileBlock::pairs);  // a request wins
+  }
+  {
+    ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "quad");
+    auto [kind, message] = error_of([] { resolve_one_row_tile_block(""); });
+    CHECK(kind == ErrorKind::invalid_argument);
+    CHECK(message.find("TILEMOE_ONE_ROW_BLOCK") != std::string::npos);
+    // resolve_isa reports it where AMX is chosen, and nowhere else.
+    CHECK_NOTHROW(resolve_isa("portable"));
+    if (isa_available(Isa::amx_bf16)) CHECK(error_of([] { resolve_isa("amx"); }).first == ErrorKind::invalid_argument);
+  }
+  const OneRowTileBlock before = one_row_tile_block();
+  set_one_row_tile_block(OneRowTileBlock::quads);
+  CHECK(one_row_tile_block() == OneRowTileBlock::quads);
+  set_one_row_tile_block(OneRowTileBlock::pairs);
+  CHECK(one_row_tile_block() == OneRowTileBlock::pairs);
+  set_one_row_tile_block(before);
 }
 
 TEST_CASE("kernel_table refuses an ISA this machine lacks") {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "amx/kernel_table.hpp"
+#include "amx/one_row_tile_block.hpp"
 #include "amx/tile_emulation.hpp"
 #include "kernel_test_grid.hpp"
 
@@ -13,6 +14,35 @@ using namespace tilemoe;
 using namespace tilemoe::kernels;
 
 TEST_CASE("amx kernels match the double reference") { test::check_kernels(Isa::amx_bf16); }
+
+// The suite runs the CPU's default form everywhere else; here both, whatever the CPU. Widths of
+// 5-13 panels put quads beside the pairs (and a single panel) that finish a group, and panel
+// sub-ranges start them off panel 0.
+TEST_CASE("both one-row tile blocks match the double reference") {
+  struct Restore {  // a failed REQUIRE leaves the test case early
+    OneRowTileBlock before = one_row_tile_block();
+    ~Restore() { set_one_row_tile_block(before); }
+  } restore;
+  for (OneRowTileBlock block : {OneRowTileBlock::pairs, OneRowTileBlock::quads}) {
+    INFO("one-row tile block " << one_row_tile_block_name(block));
+    set_one_row_tile_block(block);
+    test::check_gemm_grid(gemm_bf16_amx);
+    test::check_gemm_features(gemm_bf16_amx);
+    std::mt19937 rng(23);
+    for (int m : {4, 7, 12, 16})
+      for (int n : {64, 65, 80, 130, 200, 208})
+        for (int k : {32, 100, 2048}) {
+          test::GemmCase tc{m, n, k};
+          tc.k2 = (m + n) % 3 == 0 ? 0 : 16;
+          tc.accumulate = n % 2 == 1;
+          tc.tiles = k == 100;
+          test::check_gemm_case(gemm_bf16_amx, tc, rng);
+          tc.panel_begin = 1;
+          tc.panel_end = packed_shape(n, k).panels;
+          test::check_gemm_case(gemm_bf16_amx, tc, rng);
+        }
+  }
+}
 
 TEST_CASE("the amx table routes small m to avx512 and uses the avx512 epilogue") {
   const KernelTable& t = kernel_table(Isa::amx_bf16);
