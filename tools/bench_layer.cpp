@@ -90,13 +90,15 @@ PageFaults page_faults() {
   return {static_cast<double>(u.ru_minflt), static_cast<double>(u.ru_majflt)};
 }
 
-// One case: a LoRA rank, factor type, node count and int4 group size, with layers of its own.
+// One case: a LoRA rank, factor type, node count, int4 group size and one-row tile block, with
+// layers of its own.
 // The cases take turns call by call, so that they are compared under the same conditions (drift
 // within a run, not between runs): the LoRA cost and the split's cost are differences of a few
 // percent, and the device's instances drift by 10-30 % within a minute.
 struct BenchCase {
   int rank = 0;
   std::size_t group_index = 0;
+  std::size_t block_index = 0;  // into LayerBenchOptions::one_row_blocks
   numa::NodeGroup* nodes = nullptr;
   std::unique_ptr<LayerLora> lora, grads;          // the layers read them in place
   std::unique_ptr<LayerLoraBf16> lora16, grads16;  // --lora-dtype bf16: factors and gradients in bf16 instead
@@ -133,7 +135,7 @@ void check_memory(const LayerBenchOptions& o) {
   int cases = 0;
   for (int rank : o.ranks)
     for (bool lora_bf16 : o.lora_bf16)
-      if (is_case(o, rank, lora_bf16)) cases += static_cast<int>(o.node_counts.size() * o.group_sizes.size());
+      if (is_case(o, rank, lora_bf16)) cases += static_cast<int>(o.node_counts.size() * o.group_sizes.size() * o.one_row_blocks.size());
   const bool bf16_weights = o.weight_type == WeightType::bf16;
   const double params = static_cast<double>(s.num_experts) * 3.0 * s.hidden * s.intermediate;
   const double packed = params * (bf16_weights ? 2.0 : o.weight_type == WeightType::int8 ? 1.0 : 0.53);
@@ -145,7 +147,7 @@ void check_memory(const LayerBenchOptions& o) {
   std::snprintf(text, sizeof text,
                 "bench --shape %s with %s weights needs about %.0f GB (the bf16 source and 2 layers for each of %d case%s), "
                 "and this machine has %.0f GB available: try %sfewer cases (--lora-rank, --lora-dtype, "
-                "--numa-nodes, --group-size) or a smaller --shape",
+                "--numa-nodes, --group-size, --one-row-block) or a smaller --shape",
                 o.shape_name.c_str(), o.weights_name.c_str(), need / 1e9, cases, cases == 1 ? "" : "s", available / 1e9,
                 o.weight_type == WeightType::int4 ? "" : "--weights int4, ");
   fail(ErrorKind::unsupported, text);
@@ -185,23 +187,25 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
   for (int rank : o.ranks)
     for (bool lora_bf16 : o.lora_bf16)
       for (int n : o.node_counts)
-        for (std::size_t gi = 0; gi < o.group_sizes.size(); ++gi) {
-          if (!is_case(o, rank, lora_bf16)) continue;
-          BenchCase c;
-          c.rank = rank;
-          c.lora_bf16 = lora_bf16;
-          c.group_index = gi;
-          c.nodes = &node_group_for(pool, n);
-          c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
-          c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
-          if (c.lora_bf16) {
-            c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
-            c.grads16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.grads));
+        for (std::size_t gi = 0; gi < o.group_sizes.size(); ++gi)
+          for (std::size_t bi = 0; bi < o.one_row_blocks.size(); ++bi) {
+            if (!is_case(o, rank, lora_bf16)) continue;
+            BenchCase c;
+            c.rank = rank;
+            c.lora_bf16 = lora_bf16;
+            c.group_index = gi;
+            c.block_index = bi;
+            c.nodes = &node_group_for(pool, n);
+            c.lora = std::make_unique<LayerLora>(random_lora(s, rank, 2.0f * std::max(rank, 1), 3));
+            c.grads = std::make_unique<LayerLora>(c.lora->zeros_like());
+            if (c.lora_bf16) {
+              c.lora16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.lora));
+              c.grads16 = std::make_unique<LayerLoraBf16>(round_lora_to_bf16(*c.grads));
+            }
+            c.layers.push_back(new_layer(c));
+            c.slices = c.layers[0]->node_count();
+            b.cases.push_back(std::move(c));
           }
-          c.layers.push_back(new_layer(c));
-          c.slices = c.layers[0]->node_count();
-          b.cases.push_back(std::move(c));
-        }
   // Enough layers that a layer's weights have left the last-level cache when it is called again:
   // between two calls of one case's layer the run reads `layers` calls of every case, which at the
   // smallest token count must come to 4 times the cache. Few tokens read a few experts of a layer
@@ -255,7 +259,7 @@ void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::T
   std::printf("\n");
   std::printf("weights: %s, %d layers per case of", o.weights_name.c_str(), b.layers);
   for (const BenchCase& c : cases)
-    if (c.rank == cases[0].rank && c.lora_bf16 == cases[0].lora_bf16 && c.nodes == cases[0].nodes)
+    if (c.rank == cases[0].rank && c.lora_bf16 == cases[0].lora_bf16 && c.nodes == cases[0].nodes && c.block_index == 0)
       std::printf("%s %.2f GB%s", c.group_index > 0 ? "," : "", c.layers[0]->weight_bytes() / 1e9,
                   o.weight_type == WeightType::int4 ? (" (group " + std::to_string(o.group_sizes[c.group_index]) + ")").c_str() : "");
   std::printf(" packed (made in %.1f s, quantized in %.1f s, packed in %.1f s)\n", b.made_s, b.quantized_s, b.packed_s);
@@ -265,14 +269,21 @@ void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::T
   for (const BenchCase& c : cases) {
     if (c.rank != cases[0].rank) break;                    // the same splits for every rank
     if (c.lora_bf16 != cases[0].lora_bf16) continue;       // and factor type
-    if (c.group_index != 0) continue;                      // and every group size
+    if (c.group_index != 0 || c.block_index != 0) continue;  // and every group size and block
     std::printf("NUMA: %d node(s) (%s), each layer split in %d slice(s) of the intermediate size:", c.nodes->size(),
                 static_cast<std::size_t>(c.nodes->size()) == topo.nodes.size() ? "the machine's" : "virtual", c.slices);
     for (int n = 0; n < c.slices; ++n)
       std::printf(" [%d, %d) on %d threads", c.layers[0]->slice(n).begin, c.layers[0]->slice(n).end, c.nodes->pool(n).size());
     std::printf("\n");
   }
-  if (cases.size() > 1) std::printf("the cases (LoRA ranks x factor types x node counts x group sizes) take turns call by call\n");
+  if (cases.size() > 1)
+    std::printf("the cases (LoRA ranks x factor types x node counts x group sizes x one-row blocks) take turns call by call\n");
+  if (o.isa == kernels::Isa::amx_bf16) {
+    std::printf("products of at most 16 rows (AMX bf16): 1 x 2 or 1 x 4 panel blocks,");
+    for (std::size_t i = 0; i < o.one_row_blocks.size(); ++i)
+      std::printf("%s %s", i > 0 ? "," : "", kernels::one_row_tile_block_name(o.one_row_blocks[i]));
+    std::printf(" (this CPU's default: %s)\n", kernels::one_row_tile_block_name(kernels::default_one_row_tile_block(kernels::cpu_features())));
+  }
   if (o.backward)
     std::printf("fine-tuning step: forward_sft + backward, LoRA gradients %s; floor counts the weights read twice\n",
                 o.grad_overwrite ? "overwritten (every expert zeroed)" : "accumulated (the experts touched only)");
@@ -280,9 +291,9 @@ void print_header(const LayerBenchOptions& o, const BenchSetup& b, const numa::T
   if (o.backward && o.weight_copy)
     std::printf("backward reads a Wt copy of the weights: %.2f GB per layer besides the packed %.2f GB\n",
                 cases[0].layers[0]->weight_copy_bytes() / 1e9, cases[0].layers[0]->weight_bytes() / 1e9);
-  std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s%s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
+  std::printf("%6s %5s %5s %6s %9s %9s %9s %8s %9s %10s %11s%s%s%s%s\n", "tokens", "rank", "nodes", "iters", "median_ms", "min_ms", "GB/s",
               "TFLOP/s", "floor_ms", "time/floor", "node_GB/s", o.backward ? "    fwd_ms    bwd_ms" : "", " lora",
-              o.group_sizes.size() > 1 ? " group" : "");
+              o.group_sizes.size() > 1 ? " group" : "", o.one_row_blocks.size() > 1 ? " block" : "");
 }
 
 // Phases are node 0's: the nodes run theirs at the same time.
@@ -339,6 +350,7 @@ TokenRun time_cases(const LayerBenchOptions& o, BenchSetup& b, int tokens) {
       // runs of one node count. Parked, it sleeps, as it would in a process of its own.
       if (last_group != nullptr && last_group != cases[c].nodes) last_group->park();
       last_group = cases[c].nodes;
+      kernels::set_one_row_tile_block(o.one_row_blocks[cases[c].block_index]);
       auto t = Clock::now();
       double f_ms = 0;
       l.forward_sft(tokens, s.top_k, inputs[set].data(), r.expert_ids.data(), r.weights.data(), out.data(), o.backward);
@@ -446,7 +458,7 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
   bool has_lora_cost = false;
   for (std::size_t c0 = 0; c0 < cases.size() && rank > 0; ++c0) {
     const BenchCase& base = cases[c0];
-    if (base.rank != 0 || base.nodes != cs.nodes || base.group_index != cs.group_index) continue;
+    if (base.rank != 0 || base.nodes != cs.nodes || base.group_index != cs.group_index || base.block_index != cs.block_index) continue;
     std::vector<double> ratios(t.ms.size());
     for (std::size_t i = 0; i < ratios.size(); ++i) ratios[i] = t.ms[i] / run.times[c0].ms[i];
     lora_cost = median_of(ratios) - 1.0;
@@ -464,12 +476,14 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
     std::printf("{\"shape\":\"%s\",\"weights\":\"%s\",\"tokens\":%d,\"lora_rank\":%d,\"isa\":\"%s\",\"threads\":%d,\"backward\":%s,\"ms\":%.4f,"
                 "\"min_ms\":%.4f,\"fwd_ms\":%.4f,\"bwd_ms\":%.4f,\"floor_ms\":%.4f,\"time_over_floor\":%.3f,\"gbps\":%.2f,"
                 "\"tflops\":%.3f,\"bandwidth_gbps\":%.2f,\"peak_tflops\":%.3f,\"layers\":%d,\"iters\":%d,\"numa_nodes\":%d,"
-                "\"node_gbps\":%.2f,\"read_patterns_gbps\":{%s},\"group_size\":%d,\"lora_dtype\":\"%s\",\"cpu_signature\":\"%s\"%s}\n",
+                "\"node_gbps\":%.2f,\"read_patterns_gbps\":{%s},\"group_size\":%d,\"lora_dtype\":\"%s\",\"one_row_block\":\"%s\","
+                "\"cpu_signature\":\"%s\"%s}\n",
                 o.shape_name.c_str(), o.weights_name.c_str(), tokens, rank, kernels::isa_name(o.isa), threads, o.backward ? "true" : "false",
                 median, min_ms, o.backward ? fwd_median : median, o.backward ? bwd_median : 0.0, floor_ms, median / floor_ms,
                 bytes / median / 1e6, flops / median / 1e9, b.bandwidth / 1e9, b.peak / 1e12, b.layers, iters, split,
                 bytes / split / median / 1e6, patterns.c_str(), o.weight_type == WeightType::int4 ? o.group_sizes[cs.group_index] : 0,
-                cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32", numa::system_topology().cpu_signature.c_str(),
+                cs.rank == 0 ? "none" : cs.lora_bf16 ? "bf16" : "f32", kernels::one_row_tile_block_name(o.one_row_blocks[cs.block_index]),
+                numa::system_topology().cpu_signature.c_str(),
                 has_lora_cost ? (",\"lora_cost\":" + std::to_string(lora_cost)).c_str() : "");
   else if (o.backward)
     std::printf("%6d %5d %5d %6d %9.3f %9.3f %9.1f %8.2f %9.3f %10.2f %11.1f %9.3f %9.3f", tokens, rank, split, iters, median, min_ms,
@@ -480,11 +494,10 @@ double report_case(const LayerBenchOptions& o, const BenchSetup& b, const TokenR
                 bytes / median / 1e6, flops / median / 1e9, floor_ms, median / floor_ms, bytes / split / median / 1e6);
   if (!o.json) {
     const char* lora = rank == 0 ? "-" : cs.lora_bf16 ? "bf16" : "f32";
-    if (o.group_sizes.size() > 1) {
-      std::printf(" %4s %d\n", lora, o.group_sizes[cs.group_index]);
-    } else {
-      std::printf(" %4s\n", lora);
-    }
+    std::printf(" %4s", lora);
+    if (o.group_sizes.size() > 1) std::printf(" %d", o.group_sizes[cs.group_index]);
+    if (o.one_row_blocks.size() > 1) std::printf(" %s", kernels::one_row_tile_block_name(o.one_row_blocks[cs.block_index]));
+    std::printf("\n");
   }
   if (!o.json && has_lora_cost) std::printf("        LoRA over r=0, median of the call-by-call ratios: %+.1f %%\n", 100.0 * lora_cost);
   if (o.phases) print_case_phases(o, cs, iters);
@@ -558,7 +571,7 @@ void run_layer_bench(const LayerBenchOptions& o) {
     const TokenRun run = time_cases(o, b, tokens);
     for (std::size_t c = 0; c < b.cases.size(); ++c) {
       const double median = report_case(o, b, run, c, tokens, pool.size());
-      if (b.cases[c].rank == 0 && b.cases[c].nodes == b.cases[0].nodes && !o.backward) r0_medians.emplace_back(tokens, median);
+      if (b.cases[c].rank == 0 && b.cases[c].nodes == b.cases[0].nodes && b.cases[c].block_index == 0 && !o.backward) r0_medians.emplace_back(tokens, median);
     }
     if (o.phases) {
       // A layer call that touches fresh pages (a buffer freed and allocated again, memory the

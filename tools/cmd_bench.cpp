@@ -47,6 +47,21 @@ std::vector<bool> parse_lora_dtypes(const std::string& s) {
   return out;
 }
 
+// --one-row-block: per entry, the AMX kernel's form for products of at most 16 rows ("auto": the
+// process's default, resolved now).
+std::vector<kernels::OneRowTileBlock> parse_one_row_blocks(const std::string& s) {
+  std::vector<kernels::OneRowTileBlock> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item != "auto" && !kernels::parse_one_row_tile_block(item))
+      fail(ErrorKind::invalid_argument, "--one-row-block " + s + ": '" + item + "' is not auto, pairs or quads");
+    out.push_back(kernels::resolve_one_row_tile_block(item));
+  }
+  if (out.empty()) fail(ErrorKind::invalid_argument, "--one-row-block is empty");
+  return out;
+}
+
 }  // namespace
 
 void add_bench_command(CLI::App& app, int& status) {
@@ -55,6 +70,7 @@ void add_bench_command(CLI::App& app, int& status) {
     std::string shape = "v2-lite", tokens = "1,16,128,512,4096", ranks = "0,16", isa = "auto", weights = "bf16", lora_dtype = "f32";
     std::string group_sizes = std::to_string(quant::kDefaultInt4Group);
     std::string numa_nodes = "1";
+    std::string one_row_blocks = "auto";
     bool convert = false;
     std::string workdir = "/tmp";
     LayerBenchOptions o;
@@ -76,6 +92,10 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--numa-nodes", a->numa_nodes,
                   "Split each layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's "
                   "nodes. Several (1,2): each gets its own layers and they take turns call by call")
+      ->capture_default_str();
+  cmd->add_option("--one-row-block", a->one_row_blocks,
+                  "AMX bf16: how products of at most 16 rows run, pairs or quads of panels; auto: TILEMOE_ONE_ROW_BLOCK, else the "
+                  "CPU's default. Several (pairs,quads): each gets its own layers and they take turns call by call")
       ->capture_default_str();
   cmd->add_option("--layers", a->o.layers, "Layers to rotate through (0: enough to exceed 4x the last-level cache)");
   cmd->add_option("--iter-scale", a->o.iter_scale, "Multiply the iteration counts")->capture_default_str();
@@ -121,6 +141,7 @@ void add_bench_command(CLI::App& app, int& status) {
     o.group_sizes = parse_int_list(a->group_sizes, "--group-size");
     if (o.group_sizes.size() > 1 && o.weight_type != WeightType::int4)
       fail(ErrorKind::invalid_argument, "--group-size " + a->group_sizes + ": several group sizes apply to int4 only");
+    o.one_row_blocks = parse_one_row_blocks(a->one_row_blocks);
     run_layer_bench(o);
     status = 0;
   });

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "amx/isa.hpp"
+#include "amx/one_row_tile_block.hpp"
 #include "numa/topology.hpp"
 #include "src/layer/moe_compute.hpp"
 #include "tools/cli_common.hpp"
@@ -48,6 +49,9 @@ void print_text(kernels::Isa chosen, const Measured& m) {
                              : "available");
   }
   std::printf("chosen: %s (override with --isa or TILEMOE_ISA)\n", isa_name(chosen));
+  if (chosen == Isa::amx_bf16)
+    std::printf("products of at most 16 rows: %s of panels (this CPU's default: %s; override with TILEMOE_ONE_ROW_BLOCK)\n",
+                one_row_tile_block_name(resolve_one_row_tile_block({})), one_row_tile_block_name(default_one_row_tile_block(f)));
   const auto& t = numa::system_topology();
   const std::string signature = t.cpu_signature.empty() ? std::string() : " (" + t.cpu_signature + ")";
   std::printf("cpu: %s%s, %d cores, %d hardware threads, L2 %.1f MB per core, last-level cache %.0f MB\n",
@@ -78,6 +82,7 @@ void print_json(kernels::Isa chosen, const Measured& m) {
         {"avx512_vnni", f.avx512_vnni}, {"fma", f.fma}, {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}}},
       {"isa", isas},
       {"chosen_isa", isa_name(chosen)},
+      {"one_row_tile_block", chosen == Isa::amx_bf16 ? json(one_row_tile_block_name(resolve_one_row_tile_block({}))) : json(nullptr)},
       {"cpu_model", t.cpu_model},
       {"cpu_signature", t.cpu_signature},
       {"cores", t.cores},
