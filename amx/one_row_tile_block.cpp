@@ -46,9 +46,12 @@ OneRowTileBlock resolve_one_row_tile_block(std::string_view requested) {
 OneRowTileBlock one_row_tile_block() {
   int v = g_block.load(std::memory_order_relaxed);
   if (v == kUnset) {
-    const char* env = std::getenv("TILEMOE_ONE_ROW_BLOCK");
-    std::optional<OneRowTileBlock> b = env != nullptr ? parse_one_row_tile_block(env) : std::nullopt;
-    v = static_cast<int>(b ? *b : default_one_row_tile_block(cpu_features()));
+    OneRowTileBlock b = default_one_row_tile_block(cpu_features());
+    try {
+      b = resolve_one_row_tile_block({});
+    } catch (const Error&) {  // a misspelt TILEMOE_ONE_ROW_BLOCK: resolve_isa reports it
+    }
+    v = static_cast<int>(b);
     int expected = kUnset;  // a concurrent set_one_row_tile_block wins
     if (!g_block.compare_exchange_strong(expected, v, std::memory_order_relaxed)) v = expected;
   }
