@@ -426,6 +426,35 @@ TEST_CASE("bench reads LoRA factors stored as f32, bf16 or both in turns (--lora
   test::expect_failure("bench --lora-dtype f16 --shape mini --tokens 1 --layers 1", "--lora-dtype f16", "");
 }
 
+TEST_CASE("bench runs the AMX one-row tile forms as cases taking turns (--one-row-block)", "[cli][bench]") {
+  const std::string file = test::temp_dir() + "/bench_one_row_block.json";
+  const int raw = std::system((std::string(TILEMOE_CLI) +
+                               " bench --one-row-block pairs,quads --shape mini --tokens 1,12 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json > " +
+                               file + " 2> /dev/null").c_str());
+  REQUIRE(WIFEXITED(raw));
+  CHECK(WEXITSTATUS(raw) == 0);
+  std::ifstream in(file);
+  std::stringstream json;
+  json << in.rdbuf();
+  INFO(json.str());
+  auto count = [&](const std::string& key) {
+    std::size_t n = 0;
+    for (std::size_t at = json.str().find(key); at != std::string::npos; at = json.str().find(key, at + 1)) ++n;
+    return n;
+  };
+  // Two ranks x two forms x two token counts; each r=4 case's LoRA cost against the r=0 case of its form.
+  CHECK(count("\"one_row_block\":\"pairs\"") == 4);
+  CHECK(count("\"one_row_block\":\"quads\"") == 4);
+  CHECK(count("\"lora_cost\":") == 4);
+  test::expect_failure("bench --one-row-block quad --shape mini --tokens 1 --layers 1", "'quad' is not auto, pairs or quads", "");
+  // "auto" (the default) reads TILEMOE_ONE_ROW_BLOCK, on every ISA.
+  setenv("TILEMOE_ONE_ROW_BLOCK", "triples", 1);
+  auto env_bad = run_cli("bench --shape mini --tokens 1 --layers 1 --iter-scale 0.05");
+  unsetenv("TILEMOE_ONE_ROW_BLOCK");
+  CHECK(env_bad.status == 1);
+  CHECK(env_bad.err.find("TILEMOE_ONE_ROW_BLOCK 'triples'") != std::string::npos);
+}
+
 TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run; and mxfp4 weights", "[cli][bench]") {
   // stdout into a file: the rows are what is checked.
   auto bench_out = [](const std::string& args, std::string& out) {
