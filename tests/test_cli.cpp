@@ -207,6 +207,13 @@ std::pair<int, std::string> cli_stdout(const std::string& args) {
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, text};
 }
+
+// How many times `key` occurs in `text`.
+std::size_t count_of(const std::string& text, const std::string& key) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key, at + 1)) ++n;
+  return n;
+}
 }  // namespace
 
 TEST_CASE("info and demo run and succeed", "[cli]") {
@@ -400,22 +407,11 @@ TEST_CASE("bench times the fine-tuning step", "[cli][bench]") {
 }
 
 TEST_CASE("bench reads LoRA factors stored as f32, bf16 or both in turns (--lora-dtype)", "[cli][bench]") {
-  const std::string file = test::temp_dir() + "/bench_lora_bf16.json";
-  const int raw = std::system((std::string(TILEMOE_CLI) +
-                               " bench --lora-dtype f32,bf16 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json > " +
-                               file + " 2> /dev/null").c_str());
-  REQUIRE(WIFEXITED(raw));
-  CHECK(WEXITSTATUS(raw) == 0);
-  std::ifstream in(file);
-  std::stringstream json;
-  json << in.rdbuf();
-  INFO(json.str());
+  auto [status, json] = cli_stdout("bench --lora-dtype f32,bf16 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json");
+  CHECK(status == 0);
+  INFO(json);
+  auto count = [&json = json](const std::string& key) { return count_of(json, key); };
   // Rank 0 has no factors to store: one case; rank 4 one per type. Two token counts.
-  auto count = [&](const std::string& key) {
-    std::size_t n = 0;
-    for (std::size_t at = json.str().find(key); at != std::string::npos; at = json.str().find(key, at + 1)) ++n;
-    return n;
-  };
   CHECK(count("\"lora_dtype\":\"none\"") == 2);
   CHECK(count("\"lora_dtype\":\"f32\"") == 2);
   CHECK(count("\"lora_dtype\":\"bf16\"") == 2);
@@ -427,21 +423,11 @@ TEST_CASE("bench reads LoRA factors stored as f32, bf16 or both in turns (--lora
 }
 
 TEST_CASE("bench runs the AMX one-row tile forms as cases taking turns (--one-row-block)", "[cli][bench]") {
-  const std::string file = test::temp_dir() + "/bench_one_row_block.json";
-  const int raw = std::system((std::string(TILEMOE_CLI) +
-                               " bench --one-row-block pairs,quads --shape mini --tokens 1,12 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json > " +
-                               file + " 2> /dev/null").c_str());
-  REQUIRE(WIFEXITED(raw));
-  CHECK(WEXITSTATUS(raw) == 0);
-  std::ifstream in(file);
-  std::stringstream json;
-  json << in.rdbuf();
-  INFO(json.str());
-  auto count = [&](const std::string& key) {
-    std::size_t n = 0;
-    for (std::size_t at = json.str().find(key); at != std::string::npos; at = json.str().find(key, at + 1)) ++n;
-    return n;
-  };
+  auto [status, json] =
+      cli_stdout("bench --one-row-block pairs,quads --shape mini --tokens 1,12 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json");
+  CHECK(status == 0);
+  INFO(json);
+  auto count = [&json = json](const std::string& key) { return count_of(json, key); };
   // Two ranks x two forms x two token counts; each r=4 case's LoRA cost against the r=0 case of its form.
   CHECK(count("\"one_row_block\":\"pairs\"") == 4);
   CHECK(count("\"one_row_block\":\"quads\"") == 4);
