@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "amx/isa.hpp"
+#include "amx/one_row_tile_block.hpp"
 #include "catch.hpp"
 #include "cli_runner.hpp"
 #include "fixture_cases.hpp"
@@ -228,6 +229,12 @@ TEST_CASE("info and demo run and succeed", "[cli]") {
     CHECK(j["numa_nodes"].size() >= 1);
     CHECK(j["measured"]["read_bandwidth_gbps"].get<double>() > 0);
     CHECK(j["isa"]["portable"]["available"] == true);
+    // The AMX kernel's form for experts of at most 16 rows, where AMX is chosen (null elsewhere).
+    if (kernels::resolve_isa({}) == kernels::Isa::amx_bf16) {
+      CHECK(j["one_row_tile_block"] == kernels::one_row_tile_block_name(kernels::resolve_one_row_tile_block({})));
+    } else {
+      CHECK(j["one_row_tile_block"].is_null());
+    }
   }
   auto demo = run_cli("demo --shape qwen3-30b --tokens 3 --lora-rank 4");
   INFO(demo.err);
