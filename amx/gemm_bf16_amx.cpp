@@ -213,24 +213,16 @@ inline void k_sweep_quad(const Operand& op, int panel, bool prefetch_b) {
 // C tiles out.
 void quad_block(const Job& job, int panel, bool prefetch_b) {
   float* const c0 = job.c + (panel - job.panel_begin) * kPanelColumns;
-  const long ldb = job.ldc_bytes;
+  // tile_block.hpp's C moves for all four tiles: here tile t is panel panel + t of the one row tile.
+  auto c_tile = [&](int t) { return c0 + t * kPanelColumns; };
   if (job.accumulate) {
-    _tile_loadd(0, c0, ldb);
-    _tile_loadd(1, c0 + kPanelColumns, ldb);
-    _tile_loadd(2, c0 + 2 * kPanelColumns, ldb);
-    _tile_loadd(3, c0 + 3 * kPanelColumns, ldb);
+    load_c_tiles<true, true>(c_tile, job.ldc_bytes);
   } else {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_c_tiles<true, true>();
   }
   k_sweep_quad(job.first, panel, prefetch_b);
   if (job.has_second) k_sweep_quad(job.second, panel, false);
-  _tile_stored(0, c0, ldb);
-  _tile_stored(1, c0 + kPanelColumns, ldb);
-  _tile_stored(2, c0 + 2 * kPanelColumns, ldb);
-  _tile_stored(3, c0 + 3 * kPanelColumns, ldb);
+  store_c_tiles<true, true>(c_tile, job.ldc_bytes);
 }
 
 TileConfig quad_tile_config(int rows) {
