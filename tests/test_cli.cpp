@@ -441,9 +441,10 @@ TEST_CASE("bench runs the AMX one-row tile forms as cases taking turns (--one-ro
   CHECK(count("\"lora_cost\":") == 4);
   test::expect_failure("bench --one-row-block quad --shape mini --tokens 1 --layers 1", "'quad' is not auto, pairs or quads", "");
   // "auto" (the default) reads TILEMOE_ONE_ROW_BLOCK, on every ISA.
-  setenv("TILEMOE_ONE_ROW_BLOCK", "triples", 1);
-  auto env_bad = run_cli("bench --shape mini --tokens 1 --layers 1 --iter-scale 0.05");
-  unsetenv("TILEMOE_ONE_ROW_BLOCK");
+  const auto env_bad = [] {
+    test::ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "triples");
+    return run_cli("bench --shape mini --tokens 1 --layers 1 --iter-scale 0.05");
+  }();
   CHECK(env_bad.status == 1);
   CHECK(env_bad.err.find("TILEMOE_ONE_ROW_BLOCK 'triples'") != std::string::npos);
 }

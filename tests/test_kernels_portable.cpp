@@ -12,12 +12,13 @@
 #include "amx/pack_bf16.hpp"
 #include "amx/zero_streaming.hpp"
 #include "kernel_test_grid.hpp"
+#include "test_util.hpp"
 #include "tilemoe/error.hpp"
 
 using namespace tilemoe;
 using namespace tilemoe::kernels;
 
-TEST_CASE("portable kernels match the double reference") { test::check_kernels(Isa::portable); }
+TEST_CASE("portable kernels match the double reference") { kernels::test::check_kernels(Isa::portable); }
 
 TEST_CASE("packed_shape pads n to panels of 16 and k to blocks of 32") {
   const PackedShape s = packed_shape(17, 33);
@@ -40,7 +41,7 @@ TEST_CASE("packing follows the documented VNNI layout, pads with zeros and unpac
     INFO("n=" << n << " k=" << k);
     const std::size_t ldw = k + 5;
     std::vector<bf16> w(n * ldw);
-    for (bf16& v : w) v = test::random_bf16(rng);
+    for (bf16& v : w) v = kernels::test::random_bf16(rng);
     const PackedShape s = packed_shape(n, k);
     std::vector<bf16> packed(packed_bf16_elements(n, k), bf16{0xffff});
     pack_bf16_weights(w.data(), n, k, ldw, packed.data());
@@ -154,24 +155,7 @@ TEST_CASE("availability and reasons agree with the detected features") {
 
 namespace {
 
-// Sets an environment variable for one scope and restores what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old, had_ = true;
-    if (value) setenv(name, value, 1); else unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, saved_.c_str(), 1); else unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string saved_;
-  bool had_ = false;
-};
-
-struct ScopedIsaEnv : ScopedEnv {
+struct ScopedIsaEnv : tilemoe::test::ScopedEnv {
   explicit ScopedIsaEnv(const char* value) : ScopedEnv("TILEMOE_ISA", value) {}
 };
 
@@ -258,7 +242,7 @@ TEST_CASE("the one-row tile block: the CPU's default, TILEMOE_ONE_ROW_BLOCK, a r
     return std::make_pair(ErrorKind::state, std::string("no error"));
   };
   {
-    ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", nullptr);
+    tilemoe::test::ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", nullptr);
     CHECK(resolve_one_row_tile_block("") == default_one_row_tile_block(cpu_features()));
     CHECK(resolve_one_row_tile_block("auto") == default_one_row_tile_block(cpu_features()));
     CHECK(resolve_one_row_tile_block("quads") == OneRowTileBlock::quads);
@@ -269,12 +253,12 @@ TEST_CASE("the one-row tile block: the CPU's default, TILEMOE_ONE_ROW_BLOCK, a r
     CHECK(message.find("pairs") != std::string::npos);
   }
   {
-    ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "quads");
+    tilemoe::test::ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "quads");
     CHECK(resolve_one_row_tile_block("") == OneRowTileBlock::quads);
     CHECK(resolve_one_row_tile_block("pairs") == OneRowTileBlock::pairs);  // a request wins
   }
   {
-    ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "quad");
+    tilemoe::test::ScopedEnv env("TILEMOE_ONE_ROW_BLOCK", "quad");
     auto [kind, message] = error_of([] { resolve_one_row_tile_block(""); });
     CHECK(kind == ErrorKind::invalid_argument);
     CHECK(message.find("TILEMOE_ONE_ROW_BLOCK") != std::string::npos);
