@@ -13,6 +13,8 @@
 # the slower peer at 512 and 4096 tokens on every machine so far, by 1.4-2x); OUT (default
 # /tmp/tilemoe-tables) where the logs go: logs.tar.gz (a file per bench and process; the device tool
 # returns a few files only), summary.txt (the CPU and each line's verdicts, also printed last).
+# TILEMOE_BIN: a tilemoe already built from this tree (a call that has just run the suite), instead of
+# building the command line into /tmp/tables-build.
 # Three processes of everything took 200 s after 50 s of builds (session 68).
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +29,14 @@ echo "$cpu"
 t0=$(date +%s)
 [ -d .ktk ] && { bash .ktk/build.sh > "$LOGS/kt-build.txt" 2>&1 & }
 [ -d .sgl ] && { bash .sgl/build.sh > "$LOGS/sgl-build.txt" 2>&1 & }
-cmake -S . -B /tmp/tables-build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
-  > "$LOGS/configure.txt" 2>&1 || { tail "$LOGS/configure.txt"; exit 1; }
-cmake --build /tmp/tables-build -j 16 --target tilemoe_cli > "$LOGS/build.txt" 2>&1 || { grep -E "error" "$LOGS/build.txt" | head; exit 1; }
+if [ -n "$TILEMOE_BIN" ]; then
+  [ -x "$TILEMOE_BIN" ] || { echo "TILEMOE_BIN=$TILEMOE_BIN is not an executable"; exit 1; }
+else
+  cmake -S . -B /tmp/tables-build -DCMAKE_BUILD_TYPE=Release -DTILEMOE_BUILD_TESTS=OFF -DTILEMOE_BUILD_PYTHON=OFF \
+    > "$LOGS/configure.txt" 2>&1 || { tail "$LOGS/configure.txt"; exit 1; }
+  cmake --build /tmp/tables-build -j 16 --target tilemoe_cli > "$LOGS/build.txt" 2>&1 || { grep -E "error" "$LOGS/build.txt" | head; exit 1; }
+  TILEMOE_BIN=/tmp/tables-build/tilemoe
+fi
 wait  # no build runs while anything is timed
 echo "built in $(( $(date +%s) - t0 )) s"
 rows() { grep -E "^ +[0-9]|GB/s, amx|^tokens"; }
@@ -40,7 +47,7 @@ for p in $(seq 1 "${REPEAT:-1}"); do
     t=$(tokens_of "$w")
     [ -n "$t" ] || continue
     echo "-- tilemoe $w"
-    /tmp/tables-build/tilemoe bench --weights "$w" --tokens "$t" --lora-rank 0,16 --lora-held --lora-dtype bf16 2>&1 |
+    "$TILEMOE_BIN" bench --weights "$w" --tokens "$t" --lora-rank 0,16 --lora-held --lora-dtype bf16 2>&1 |
       tee "$LOGS/tilemoe-$w-$p.txt" | rows
   done
   if [ -x .ktk/bench ]; then
