@@ -13,6 +13,7 @@ import sys
 
 TILEMOE_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s")
 LORA_COST = re.compile(r"LoRA over r=0, median of the call-by-call ratios: ([+-]?[0-9.]+) %")
+PROBE = re.compile(r"measured read bandwidth ([0-9.]+) GB/s")
 PEER_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s")
 
 
@@ -24,19 +25,25 @@ def read(path):
 
 
 def tilemoe(path):
-    """{(tokens, rank): (median_ms, time_over_floor)} and {tokens: paired LoRA cost in %}."""
+    """{(tokens, rank): (median_ms, time_over_floor, GB/s streamed)}, {tokens: paired LoRA cost in %} and
+    the bench's bandwidth probe in GB/s (the floor's bandwidth; None if not printed)."""
     rows, lora = {}, {}
+    probe = None
     last_tokens = None
     for line in read(path):
+        m = PROBE.search(line)
+        if m:
+            probe = float(m.group(1))
+            continue
         m = TILEMOE_ROW.match(line)
         if m:
             last_tokens = int(m.group(1))
-            rows[(last_tokens, int(m.group(2)))] = (float(m.group(5)), float(m.group(10)))
+            rows[(last_tokens, int(m.group(2)))] = (float(m.group(5)), float(m.group(10)), float(m.group(7)))
             continue
         m = LORA_COST.search(line)
         if m and last_tokens is not None:
             lora[last_tokens] = float(m.group(1))
-    return rows, lora
+    return rows, lora, probe
 
 
 def peer(path):
@@ -57,14 +64,14 @@ def best(*values):
 def lines_of(out_dir, p):
     """[(line, figure text, True/False/None)] for process p."""
     got = []
-    bf, bf_lora = tilemoe(f"{out_dir}/tilemoe-bf16-{p}.txt")
-    i8, _ = tilemoe(f"{out_dir}/tilemoe-int8-{p}.txt")
-    i4, _ = tilemoe(f"{out_dir}/tilemoe-int4-{p}.txt")
+    bf, bf_lora, bf_probe = tilemoe(f"{out_dir}/tilemoe-bf16-{p}.txt")
+    i8, _, _ = tilemoe(f"{out_dir}/tilemoe-int8-{p}.txt")
+    i4, _, _ = tilemoe(f"{out_dir}/tilemoe-int4-{p}.txt")
     kt_bf, kt_i8, kt_i4 = (peer(f"{out_dir}/kt-{w}-{p}.txt") for w in ("bf16", "int8", "int4"))
     sgl = peer(f"{out_dir}/sgl-{p}.txt")
 
     def ours(rows, tokens):
-        return rows.get((tokens, 16), (None, None))
+        return rows.get((tokens, 16), (None, None, None))[:2]
 
     # Issue 4: bf16, r=16 held, against the faster peer without LoRA.
     ratio_lines = {1: 1.0, 16: 1.0, 128: 0.9, 512: 0.8, 4096: 0.75}
@@ -77,7 +84,10 @@ def lines_of(out_dir, p):
         else:
             got.append((name, f"{ms:.3f} / {peer_ms:.3f} = {ms / peer_ms:.2f}", ms <= limit * peer_ms))
         if tokens == 1:
-            got.append(("4: bf16 decode time/floor <= 1.1", "-" if tf is None else f"{tf:.2f}", None if tf is None else tf <= 1.1))
+            # The stream's GB/s against the probe's: time/floor is one reading of the memory against another.
+            gbps = bf.get((1, 16), (None, None, None))[2]
+            text = "-" if tf is None else f"{tf:.2f}" + ("" if gbps is None or bf_probe is None else f" ({gbps:.1f} / {bf_probe:.1f} GB/s)")
+            got.append(("4: bf16 decode time/floor <= 1.1", text, None if tf is None else tf <= 1.1))
     for tokens, limit in ((512, 14.0), (4096, 45.0)):
         ms, _ = ours(bf, tokens)
         got.append((f"4: bf16 {tokens} tokens <= {limit:g} ms", "-" if ms is None else f"{ms:.3f}", None if ms is None else ms <= limit))
