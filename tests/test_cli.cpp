@@ -326,12 +326,9 @@ TEST_CASE("train-demo's loss falls, on the portable kernels and the fastest", "[
 }
 
 TEST_CASE("bench --onednn times the oneDNN baseline on the same cases and prints tilemoe's ratio to it", "[cli][bench]") {
-  const std::string out = test::temp_dir() + "/onednn_bench.json";
-  const int raw = std::system((std::string(TILEMOE_CLI) + " bench --onednn --json --shape mini --tokens 1,20 --lora-rank 0 --layers 2 --iter-scale 0.05 > " +
-                               out + " 2> /dev/null").c_str());
-  REQUIRE(WIFEXITED(raw));
-  CHECK(WEXITSTATUS(raw) == 0);
-  std::ifstream in(out);
+  auto [status, json] = cli_stdout("bench --onednn --json --shape mini --tokens 1,20 --lora-rank 0 --layers 2 --iter-scale 0.05");
+  CHECK(status == 0);
+  std::istringstream in(json);
   int baseline_lines = 0;
   for (std::string line; std::getline(in, line);) {
     if (line.find("\"baseline\":\"onednn\"") == std::string::npos) continue;
@@ -353,11 +350,9 @@ TEST_CASE("bench --onednn times the oneDNN baseline on the same cases and prints
 // 1 token read 30 MB a call and, on 4 layers, ran from its 315 MB cache at time/floor 0.66).
 TEST_CASE("bench takes enough layers that a layer is called again after 4 LLCs of weights", "[cli][bench]") {
   auto header = [](const std::string& args) {
-    const std::string file = test::temp_dir() + "/bench_layers.txt";
-    const int raw = std::system((std::string(TILEMOE_CLI) + " bench " + args + " > " + file + " 2> /dev/null").c_str());
-    REQUIRE(WIFEXITED(raw));
-    REQUIRE(WEXITSTATUS(raw) == 0);
-    std::ifstream in(file);
+    auto [status, text] = cli_stdout("bench " + args);
+    REQUIRE(status == 0);
+    std::istringstream in(text);
     struct Header {
       int layers = 0;
       double reuse_mb = 0, llc_mb = 0;
@@ -450,15 +445,11 @@ TEST_CASE("bench runs the AMX one-row tile forms as cases taking turns (--one-ro
 }
 
 TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run; and mxfp4 weights", "[cli][bench]") {
-  // stdout into a file: the rows are what is checked.
+  // The rows (standard output) are what is checked.
   auto bench_out = [](const std::string& args, std::string& out) {
-    const std::string file = test::temp_dir() + "/bench_groups.txt";
-    const int raw = std::system((std::string(TILEMOE_CLI) + " bench " + args + " > " + file + " 2> /dev/null").c_str());
-    std::ifstream in(file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out = ss.str();
-    return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    auto [status, text] = cli_stdout("bench " + args);
+    out = std::move(text);
+    return status;
   };
   std::string json, table;
   REQUIRE(bench_out("--weights int4 --group-size 64,128,32 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json",
