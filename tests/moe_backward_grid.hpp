@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "catch.hpp"
-#include "fixture_cases.hpp"
+#include "fixture_layers.hpp"
 #include "shape_grid.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/layer/moe_compute.hpp"
@@ -160,20 +160,13 @@ inline void run_backward_grid(kernels::Isa isa) {
 // returns as an SftResult: PyTorch autograd through PEFT is the oracle. `label` tells runs apart.
 template <typename Run>
 void check_fixture_sft(Run&& run, const std::string& label = "") {
-  for (const auto& c : fixture_cases()) {
-    auto ck = Checkpoint::open(c.dir + "/model");
-    auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
-    for (int layer : c.layers) {
-      auto experts = ck.load_layer_experts(layer);
-      LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
-      FixtureLayerInputs in = read_fixture_layer(ref, layer);
-      SftResult got = run(experts, lora.lora, in);
-      INFO(c.name << " layer " << layer << label);
-      CHECK(rel_error(got.out, in.expected(ref, "output")) <= 1e-2);
-      CHECK(rel_error(got.grad_input, in.expected(ref, "grad_input")) <= 1e-2);
-      check_fixture_lora_grads(got.grads, lora, ref, ck.config().shape.num_experts);
-    }
-  }
+  for_each_fixture_layer([&](const FixtureLayer& f) {
+    SftResult got = run(f.experts, f.lora.lora, f.in);
+    INFO(label);
+    CHECK(rel_error(got.out, f.in.expected(f.ref, "output")) <= 1e-2);
+    CHECK(rel_error(got.grad_input, f.in.expected(f.ref, "grad_input")) <= 1e-2);
+    check_fixture_lora_grads(got.grads, f.lora, f.ref, f.config.shape.num_experts);
+  });
 }
 
 inline void run_fixture_backward(kernels::Isa isa) {

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "catch.hpp"
-#include "fixture_cases.hpp"
+#include "fixture_layers.hpp"
 #include "shape_grid.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/layer/moe_compute.hpp"
@@ -140,21 +140,14 @@ inline void run_held_lora(kernels::Isa isa) {
 
 inline void run_fixture_forward(kernels::Isa isa) {
   numa::ThreadPool& pool = pool_for_threads(0);
-  for (const auto& c : fixture_cases()) {
-    auto ck = Checkpoint::open(c.dir + "/model");
-    auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
-    for (int layer : c.layers) {
-      auto experts = ck.load_layer_experts(layer);
-      auto lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
-      auto packed = PackedExpertWeights::pack(experts.view(), pool);
-      MoeForward fwd(packed, isa, pool);
-      FixtureLayerInputs in = read_fixture_layer(ref, layer);
-      std::vector<float> y(in.input.size());
-      fwd.forward(lora.lora, in.tokens, in.top_k, in.input_bf16.data(), in.expert_ids.data(), in.weights.data(), y.data());
-      INFO(c.name << " layer " << layer);
-      CHECK(rel_error(y, in.expected(ref, "output")) <= 1e-2);
-    }
-  }
+  for_each_fixture_layer([&](const FixtureLayer& f) {
+    auto packed = PackedExpertWeights::pack(f.experts.view(), pool);
+    MoeForward fwd(packed, isa, pool);
+    const FixtureLayerInputs& in = f.in;
+    std::vector<float> y(in.input.size());
+    fwd.forward(f.lora.lora, in.tokens, in.top_k, in.input_bf16.data(), in.expert_ids.data(), in.weights.data(), y.data());
+    CHECK(rel_error(y, in.expected(f.ref, "output")) <= 1e-2);
+  });
 }
 
 // The work split depends on the routing only, so any thread count gives the same bits; and the

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "catch.hpp"
-#include "fixture_cases.hpp"
+#include "fixture_layers.hpp"
 #include "shape_grid.hpp"
 #include "src/io/safetensors.hpp"
 #include "src/layer/moe_compute.hpp"
@@ -136,33 +136,27 @@ inline void run_quantized_forward_grid(kernels::Isa isa) {
 
 inline void run_quantized_fixture_forward(kernels::Isa isa) {
   numa::ThreadPool& pool = pool_for_threads(0);
-  for (const auto& c : fixture_cases()) {
-    auto ck = Checkpoint::open(c.dir + "/model");
-    auto ref = io::SafetensorsFile::open(c.dir + "/reference.safetensors");
-    for (int layer : c.layers) {
-      auto experts = ck.load_layer_experts(layer);
-      auto lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
-      FixtureLayerInputs in = read_fixture_layer(ref, layer);
-      std::vector<float> x(in.input_bf16.size());
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(in.input_bf16[i]);
-      MoeBatch<float> batch{in.tokens, in.top_k, x.data(), in.expert_ids.data(), in.weights.data()};
-      for (const QuantCase& qc : kQuantCases) {
-        auto q = quant::quantize_experts(experts.view(), qc.type, qc.group, &pool);
-        std::vector<float> want(x.size());
-        reference_forward(experts.view(), lora.lora, batch, want.data(), ReferenceOptions{is_integer_weight_type(qc.type), &q});
-        auto packed = PackedExpertWeights::pack_quantized(q, pool);
-        MoeForward fwd(packed, isa, pool);
-        std::vector<float> y(x.size());
-        fwd.forward(lora.lora, in.tokens, in.top_k, in.input_bf16.data(), in.expert_ids.data(), in.weights.data(), y.data());
-        INFO(c.name << " layer " << layer << " " << weight_type_name(qc.type) << " group " << qc.group);
-        CHECK(rel_error(y, want) <= 1e-2);
-        // Against PyTorch's bf16 output: the quantization error itself, within the bars below.
-        const double vs_torch = rel_error(y, in.expected(ref, "output"));
-        UNSCOPED_INFO("quantization error vs PyTorch: " << vs_torch);
-        CHECK(vs_torch <= (qc.type == WeightType::int8 ? 2.5e-2 : 1.5e-1));
-      }
+  for_each_fixture_layer([&](const FixtureLayer& f) {
+    const FixtureLayerInputs& in = f.in;
+    std::vector<float> x(in.input_bf16.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(in.input_bf16[i]);
+    MoeBatch<float> batch{in.tokens, in.top_k, x.data(), in.expert_ids.data(), in.weights.data()};
+    for (const QuantCase& qc : kQuantCases) {
+      auto q = quant::quantize_experts(f.experts.view(), qc.type, qc.group, &pool);
+      std::vector<float> want(x.size());
+      reference_forward(f.experts.view(), f.lora.lora, batch, want.data(), ReferenceOptions{is_integer_weight_type(qc.type), &q});
+      auto packed = PackedExpertWeights::pack_quantized(q, pool);
+      MoeForward fwd(packed, isa, pool);
+      std::vector<float> y(x.size());
+      fwd.forward(f.lora.lora, in.tokens, in.top_k, in.input_bf16.data(), in.expert_ids.data(), in.weights.data(), y.data());
+      INFO(weight_type_name(qc.type) << " group " << qc.group);
+      CHECK(rel_error(y, want) <= 1e-2);
+      // Against PyTorch's bf16 output: the quantization error itself, within the bars below.
+      const double vs_torch = rel_error(y, in.expected(f.ref, "output"));
+      UNSCOPED_INFO("quantization error vs PyTorch: " << vs_torch);
+      CHECK(vs_torch <= (qc.type == WeightType::int8 ? 2.5e-2 : 1.5e-1));
     }
-  }
+  });
 }
 
 // Gaussian weights (std 1/sqrt(fan_in)) and activations, no LoRA: the quantization error of the
