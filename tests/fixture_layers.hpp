@@ -10,8 +10,6 @@
 namespace tilemoe::test {
 
 struct FixtureLayer {
-  const FixtureCase& fixture;
-  int layer;
   const ModelConfig& config;
   const io::SafetensorsFile& ref;  // PyTorch's results: in.expected(ref, "output"), ...
   const ExpertWeights& experts;
@@ -31,7 +29,7 @@ void for_each_fixture_layer(Fn&& fn) {
       const LoadedLora lora = load_layer_lora(c.dir + "/adapter", ck.config(), layer);
       const FixtureLayerInputs in = read_fixture_layer(ref, layer);
       INFO(c.name << " layer " << layer);
-      fn(FixtureLayer{c, layer, ck.config(), ref, experts, lora, in});
+      fn(FixtureLayer{ck.config(), ref, experts, lora, in});
       ++visited;
     }
   }
