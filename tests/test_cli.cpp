@@ -446,14 +446,9 @@ TEST_CASE("bench runs the AMX one-row tile forms as cases taking turns (--one-ro
 
 TEST_CASE("bench takes several int4 group sizes, each with its own layers, in one run; and mxfp4 weights", "[cli][bench]") {
   // The rows (standard output) are what is checked.
-  auto bench_out = [](const std::string& args, std::string& out) {
-    auto [status, text] = cli_stdout("bench " + args);
-    out = std::move(text);
-    return status;
-  };
-  std::string json, table;
-  REQUIRE(bench_out("--weights int4 --group-size 64,128,32 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json",
-                    json) == 0);
+  const auto [json_status, json] =
+      cli_stdout("bench --weights int4 --group-size 64,128,32 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json");
+  REQUIRE(json_status == 0);
   // One line per token count, rank and group size, the groups in the order given.
   std::vector<int> groups;
   std::istringstream lines(json);
@@ -462,7 +457,9 @@ TEST_CASE("bench takes several int4 group sizes, each with its own layers, in on
     if (at != std::string::npos) groups.push_back(std::stoi(line.substr(at + 13)));
   }
   CHECK(groups == std::vector<int>{64, 128, 32, 64, 128, 32, 64, 128, 32, 64, 128, 32});
-  REQUIRE(bench_out("--weights int4 --group-size 64,128 --shape mini --tokens 1 --lora-rank 0 --layers 2 --iter-scale 0.05", table) == 0);
+  const auto [table_status, table] =
+      cli_stdout("bench --weights int4 --group-size 64,128 --shape mini --tokens 1 --lora-rank 0 --layers 2 --iter-scale 0.05");
+  REQUIRE(table_status == 0);
   INFO(table);
   CHECK(table.find("(group 64)") != std::string::npos);
   CHECK(table.find("(group 128)") != std::string::npos);
@@ -471,8 +468,8 @@ TEST_CASE("bench takes several int4 group sizes, each with its own layers, in on
                        "several group sizes apply to int4 only", "");
   test::expect_failure("bench --weights int4 --group-size 64,48 --shape mini --tokens 1 --layers 1", "48", "");
   // mxfp4: its own kernels, a layer of 4.25 bits a weight, a floor at the bf16 peak.
-  std::string mx;
-  REQUIRE(bench_out("--weights mxfp4 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json", mx) == 0);
+  const auto [mx_status, mx] = cli_stdout("bench --weights mxfp4 --shape mini --tokens 1,40 --lora-rank 0,4 --layers 2 --iter-scale 0.05 --json");
+  REQUIRE(mx_status == 0);
   INFO(mx);
   CHECK(mx.find("\"weights\":\"mxfp4\"") != std::string::npos);
   std::istringstream mx_lines(mx);
