@@ -61,11 +61,11 @@ def best(*values):
     return min(present) if present else None
 
 
-def near(value, limit, digits=2, unit=""):
-    """value to `digits` decimals, one more where that rounding would print the limit itself (0.755 against
-    0.75 read "0.75 missed")."""
-    text = f"{value:.{digits}f}"
-    return (f"{value:.{digits + 1}f}" if text == f"{limit:.{digits}f}" else text) + unit
+def near(value, limit, digits=2, sign=""):
+    """value to `digits` decimals (sign "+": always signed), one more where that rounding would print the
+    limit itself (0.755 against 0.75 read "0.75 missed")."""
+    text = f"{value:{sign}.{digits}f}"
+    return f"{value:{sign}.{digits + 1}f}" if text == f"{limit:{sign}.{digits}f}" else text
 
 
 def lines_of(out_dir, p):
@@ -100,7 +100,7 @@ def lines_of(out_dir, p):
         got.append((f"4: bf16 {tokens} tokens <= {limit:g} ms", "-" if ms is None else f"{ms:.3f}", None if ms is None else ms <= limit))
     for tokens in (1, 512):
         cost = bf_lora.get(tokens)
-        got.append((f"4: LoRA r=16 <= 5 % at {tokens} token{'s' if tokens > 1 else ''}", "-" if cost is None else ("+" if cost >= 0 else "") + near(cost, 5.0, 1, " %"),
+        got.append((f"4: LoRA r=16 <= 5 % at {tokens} token{'s' if tokens > 1 else ''}", "-" if cost is None else near(cost, 5.0, 1, "+") + " %",
                     None if cost is None else cost <= 5.0))
     # Issue 7: int8 and int4, r=16 held, against kt-kernel's same weights.
     for name, rows, kt, ms_limit in (("int8", i8, kt_i8, 0.7), ("int4", i4, kt_i4, 0.45)):
