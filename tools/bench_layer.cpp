@@ -513,9 +513,11 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
   // The baseline must compute the same layer: its output on the first routing against tilemoe's (r=0).
   LayerLora no_lora = random_lora(s, 0, 1.0f, 3);
   ours_layer.update_lora_weights(lora_view(no_lora));
-  if (!json) std::printf("oneDNN baseline (%s; a matmul per expert and projection, weights prepacked, no LoRA); r0_ratio: tilemoe r=0 / it\n"
+  const std::string dtype = baselines[0].data_type();
+  if (!json) std::printf("oneDNN baseline (%s, %s%s; a matmul per expert and projection, weights prepacked, no LoRA); r0_ratio: tilemoe r=0 / it\n"
                          "%6s %6s %9s %9s %14s %9s\n",
-                         baselines[0].implementation().c_str(), "tokens", "iters", "median_ms", "min_ms", "r0_ratio", "rel_diff");
+                         baselines[0].implementation().c_str(), dtype.c_str(), dtype == "bf16" ? "" : ": oneDNN has no bf16 matmul on this CPU",
+                         "tokens", "iters", "median_ms", "min_ms", "r0_ratio", "rel_diff");
   const int layers = static_cast<int>(baselines.size());
   for (int tokens : token_list) {
     if (tokens == 0) continue;
@@ -547,8 +549,9 @@ void run_onednn_baseline(std::vector<OnednnMoeBaseline>& baselines, const MoeSha
     for (auto [t, m] : r0_medians)
       if (t == tokens) ours = m;
     if (json)
-      std::printf("{\"baseline\":\"onednn\",\"tokens\":%d,\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,\"tilemoe_r0_ms\":%.4f,\"ratio\":%.4g,\"rel_diff\":%.2e}\n",
-                  tokens, threads, median, min_ms, ours, ours > 0 ? ours / median : 0.0, rel_diff);
+      std::printf("{\"baseline\":\"onednn\",\"dtype\":\"%s\",\"tokens\":%d,\"threads\":%d,\"ms\":%.4f,\"min_ms\":%.4f,\"tilemoe_r0_ms\":%.4f,\"ratio\":%.4g,"
+                  "\"rel_diff\":%.2e}\n",
+                  dtype.c_str(), tokens, threads, median, min_ms, ours, ours > 0 ? ours / median : 0.0, rel_diff);
     else if (ours > 0)
       std::printf("%6d %6d %9.3f %9.3f %14.4g %9.2e\n", tokens, iters, median, min_ms, ours / median, rel_diff);
     else

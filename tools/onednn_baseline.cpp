@@ -63,6 +63,10 @@ struct OnednnMoeBaseline::Impl {
     std::string implementation;
   };
   ProjectionMatmul gate, up, down;
+  // bf16, or f32 where oneDNN has no bf16 matmul (before AVX512-BF16: oneDNN 2.6 asks for it): the
+  // products' inputs, the weights and h, in this type. x's rows are converted on their gather.
+  memory::data_type dt = memory::data_type::bf16;
+  std::vector<float> xs_f32, h_f32;
   std::vector<bf16> xs, h;
   std::vector<float> g, y, ys;
 
@@ -71,8 +75,8 @@ struct OnednnMoeBaseline::Impl {
   enum class Epilogue { none, swish, times_gate };
 
   dnnl::matmul::primitive_desc describe(memory::dim m, memory::dim in, memory::dim out, const memory::desc& wei, Epilogue epilogue) {
-    const memory::desc src({m, in}, memory::data_type::bf16, memory::format_tag::ab);
-    const memory::desc dst({m, out}, epilogue == Epilogue::times_gate ? memory::data_type::bf16 : memory::data_type::f32,
+    const memory::desc src({m, in}, dt, memory::format_tag::ab);
+    const memory::desc dst({m, out}, epilogue == Epilogue::times_gate ? dt : memory::data_type::f32,
                            memory::format_tag::ab);
     dnnl::post_ops ops;
     if (epilogue == Epilogue::swish) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
@@ -88,7 +92,7 @@ struct OnednnMoeBaseline::Impl {
     r.in = in;
     r.out = out;
     r.epilogue = static_cast<int>(epilogue);
-    const auto pd = describe(64, in, out, memory::desc({in, out}, memory::data_type::bf16, memory::format_tag::any), epilogue);
+    const auto pd = describe(64, in, out, memory::desc({in, out}, dt, memory::format_tag::any), epilogue);
     r.weights_desc = pd.weights_desc();
     r.implementation = pd.impl_info_str();
     for (int e = 0; e < w.shape.num_experts; ++e) {
@@ -101,13 +105,13 @@ struct OnednnMoeBaseline::Impl {
     return r;
   }
 
-  // c: f32 [m][out], or bf16 for times_gate, which multiplies by gate_f32 [m][out].
-  void run(ProjectionMatmul& p, memory::dim m, int e, const bf16* a, void* c, const float* gate_f32 = nullptr) {
+  // a: [m][in] in dt; c: f32 [m][out], or dt for times_gate, which multiplies by gate_f32 [m][out].
+  void run(ProjectionMatmul& p, memory::dim m, int e, const void* a, void* c, const float* gate_f32 = nullptr) {
     const auto epilogue = static_cast<Epilogue>(p.epilogue);
     auto it = p.by_rows.find(m);
     if (it == p.by_rows.end()) it = p.by_rows.emplace(m, dnnl::matmul(describe(m, p.in, p.out, p.weights_desc, epilogue))).first;
-    memory src({{m, p.in}, memory::data_type::bf16, memory::format_tag::ab}, engine, const_cast<bf16*>(a));
-    memory dst({{m, p.out}, epilogue == Epilogue::times_gate ? memory::data_type::bf16 : memory::data_type::f32, memory::format_tag::ab},
+    memory src({{m, p.in}, dt, memory::format_tag::ab}, engine, const_cast<void*>(a));
+    memory dst({{m, p.out}, epilogue == Epilogue::times_gate ? dt : memory::data_type::f32, memory::format_tag::ab},
                engine, c);
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p.weights[static_cast<std::size_t>(e)]}, {DNNL_ARG_DST, dst}};
     if (epilogue == Epilogue::times_gate)
@@ -121,12 +125,18 @@ OnednnMoeBaseline::OnednnMoeBaseline(const ExpertWeightsView& w) : impl_(std::ma
   EveryCpuScope every_cpu;
   Impl& s = *impl_;
   s.shape = w.shape;
-  try {
-    s.gate = s.make(w, tilemoe::Projection::gate, w.shape.hidden, w.shape.intermediate, Impl::Epilogue::swish);
-    s.up = s.make(w, tilemoe::Projection::up, w.shape.hidden, w.shape.intermediate, Impl::Epilogue::times_gate);
-    s.down = s.make(w, tilemoe::Projection::down, w.shape.intermediate, w.shape.hidden, Impl::Epilogue::none);
-  } catch (const dnnl::error& e) {
-    fail(ErrorKind::unsupported, std::string("oneDNN baseline: ") + e.what());
+  for (const memory::data_type dt : {memory::data_type::bf16, memory::data_type::f32}) {
+    s.dt = dt;
+    try {
+      s.gate = s.make(w, tilemoe::Projection::gate, w.shape.hidden, w.shape.intermediate, Impl::Epilogue::swish);
+      s.up = s.make(w, tilemoe::Projection::up, w.shape.hidden, w.shape.intermediate, Impl::Epilogue::times_gate);
+      s.down = s.make(w, tilemoe::Projection::down, w.shape.intermediate, w.shape.hidden, Impl::Epilogue::none);
+      return;
+    } catch (const dnnl::error& e) {
+      // unimplemented: no bf16 matmul on this CPU; the f32 one is what oneDNN offers a user here.
+      if (dt == memory::data_type::bf16 && e.status == dnnl_unimplemented) continue;
+      fail(ErrorKind::unsupported, std::string("oneDNN baseline (") + (dt == memory::data_type::bf16 ? "bf16" : "f32") + "): " + e.what());
+    }
   }
 }
 
@@ -134,6 +144,8 @@ OnednnMoeBaseline::~OnednnMoeBaseline() = default;
 OnednnMoeBaseline::OnednnMoeBaseline(OnednnMoeBaseline&&) noexcept = default;
 
 std::string OnednnMoeBaseline::implementation() const { return impl_->gate.implementation; }
+
+std::string OnednnMoeBaseline::data_type() const { return impl_->dt == memory::data_type::bf16 ? "bf16" : "f32"; }
 
 void OnednnMoeBaseline::forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights, float* out,
                                 numa::ThreadPool& pool) {
@@ -147,16 +159,21 @@ void OnednnMoeBaseline::forward(int tokens, int top_k, const bf16* x, const std:
     const int m = groups.count(e);
     if (m == 0) continue;
     const std::size_t rows = static_cast<std::size_t>(m), first = static_cast<std::size_t>(groups.offsets[e]);
-    s.xs.resize(rows * hidden);
+    const bool f32 = s.dt == memory::data_type::f32;
+    (f32 ? s.xs_f32.resize(rows * hidden) : s.xs.resize(rows * hidden));
+    (f32 ? s.h_f32.resize(rows * inter) : s.h.resize(rows * inter));
     s.g.resize(rows * inter);
-    s.h.resize(rows * inter);
     s.y.resize(rows * hidden);
     pool.parallel_for(rows, [&](std::size_t i, int) {
-      std::memcpy(s.xs.data() + i * hidden, x + static_cast<std::size_t>(groups.token[first + i]) * hidden, hidden * sizeof(bf16));
+      const bf16* row = x + static_cast<std::size_t>(groups.token[first + i]) * hidden;
+      if (!f32) return void(std::memcpy(s.xs.data() + i * hidden, row, hidden * sizeof(bf16)));
+      for (std::size_t c = 0; c < hidden; ++c) s.xs_f32[i * hidden + c] = bf16_to_float(row[c]);
     }, 16);
-    s.run(s.gate, m, e, s.xs.data(), s.g.data());
-    s.run(s.up, m, e, s.xs.data(), s.h.data(), s.g.data());
-    s.run(s.down, m, e, s.h.data(), s.y.data());
+    const void* xs = f32 ? static_cast<const void*>(s.xs_f32.data()) : s.xs.data();
+    void* h = f32 ? static_cast<void*>(s.h_f32.data()) : s.h.data();
+    s.run(s.gate, m, e, xs, s.g.data());
+    s.run(s.up, m, e, xs, h, s.g.data());
+    s.run(s.down, m, e, h, s.y.data());
     s.stream.wait();
     pool.parallel_for(rows, [&](std::size_t i, int) {
       std::memcpy(s.ys.data() + static_cast<std::size_t>(groups.slot[first + i]) * hidden, s.y.data() + i * hidden, hidden * sizeof(float));

@@ -7,7 +7,8 @@
 // combined with their routing weights as tilemoe does. The matmuls use oneDNN's own threads and its own weight layout (format_tag::any,
 // reordered once here). A primitive is made per projection and row count the first time that
 // count is met (creation is not timed: the bench runs every routing once before timing), and
-// serves every expert.
+// serves every expert. Where oneDNN has no bf16 matmul (CPUs before AVX512-BF16), the products run in
+// f32 on the same bf16 values: what oneDNN offers a user there, and data_type() says so.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,8 @@ class OnednnMoeBaseline {
   void forward(int tokens, int top_k, const bf16* x, const std::int64_t* ids, const float* weights, float* out, numa::ThreadPool& pool);
   // oneDNN's name for the matmul implementation it picked, e.g. "brg:avx512_core_amx".
   std::string implementation() const;
+  // "bf16", or "f32" where this CPU has no bf16 matmul in oneDNN.
+  std::string data_type() const;
 
  private:
   struct Impl;
