@@ -23,6 +23,9 @@ class __attribute__((visibility("default"))) Error : public std::runtime_error {
   ErrorKind kind_;
 };
 
-[[noreturn]] inline void fail(ErrorKind kind, const std::string& message) { throw Error(kind, message); }
+// Defined in one baseline-compiled file (src/error.cpp), not inline: an inline copy compiled into an
+// AVX-512 kernel file (with a vzeroupper before the throw) could be the one the linker keeps for
+// every caller (tests/build/test_isa_objects.sh).
+[[noreturn]] __attribute__((visibility("default"))) void fail(ErrorKind kind, const std::string& message);
 
 }  // namespace tilemoe

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The objects compiled for an ISA (file names *_avx512.cpp, *_amx.cpp: cmake/CompilerFlags.cmake)
+# must not hand the program its copy of a shared inline function or template (a weak, COMDAT
+# symbol: std::string's members, tilemoe::fail, a vector's destructor). The linker keeps one copy of
+# each, from whichever object comes first; if that is an AVX-512 build of it, baseline code that
+# calls it faults on a CPU without AVX-512. So every weak function such an object defines must be
+# free of VEX/EVEX instructions (mnemonics starting with v), opmask registers and xmm16-31.
+#   test_isa_objects.sh "obj;obj;..."   (CMake's $<TARGET_OBJECTS:...>, one argument)
+set -u
+IFS=';' read -ra objects <<< "${1:-}"
+checked=0 failed=0
+for o in "${objects[@]}"; do
+  case "$(basename "$o")" in *_avx512.cpp.o | *_amx.cpp.o) ;; *) continue ;; esac
+  checked=$((checked + 1))
+  weak=$(nm --defined-only "$o" | awk '$2 == "W" { print $3 }')
+  [ -n "$weak" ] || continue
+  bad=$(objdump -d --no-show-raw-insn "$o" | awk -v list="$weak" '
+    BEGIN { n = split(list, names, "\n"); for (i = 1; i <= n; ++i) weak[names[i]] = 1 }
+    />:$/ { name = substr($2, 2, length($2) - 3); in_weak = (name in weak); next }
+    in_weak && ($2 ~ /^v/ || /%k[1-7]|mm(1[6-9]|2[0-9]|3[01])/) { print name }' | sort -u)
+  if [ -n "$bad" ]; then
+    failed=$((failed + 1))
+    echo "$(basename "$o"): weak functions with ISA instructions (make them non-inline in a baseline file, or keep them out of this file):"
+    echo "$bad" | c++filt | sed 's/^/  /'
+  fi
+done
+if [ "$checked" -eq 0 ]; then
+  echo "no *_avx512 or *_amx objects among the arguments"
+  exit 1
+fi
+echo "$checked ISA objects checked, $failed with ISA code in a shared weak function"
+[ "$failed" -eq 0 ]
