@@ -30,6 +30,9 @@ using SiluMulBf16Fn = void (*)(const float* gate, std::size_t ldg, const float* 
 
 void silu_mul_bf16_portable(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
                             bf16* h, std::size_t ldh, SwigluForm form);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void silu_mul_bf16_avx2(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
+                        bf16* h, std::size_t ldh, SwigluForm form);
 // Only where isa_available(Isa::avx512_bf16). Its exp is accurate to about 2e-7 relative, and an
 // h below the f32 normal range (|h| < 1.2e-38) becomes 0 (VCVTNEPS2BF16).
 void silu_mul_bf16_avx512(const float* gate, std::size_t ldg, const float* up, std::size_t ldu, int m, int n,
@@ -51,6 +54,9 @@ using SiluMulBackwardFn = void (*)(const float* dh, std::size_t ldd, const bf16*
 
 void silu_mul_backward_portable(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
                                 bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, SwigluForm form);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void silu_mul_backward_avx2(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
+                            bf16* dgate, bf16* dup, std::size_t ldo, bf16* h, std::size_t ldh, SwigluForm form);
 // Only where isa_available(Isa::avx512_bf16). The sigmoid and the rounding of silu_mul_bf16_avx512:
 // a dgate, dup or h below 1.2e-38 becomes 0.
 void silu_mul_backward_avx512(const float* dh, std::size_t ldd, const bf16* gate, const bf16* up, std::size_t ldgu, int m, int n,
@@ -68,6 +74,9 @@ using KeepClampSidesFn = void (*)(const float* values, std::size_t ldv, int m, i
 
 void keep_clamp_sides_portable(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
                                bool two_sided);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void keep_clamp_sides_avx2(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
+                           bool two_sided);
 // Only where isa_available(Isa::avx512_bf16).
 void keep_clamp_sides_avx512(const float* values, std::size_t ldv, int m, int n, bf16* saved, std::size_t lds, float limit,
                              bool two_sided);

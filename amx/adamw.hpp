@@ -32,6 +32,8 @@ AdamWCoefficients adamw_coefficients(double lr, double beta1, double beta2, doub
 using AdamWUpdateFn = void (*)(const AdamWCoefficients& c, float* p, const float* g, float* m, float* v, std::size_t n);
 
 void adamw_update_portable(const AdamWCoefficients& c, float* p, const float* g, float* m, float* v, std::size_t n);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void adamw_update_avx2(const AdamWCoefficients& c, float* p, const float* g, float* m, float* v, std::size_t n);
 // Only where isa_available(Isa::avx512_bf16). The same bits as the portable version.
 void adamw_update_avx512(const AdamWCoefficients& c, float* p, const float* g, float* m, float* v, std::size_t n);
 

@@ -12,6 +12,8 @@ namespace tilemoe::kernels {
 using CombineBf16RowsFn = void (*)(const bf16* const* rows, const float* weights, int count, std::size_t width, float* out);
 
 void combine_bf16_rows_portable(const bf16* const* rows, const float* weights, int count, std::size_t width, float* out);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void combine_bf16_rows_avx2(const bf16* const* rows, const float* weights, int count, std::size_t width, float* out);
 // Only where isa_available(Isa::avx512_bf16).
 void combine_bf16_rows_avx512(const bf16* const* rows, const float* weights, int count, std::size_t width, float* out);
 

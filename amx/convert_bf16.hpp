@@ -12,6 +12,8 @@ namespace tilemoe::kernels {
 using ConvertToBf16Fn = void (*)(const float* src, std::size_t n, float scale, bf16* dst);
 
 void convert_to_bf16_portable(const float* src, std::size_t n, float scale, bf16* dst);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void convert_to_bf16_avx2(const float* src, std::size_t n, float scale, bf16* dst);
 // Only where isa_available(Isa::avx512_bf16).
 void convert_to_bf16_avx512(const float* src, std::size_t n, float scale, bf16* dst);
 

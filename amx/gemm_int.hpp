@@ -70,6 +70,8 @@ GemmIntArgs with_int_a_rows(const GemmIntArgs& args);
 using GemmIntFn = void (*)(const GemmIntArgs&);
 
 void gemm_int_portable(const GemmIntArgs& args);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void gemm_int_avx2(const GemmIntArgs& args);
 void gemm_int_avx512(const GemmIntArgs& args);  // AVX512-VNNI; only where isa_available(Isa::avx512_bf16)
 // The same, asking for the codes some lines ahead of the loads (gemm_bf16_avx512_prefetching).
 void gemm_int_avx512_prefetching(const GemmIntArgs& args);
@@ -83,6 +85,9 @@ using QuantizeRowsFn = void (*)(const std::uint16_t* x, std::size_t ldx, int row
                                 std::size_t ldq, float* scales);
 void quantize_rows_portable(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
                             std::size_t ldq, float* scales);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void quantize_rows_avx2(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
+                        std::size_t ldq, float* scales);
 void quantize_rows_avx512(const std::uint16_t* x, std::size_t ldx, int rows, int k, int k_padded, std::int8_t* codes,
                           std::size_t ldq, float* scales);
 

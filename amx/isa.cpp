@@ -75,6 +75,7 @@ CpuFeatures detect() {
   if (max_leaf >= 7) {
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
     unsigned max_subleaf = eax;
+    f.avx2 = bit(ebx, 5);
     f.avx512f = bit(ebx, 16);
     f.avx512dq = bit(ebx, 17);
     f.avx512bw = bit(ebx, 30);
@@ -91,6 +92,7 @@ CpuFeatures detect() {
   if (osxsave) {  // without OSXSAVE, xgetbv itself is an invalid instruction
     std::uint64_t xcr0 = read_xcr0();
     std::uint64_t zmm = kXcr0Sse | kXcr0Avx | kXcr0Opmask | kXcr0ZmmHi256 | kXcr0Hi16Zmm;
+    f.os_ymm = (xcr0 & (kXcr0Sse | kXcr0Avx)) == (kXcr0Sse | kXcr0Avx);
     f.os_zmm = (xcr0 & zmm) == zmm;
     f.os_amx = (xcr0 & (kXcr0Xtilecfg | kXcr0Xtiledata)) == (kXcr0Xtilecfg | kXcr0Xtiledata);
   }
@@ -125,6 +127,13 @@ std::string avx512_reason(const CpuFeatures& f) {
   return {};
 }
 
+std::string avx2_reason(const CpuFeatures& f) {
+  std::string r = join_missing("CPU has no ", {{f.avx2, "AVX2"}, {f.fma, "FMA"}, {f.f16c, "F16C"}});
+  if (!r.empty()) return r;
+  if (!f.os_ymm) return "the OS has not enabled AVX register state (XCR0 bits 1-2)";
+  return {};
+}
+
 std::string amx_reason(const CpuFeatures& f) {
   // The AMX table sends small batches to the AVX-512 kernel, so AMX needs AVX-512 too.
   std::string r = avx512_reason(f);
@@ -137,7 +146,7 @@ std::string amx_reason(const CpuFeatures& f) {
   return {};
 }
 
-constexpr const char* kValidNames = "auto, portable, avx512 (or avx512_bf16), amx (or amx_bf16)";
+constexpr const char* kValidNames = "auto, portable, avx2, avx512 (or avx512_bf16), amx (or amx_bf16)";
 
 }  // namespace
 
@@ -151,6 +160,7 @@ bool isa_available(Isa isa) { return isa_unavailable_reason(isa).empty(); }
 std::string isa_unavailable_reason(Isa isa) {
   switch (isa) {
     case Isa::portable: return {};
+    case Isa::avx2: return avx2_reason(cpu_features());
     case Isa::avx512_bf16: return avx512_reason(cpu_features());
     case Isa::amx_bf16: return amx_reason(cpu_features());
   }
@@ -160,6 +170,7 @@ std::string isa_unavailable_reason(Isa isa) {
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::portable: return "portable";
+    case Isa::avx2: return "avx2";
     case Isa::avx512_bf16: return "avx512";
     case Isa::amx_bf16: return "amx";
   }
@@ -174,6 +185,7 @@ std::string isa_label(Isa isa) {
 
 std::optional<Isa> parse_isa(std::string_view name) {
   if (name == "portable") return Isa::portable;
+  if (name == "avx2") return Isa::avx2;
   if (name == "avx512" || name == "avx512_bf16") return Isa::avx512_bf16;
   if (name == "amx" || name == "amx_bf16") return Isa::amx_bf16;
   return std::nullopt;
@@ -182,6 +194,7 @@ std::optional<Isa> parse_isa(std::string_view name) {
 Isa best_available_isa() {
   if (isa_available(Isa::amx_bf16) && !cpu_features().amx_emulated) return Isa::amx_bf16;
   if (isa_available(Isa::avx512_bf16)) return Isa::avx512_bf16;
+  if (isa_available(Isa::avx2)) return Isa::avx2;
   return Isa::portable;
 }
 

@@ -7,14 +7,16 @@
 
 namespace tilemoe::kernels {
 
-enum class Isa { portable, avx512_bf16, amx_bf16 };
+enum class Isa { portable, avx2, avx512_bf16, amx_bf16 };
 
 struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
   bool avx512_vnni = false;  // the int8/int4 weight kernels; every CPU with AVX512-BF16 has it
+  bool avx2 = false;  // the avx2 table (the portable kernels built for AVX2 + FMA + F16C)
   bool fma = false;
   bool f16c = false;  // the avx512 files are compiled with -mf16c, so it is required too
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;
+  bool os_ymm = false;            // XCR0 has SSE and AVX state enabled
   bool os_zmm = false;            // XCR0 has opmask, ZMM_Hi256 and Hi16_ZMM state enabled
   bool os_amx = false;            // XCR0 has XTILECFG and XTILEDATA state enabled
   bool os_amx_permitted = false;  // Linux granted this process XTILEDATA (arch_prctl)
@@ -40,13 +42,13 @@ inline bool tile_instructions_usable() {
 bool isa_available(Isa isa);
 // "" when available; otherwise what is missing, in words a user can act on.
 std::string isa_unavailable_reason(Isa isa);
-const char* isa_name(Isa isa);  // "portable", "avx512", "amx"
+const char* isa_name(Isa isa);  // "portable", "avx2", "avx512", "amx"
 // isa_name, with " (emulated tiles)" for the AMX of a TILEMOE_AMX_EMULATION build: for what
 // people read (demo, bench), so that no emulated figure passes for an AMX one.
 std::string isa_label(Isa isa);
-// Accepts "portable", "avx512", "avx512_bf16", "amx", "amx_bf16".
+// Accepts "portable", "avx2", "avx512", "avx512_bf16", "amx", "amx_bf16".
 std::optional<Isa> parse_isa(std::string_view name);
-// amx > avx512 > portable; an emulated AMX (a test build) runs only when asked for by name.
+// amx > avx512 > avx2 > portable; an emulated AMX (a test build) runs only when asked for by name.
 Isa best_available_isa();
 
 // The ISA a run uses. `requested` is "auto", empty, or an ISA name; when it is empty or "auto"

@@ -44,6 +44,9 @@ using LoraGradOuterFn = void (*)(const bf16* v, std::size_t ldv, const int* v_ro
 
 void lora_grad_outer_portable(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n,
                               int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void lora_grad_outer_avx2(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n,
+                          int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW/VL).
 void lora_grad_outer_avx512(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n,
                             int rank, GradTarget g, std::size_t ldg, bool rank_major, bool overwrite);

@@ -34,6 +34,9 @@ using PackTransposedFn = void (*)(const bf16* packed_w, int panels, int kblocks,
 
 void pack_transposed_kblock_portable(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                      std::size_t dst_panel_stride);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void pack_transposed_kblock_avx2(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
+                                 std::size_t dst_panel_stride);
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW).
 void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                    std::size_t dst_panel_stride);
@@ -53,6 +56,9 @@ using PackTransposedIntFn = void (*)(const PackedIntShape& s, const PackedIntVie
                                      std::size_t dst_panel_stride);
 void pack_transposed_kblock_int_portable(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                          std::size_t dst_panel_stride);
+// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+void pack_transposed_kblock_int_avx2(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+                                     std::size_t dst_panel_stride);
 // Only where isa_available(Isa::avx512_bf16). The same bits as the portable version.
 void pack_transposed_kblock_int_avx512(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                        std::size_t dst_panel_stride);

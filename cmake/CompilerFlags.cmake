@@ -17,6 +17,8 @@ if(TILEMOE_TSAN)
   add_link_options(-fsanitize=thread)
 endif()
 
+# The avx2 ISA: the portable kernels compiled again for the CPUs without AVX-512 (CMakeLists.txt).
+set(TILEMOE_AVX2_FLAGS -mavx2 -mfma -mf16c)
 set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c)
 set(TILEMOE_AMX_TILE_FLAGS -mamx-tile -mamx-bf16 -mamx-int8)
 set(TILEMOE_AMX_FLAGS ${TILEMOE_AVX512_FLAGS} ${TILEMOE_AMX_TILE_FLAGS})

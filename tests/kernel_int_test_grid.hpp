@@ -19,6 +19,7 @@ namespace tilemoe::kernels::test {
 inline GemmIntFn raw_gemm_int(Isa isa) {
   switch (isa) {
     case Isa::portable: return gemm_int_portable;
+    case Isa::avx2: return gemm_int_avx2;
     case Isa::avx512_bf16: return gemm_int_avx512;
     case Isa::amx_bf16: return gemm_int_amx;
   }

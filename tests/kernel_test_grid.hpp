@@ -29,6 +29,7 @@ namespace tilemoe::kernels::test {
 inline GemmBf16Fn raw_gemm(Isa isa) {
   switch (isa) {
     case Isa::portable: return gemm_bf16_portable;
+    case Isa::avx2: return gemm_bf16_avx2;
     case Isa::avx512_bf16: return gemm_bf16_avx512;
     case Isa::amx_bf16: return gemm_bf16_amx;
   }

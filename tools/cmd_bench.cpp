@@ -80,7 +80,7 @@ void add_bench_command(CLI::App& app, int& status) {
   cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash or gpt-oss-120b")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Comma-separated token counts")->capture_default_str();
   cmd->add_option("--lora-rank", a->ranks, "Comma-separated LoRA ranks on all three projections (0: none); each gets its own layers and the ranks take turns call by call")->capture_default_str();
-  cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
+  cmd->add_option("--isa", a->isa, "portable, avx2, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--weights", a->weights,
                   "Base weight type: bf16, int8 (per-channel scales, int8 activations), int4 or mxfp4 (E2M1, a power-of-two scale per 32 "
                   "inputs, bf16 activations)")

@@ -43,7 +43,7 @@ void add_demo_command(CLI::App& app, int& status) {
   cmd->add_option("--shape", a->shape, "v2-lite, qwen3-30b, v3, mixtral-8x7b, v4-flash or gpt-oss-120b")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "Tokens in the batch")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--lora-rank", a->rank, "LoRA rank on gate, up and down (0: none)")->capture_default_str()->check(CLI::Range(0, 1024));
-  cmd->add_option("--isa", a->isa, "reference, portable, avx512, amx or auto")->capture_default_str();
+  cmd->add_option("--isa", a->isa, "reference, portable, avx2, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   cmd->callback([a, &status] {

@@ -41,7 +41,7 @@ void add_layer_options(CLI::App* cmd, LayerArgs& a) {
                                    "output file then holds them too, to replay with --input");
   a.seed_given = cmd->add_option("--seed", a.seed, "With --tokens: the random inputs' seed")->capture_default_str();
   cmd->add_option("--output", a.output, "safetensors to write (replaced only when the command succeeds)")->required();
-  cmd->add_option("--isa", a.isa, "reference, portable, avx512, amx or auto")->capture_default_str();
+  cmd->add_option("--isa", a.isa, "reference, portable, avx2, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--threads", a.threads, "Worker threads (0: every core)")->capture_default_str();
   cmd->add_option("--numa-nodes", a.numa_nodes,
                   "Split the layer over this many NUMA nodes, real or virtual (cores divided between them); 0: the machine's")

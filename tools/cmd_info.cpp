@@ -37,10 +37,10 @@ Measured measure(kernels::Isa isa) {
 void print_text(kernels::Isa chosen, const Measured& m) {
   using namespace kernels;
   const auto& f = cpu_features();
-  std::printf("cpu features: avx512f %d, avx512bw %d, avx512vl %d, avx512dq %d, avx512_bf16 %d, avx512_vnni %d, fma %d, amx_tile %d, "
+  std::printf("cpu features: avx2 %d, avx512f %d, avx512bw %d, avx512vl %d, avx512dq %d, avx512_bf16 %d, avx512_vnni %d, fma %d, amx_tile %d, "
               "amx_bf16 %d, amx_int8 %d\n",
-              f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.avx512_vnni, f.fma, f.amx_tile, f.amx_bf16, f.amx_int8);
-  for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::portable}) {
+              f.avx2, f.avx512f, f.avx512bw, f.avx512vl, f.avx512dq, f.avx512_bf16, f.avx512_vnni, f.fma, f.amx_tile, f.amx_bf16, f.amx_int8);
+  for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::avx2, Isa::portable}) {
     std::string why = isa_unavailable_reason(isa);
     const bool emulated = isa == Isa::amx_bf16 && f.amx_emulated;
     std::printf("  %-9s %s\n", isa_name(isa),
@@ -68,7 +68,7 @@ void print_json(kernels::Isa chosen, const Measured& m) {
   using nlohmann::json;
   const auto& f = cpu_features();
   json isas = json::object();
-  for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::portable}) {
+  for (Isa isa : {Isa::amx_bf16, Isa::avx512_bf16, Isa::avx2, Isa::portable}) {
     std::string why = isa_unavailable_reason(isa);
     isas[isa_name(isa)] = why.empty() ? json{{"available", true}} : json{{"available", false}, {"reason", why}};
     if (isa == Isa::amx_bf16 && f.amx_emulated) isas[isa_name(isa)]["emulated"] = true;
@@ -78,7 +78,7 @@ void print_json(kernels::Isa chosen, const Measured& m) {
   for (const auto& n : t.nodes) nodes.push_back({{"os_index", n.os_index}, {"cores", n.cpus.size()}, {"cpus", n.cpus}, {"memory_bytes", n.memory_bytes}});
   json out = {
       {"cpu_features",
-       {{"avx512f", f.avx512f}, {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq}, {"avx512_bf16", f.avx512_bf16},
+       {{"avx2", f.avx2}, {"avx512f", f.avx512f}, {"avx512bw", f.avx512bw}, {"avx512vl", f.avx512vl}, {"avx512dq", f.avx512dq}, {"avx512_bf16", f.avx512_bf16},
         {"avx512_vnni", f.avx512_vnni}, {"fma", f.fma}, {"amx_tile", f.amx_tile}, {"amx_bf16", f.amx_bf16}, {"amx_int8", f.amx_int8}}},
       {"isa", isas},
       {"chosen_isa", isa_name(chosen)},

@@ -51,7 +51,7 @@ void add_train_demo_command(CLI::App& app, int& status) {
   cmd->add_option("--steps", a->steps, "SGD steps")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--lora-rank", a->rank, "LoRA rank of the student and the teacher")->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_option("--lr", a->lr, "Learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--isa", a->isa, "portable, avx512, amx or auto")->capture_default_str();
+  cmd->add_option("--isa", a->isa, "portable, avx2, avx512, amx or auto")->capture_default_str();
   cmd->add_option("--threads", a->threads, "Worker threads (0: every core)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "Random seed")->capture_default_str();
   cmd->callback([a, &status] {

@@ -53,7 +53,7 @@ TILEMOE_API const char* tilemoe_last_error(void);
 TILEMOE_API const char* tilemoe_status_name(tilemoe_status status);
 TILEMOE_API const char* tilemoe_version(void);
 
-/* isa: "auto", "amx", "avx512" or "portable" (NULL: "auto"); threads 0: one per core. */
+/* isa: "auto", "amx", "avx512", "avx2" or "portable" (NULL: "auto"); threads 0: one per core. */
 TILEMOE_API tilemoe_status tilemoe_runtime_create(const char* isa, int threads, tilemoe_runtime** out);
 TILEMOE_API void tilemoe_runtime_destroy(tilemoe_runtime* runtime); /* destroy its layers first */
 TILEMOE_API const char* tilemoe_runtime_isa(const tilemoe_runtime* runtime);

@@ -29,7 +29,7 @@
 namespace tilemoe {
 
 struct RuntimeOptions {
-  std::string isa = "auto";  // "auto" (AMX > AVX512-BF16 > portable; TILEMOE_ISA overrides), "amx", "avx512", "portable"
+  std::string isa = "auto";  // "auto" (AMX > AVX512-BF16 > AVX2 > portable; TILEMOE_ISA overrides), "amx", "avx512", "avx2", "portable"
   int threads = 0;           // worker threads; 0: one per core (TILEMOE_THREADS overrides)
 };
 
@@ -52,7 +52,7 @@ class TILEMOE_CXX_API Runtime {
   // was not reported yet.
   void sync();
 
-  const char* isa() const;  // "amx", "avx512" or "portable"
+  const char* isa() const;  // "amx", "avx512", "avx2" or "portable"
   int threads() const;
 
   struct Impl;

@@ -1,6 +1,6 @@
 #pragma once
 // One entry point for a layer's forward and backward on the implementation a user names:
-// "reference" (src/reference), "portable", "avx512", "amx", or "auto" (the fastest this CPU has).
+// "reference" (src/reference), "portable", "avx2", "avx512", "amx", or "auto" (the fastest this CPU has).
 #include <string>
 #include <vector>
 
