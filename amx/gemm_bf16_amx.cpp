@@ -36,6 +36,7 @@
 
 #include "amx/gemm_bf16.hpp"
 #include "amx/isa.hpp"
+#include "amx/kernel_errors.hpp"
 #include "amx/one_row_tile_block.hpp"
 #include "amx/pack_bf16.hpp"
 #include "amx/pair_order.hpp"
@@ -43,7 +44,6 @@
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
-#include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -244,7 +244,7 @@ void gemm_bf16_amx(const GemmBf16Args& args) {
   if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
   if (!tile_instructions_usable()) {
     // A tile instruction without the permission would kill the process with SIGILL.
-    fail(ErrorKind::unsupported, "gemm_bf16_amx: " + isa_unavailable_reason(Isa::amx_bf16));
+    fail_tiles_unusable("gemm_bf16_amx");
   }
   // The tile instructions are asm statements that do not tell the compiler what they read.
   __asm__ volatile("" ::: "memory");

@@ -44,13 +44,13 @@
 #include "amx/bf16_avx512.hpp"
 #include "amx/gemm_int.hpp"
 #include "amx/isa.hpp"
+#include "amx/kernel_errors.hpp"
 #include "amx/pack_bf16.hpp"
 #include "amx/pair_order.hpp"
 #include "amx/prefetch.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
-#include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -480,12 +480,12 @@ void pairs_outside(Job& job, int m, int p_begin, int p_end, Int4Unpack* int4) {
 
 void gemm_int_amx(const GemmIntArgs& args) {
   if (args.m <= 0 || args.panel_end <= args.panel_begin) return;
-  if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "gemm_int_amx: " + isa_unavailable_reason(Isa::amx_bf16));
+  if (!tile_instructions_usable()) fail_tiles_unusable("gemm_int_amx");
   const PackedIntShape& s = args.shape;
   const bool multiples = s.bits == 4 && args.b.column_scales != nullptr && args.b.group_multiples != nullptr;
   const std::uint8_t* const group_multiples = multiples ? args.b.group_multiples : nullptr;  // what int4's unpack multiplies by
   if (s.group % kIntBlockK != 0 && !multiples)
-    fail(ErrorKind::invalid_argument, "gemm_int_amx: scale groups must be multiples of 64, or decompose into column scales");
+    fail_kernel_argument("gemm_int_amx", "scale groups must be multiples of 64, or decompose into column scales");
   __asm__ volatile("" ::: "memory");
 
   const std::size_t int8_panel_bytes = static_cast<std::size_t>(s.kblocks) * kBlockBytes;

@@ -22,16 +22,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 
 #include "amx/gemm_mxfp4.hpp"
 #include "amx/isa.hpp"
+#include "amx/kernel_errors.hpp"
 #include "amx/mxfp4_lookup_avx512.hpp"
 #include "amx/tile_block.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
-#include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -222,7 +221,7 @@ void pair_first_block(const GemmBf16Args& g, const Group& grp, bf16* pair) {
 
 void require_tiles(const char* who) {
   // A tile instruction without the permission would kill the process with SIGILL.
-  if (!tile_instructions_usable()) fail(ErrorKind::unsupported, std::string(who) + ": " + isa_unavailable_reason(Isa::amx_bf16));
+  if (!tile_instructions_usable()) fail_tiles_unusable(who);
 }
 
 }  // namespace
@@ -230,7 +229,7 @@ void require_tiles(const char* who) {
 void gemm_mxfp4_few_rows_amx(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
   if (g.m <= 0 || g.panel_end <= g.panel_begin) return;
   if (g.m > kMxfp4FewRowsMaxRows)
-    fail(ErrorKind::invalid_argument, "gemm_mxfp4_few_rows_amx: " + std::to_string(g.m) + " rows, more than one row tile");
+    fail_kernel_argument("gemm_mxfp4_few_rows_amx", g.m, "rows, more than one row tile");
   require_tiles("gemm_mxfp4_few_rows_amx");
   thread_local StepBlocks blocks;
   const Mxfp4LineLookup lookup;
@@ -251,7 +250,7 @@ void gemm_mxfp4_few_rows_amx(const GemmBf16Args& g, const PackedMxfp4Shape& s, c
 void gemm_mxfp4_pair_first_block_amx(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, int q0, int q1,
                                      bf16* pair) {
   if (g.m <= 0 || q1 <= q0) return;
-  if (q1 - q0 > 2) fail(ErrorKind::invalid_argument, "gemm_mxfp4_pair_first_block_amx: more than a pair of panels");
+  if (q1 - q0 > 2) fail_kernel_argument("gemm_mxfp4_pair_first_block_amx", "more than a pair of panels");
   require_tiles("gemm_mxfp4_pair_first_block_amx");
   const Mxfp4LineLookup lookup;
   const Group grp{s, w, lookup, q0};

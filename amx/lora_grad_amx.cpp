@@ -29,12 +29,12 @@
 
 #include "amx/aligned_vector.hpp"
 #include "amx/isa.hpp"
+#include "amx/kernel_errors.hpp"
 #include "amx/lora_grad.hpp"
 #include "amx/lora_grad_block_avx512.hpp"
 #include "amx/tile_config.hpp"
 #include "amx/tile_intrinsics.hpp"
 #include "amx/transpose_avx512.hpp"
-#include "tilemoe/error.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -157,7 +157,7 @@ void lora_grad_outer_amx(const bf16* v, std::size_t ldv, const int* v_rows, cons
 void lora_grad_outer_amx_tiles(const bf16* v, std::size_t ldv, const int* v_rows, const float* u, std::size_t ldu, int rows, int n, int rank, GradTarget g,
                                std::size_t ldg, bool rank_major, bool overwrite) {
   if (rows <= 0 || n <= 0 || rank <= 0) return;
-  if (!tile_instructions_usable()) fail(ErrorKind::unsupported, "lora_grad_outer_amx_tiles: " + isa_unavailable_reason(Isa::amx_bf16));
+  if (!tile_instructions_usable()) fail_tiles_unusable("lora_grad_outer_amx_tiles");
   const int ksteps = (rows + kStepRows - 1) / kStepRows;
   const int qtiles = (rank + kQ - 1) / kQ;
   thread_local AlignedVector<bf16> a_parts, b_pass;
