@@ -17,6 +17,16 @@ if(TILEMOE_TSAN)
   add_link_options(-fsanitize=thread)
 endif()
 
+# Each ISA-compiled object keeps its copies of shared inline functions to itself (the script says
+# why): the launcher renames them after the compile. A launcher the user set (ccache) still runs.
+foreach(tool CMAKE_READELF CMAKE_OBJCOPY)
+  if(NOT ${tool})
+    message(FATAL_ERROR "${tool} not found (binutils): the ISA objects need it (cmake/compile_isa_private.sh)")
+  endif()
+endforeach()
+set(CMAKE_CXX_COMPILER_LAUNCHER bash ${CMAKE_CURRENT_LIST_DIR}/compile_isa_private.sh ${CMAKE_READELF} ${CMAKE_OBJCOPY}
+    -- ${CMAKE_CXX_COMPILER_LAUNCHER})
+
 # The avx2 ISA: the portable kernels compiled again for the CPUs without AVX-512 (CMakeLists.txt).
 set(TILEMOE_AVX2_FLAGS -mavx2 -mfma -mf16c)
 set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c)
