@@ -87,7 +87,7 @@ inline GemmBf16Args gemm_args(const bf16* a, std::size_t lda, int m, int k_padde
 }
 
 void gemm_bf16_portable(const GemmBf16Args& args);
-// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+// AVX2, the portable kernel's blocking and bits (gemm_bf16_avx2.cpp); only where isa_available(Isa::avx2).
 void gemm_bf16_avx2(const GemmBf16Args& args);
 void gemm_bf16_avx512(const GemmBf16Args& args);  // only where isa_available(Isa::avx512_bf16)
 // The same, asking for the weights some lines ahead of the loads (software prefetch): faster where

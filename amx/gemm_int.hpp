@@ -70,7 +70,7 @@ GemmIntArgs with_int_a_rows(const GemmIntArgs& args);
 using GemmIntFn = void (*)(const GemmIntArgs&);
 
 void gemm_int_portable(const GemmIntArgs& args);
-// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+// AVX2 (VPMADDUBSW), the portable kernel's bits; only where isa_available(Isa::avx2).
 void gemm_int_avx2(const GemmIntArgs& args);
 void gemm_int_avx512(const GemmIntArgs& args);  // AVX512-VNNI; only where isa_available(Isa::avx512_bf16)
 // The same, asking for the codes some lines ahead of the loads (gemm_bf16_avx512_prefetching).

@@ -42,8 +42,9 @@ constexpr KernelTable kPortable{Isa::portable,          gemm_bf16_portable,
                                 pack_strided_portable,
                                 convert_to_bf16_portable, combine_bf16_rows_portable, gemm_int_portable,
                                 quantize_rows_portable,  dequantize_mxfp4_blocks_portable, gemm_mxfp4_rows_portable, nullptr, nullptr, adamw_update_portable, 0, 1};
-// The portable kernels compiled for AVX2 (CMakeLists.txt); the packing and MXFP4 entries that
-// are not among them stay the portable ones.
+// AVX2: the bf16 and integer GEMMs have files of their own (*_avx2.cpp), the other portable
+// kernels are compiled a second time for AVX2 (CMakeLists.txt); the packing and MXFP4 entries that
+// are not among them stay the portable ones. Every entry gives the portable entry's bits.
 constexpr KernelTable kAvx2{Isa::avx2,              gemm_bf16_avx2,
                             silu_mul_bf16_avx2,     silu_mul_backward_avx2, keep_clamp_sides_avx2,
                             pack_transposed_kblock_avx2, pack_transposed_kblock_int_avx2,

@@ -9,5 +9,7 @@ namespace tilemoe::kernels {
 // FLOPs done (2 per multiply-add). Only where the ISA is available.
 double peak_flops_amx(std::int64_t iterations);
 double peak_flops_avx512(std::int64_t iterations);
+// f32 multiplies and adds apart, as the avx2 kernels do them.
+double peak_flops_avx2(std::int64_t iterations);
 
 }  // namespace tilemoe::kernels

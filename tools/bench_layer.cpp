@@ -236,8 +236,8 @@ BenchSetup make_cases(const LayerBenchOptions& o, numa::ThreadPool& pool, const 
     for (int l = 0; l < b.layers; ++l) b.baselines.emplace_back(source.view());
   }
   // Integer products: VPDPBUSD and TDPBSSD do twice the multiply-adds of their bf16 twins per
-  // instruction, so the floor takes the integer peak as twice the measured bf16 one. MXFP4 weights
-  // are multiplied as bf16.
+  // instruction (AVX2's VPMADDUBSW + VPMADDWD about twice the f32 multiply + add pairs), so the
+  // floor takes the integer peak as twice the measured bf16 one. MXFP4 weights are multiplied as bf16.
   b.product_peak = is_integer_weight_type(o.weight_type) ? 2 * b.peak : b.peak;
   return b;
 }

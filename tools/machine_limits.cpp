@@ -12,8 +12,10 @@
 namespace tilemoe::cli {
 
 double measure_peak_flops(numa::ThreadPool& pool, kernels::Isa isa) {
-  if (isa != kernels::Isa::amx_bf16 && isa != kernels::Isa::avx512_bf16) return 0;  // no dot-product probe for the others
-  auto probe = isa == kernels::Isa::amx_bf16 ? kernels::peak_flops_amx : kernels::peak_flops_avx512;
+  if (isa != kernels::Isa::amx_bf16 && isa != kernels::Isa::avx512_bf16 && isa != kernels::Isa::avx2) return 0;  // no probe for portable
+  auto probe = isa == kernels::Isa::amx_bf16      ? kernels::peak_flops_amx
+               : isa == kernels::Isa::avx512_bf16 ? kernels::peak_flops_avx512
+                                                  : kernels::peak_flops_avx2;
   std::int64_t iters = isa == kernels::Isa::amx_bf16 ? 200000 : 2000000;
   // The software tiles of an emulated build are ~10^4 times slower: their peak, measured briefly.
   if (isa == kernels::Isa::amx_bf16 && kernels::cpu_features().amx_emulated) iters = 200;
