@@ -19,12 +19,13 @@ using LoraExpandRowsAddFn = void (*)(const float* xa, std::size_t ldxa, int rows
 
 void lora_project_rows_portable(const bf16* v, std::size_t ldv, int rows, int in, StridedFactor a, int rank, float scale, float* xa,
                                 std::size_t ldxa);
-// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+// AVX2 for factors with contiguous rows (others go to the portable loops), the portable bits;
+// only where isa_available(Isa::avx2).
 void lora_project_rows_avx2(const bf16* v, std::size_t ldv, int rows, int in, StridedFactor a, int rank, float scale, float* xa,
                             std::size_t ldxa);
 void lora_expand_rows_add_portable(const float* xa, std::size_t ldxa, int rows, int rank, StridedFactor b, int col0, int n, float* c,
                                    std::size_t ldc);
-// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+// As lora_project_rows_avx2.
 void lora_expand_rows_add_avx2(const float* xa, std::size_t ldxa, int rows, int rank, StridedFactor b, int col0, int n, float* c,
                                std::size_t ldc);
 // Only where isa_available(Isa::avx512_bf16). Vector code for the layouts the layer uses (one of
