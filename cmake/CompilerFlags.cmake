@@ -27,7 +27,8 @@ endforeach()
 set(CMAKE_CXX_COMPILER_LAUNCHER bash ${CMAKE_CURRENT_LIST_DIR}/compile_isa_private.sh ${CMAKE_READELF} ${CMAKE_OBJCOPY}
     -- ${CMAKE_CXX_COMPILER_LAUNCHER})
 
-# The avx2 ISA: the portable kernels compiled again for the CPUs without AVX-512 (CMakeLists.txt).
+# The avx2 ISA, for the CPUs without AVX512-BF16: the *_avx2.cpp kernels, and the portable kernels
+# without such a file compiled again (CMakeLists.txt).
 set(TILEMOE_AVX2_FLAGS -mavx2 -mfma -mf16c)
 set(TILEMOE_AVX512_FLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx512vnni -mfma -mf16c)
 set(TILEMOE_AMX_TILE_FLAGS -mamx-tile -mamx-bf16 -mamx-int8)
