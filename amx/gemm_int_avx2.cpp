@@ -93,7 +93,11 @@ void row_group(const GemmIntArgs& g, int row0, const std::int32_t* group_sums) {
           std::memcpy(&quad, a_rows[i] + kb * kIntBlockK + 4 * r, 4);
           const __m256i a = _mm256_set1_epi32(quad);
           for (int h = 0; h < 2; ++h) {
-            const __m256i pairs = Bits == 8 ? _mm256_maddubs_epi16(w_abs[h], _mm256_sign_epi8(a, w[h])) : _mm256_maddubs_epi16(w[h], a);
+            __m256i pairs;
+            if constexpr (Bits == 8)
+              pairs = _mm256_maddubs_epi16(w_abs[h], _mm256_sign_epi8(a, w[h]));
+            else
+              pairs = _mm256_maddubs_epi16(w[h], a);
             acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
           }
         }
@@ -134,7 +138,7 @@ void gemm_int_avx2(const GemmIntArgs& args) {
   } else {
     const PackedIntShape& s = g.shape;
     thread_local std::vector<std::int32_t> group_sums;
-    group_sums.assign(static_cast<std::size_t>(g.m) * s.groups, 0);
+    group_sums.resize(static_cast<std::size_t>(g.m) * s.groups);  // every entry is written below
     // A call may cover only a few panels (decode splits an expert's columns over the threads), so
     // this pass over A is vectorised too. Groups are multiples of 32 codes, as is k_padded.
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);

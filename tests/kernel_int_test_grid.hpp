@@ -26,6 +26,25 @@ inline GemmIntFn raw_gemm_int(Isa isa) {
   return nullptr;
 }
 
+// Codes [n][k] (int8: -128..127, int4: -8..7) in the canonical row-major form that pack_int_weights
+// reads: int8 one byte a code, int4 two codes a byte, the even k in the low nibble.
+inline std::size_t canonical_int_row_bytes(int bits, int k) { return bits == 8 ? k : (k + 1) / 2; }
+inline std::vector<std::int8_t> canonical_int_codes(int bits, int n, int k, const std::vector<int>& code) {
+  const std::size_t row_bytes = canonical_int_row_bytes(bits, k);
+  std::vector<std::int8_t> q(row_bytes * n, 0);
+  for (int r = 0; r < n; ++r)
+    for (int kk = 0; kk < k; ++kk) {
+      const int c = code[static_cast<std::size_t>(r) * k + kk];
+      if (bits == 8) {
+        q[row_bytes * r + kk] = static_cast<std::int8_t>(c);
+      } else {
+        auto& byte = reinterpret_cast<std::uint8_t&>(q[row_bytes * r + kk / 2]);
+        byte |= static_cast<std::uint8_t>((c & 0x0f) << ((kk & 1) ? 4 : 0));
+      }
+    }
+  return q;
+}
+
 // Codes of W [n][k] in the canonical row-major form (int4: nibbles) with row scales.
 struct IntWeights {
   int bits, n, k, group;
@@ -48,18 +67,8 @@ struct IntWeights {
     const int lo = bits == 8 ? -127 : -8, hi = bits == 8 ? 127 : 7;
     code.resize(static_cast<std::size_t>(n) * k);
     for (int& c : code) c = std::uniform_int_distribution<int>(lo, hi)(rng);
-    const std::size_t row_bytes = bits == 8 ? k : (k + 1) / 2;
-    q.assign(row_bytes * n, 0);
-    for (int r = 0; r < n; ++r)
-      for (int kk = 0; kk < k; ++kk) {
-        const int c = code[static_cast<std::size_t>(r) * k + kk];
-        if (bits == 8) {
-          q[row_bytes * r + kk] = static_cast<std::int8_t>(c);
-        } else {
-          auto& byte = reinterpret_cast<std::uint8_t&>(q[row_bytes * r + kk / 2]);
-          byte |= static_cast<std::uint8_t>((c & 0x0f) << ((kk & 1) ? 4 : 0));
-        }
-      }
+    const std::size_t row_bytes = canonical_int_row_bytes(bits, k);
+    q = canonical_int_codes(bits, n, k, code);
     const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
     row_scales.resize(static_cast<std::size_t>(n) * source_groups);
     for (float& s : row_scales) s = std::uniform_real_distribution<float>(0.001f, 0.05f)(rng);

@@ -28,19 +28,13 @@ TEST_CASE("the avx2 integer product gives the portable product's bits") {
             // Codes over the whole range, edges included: -128 is outside the quantizer's range
             // but a kernel must not turn it into a wrong sum.
             const int lo = bits == 8 ? -128 : -8, hi = bits == 8 ? 127 : 7;
-            const std::size_t row_bytes = bits == 8 ? k : (k + 1) / 2;
-            std::vector<std::int8_t> q(row_bytes * n, 0);
-            for (int r = 0; r < n; ++r)
-              for (int kk = 0; kk < k; ++kk) {
-                const int pick = std::uniform_int_distribution<int>(0, 9)(rng);
-                const int c = pick == 0 ? lo : pick == 1 ? hi : std::uniform_int_distribution<int>(lo, hi)(rng);
-                if (bits == 8) {
-                  q[row_bytes * r + kk] = static_cast<std::int8_t>(c);
-                } else {
-                  auto& byte = reinterpret_cast<std::uint8_t&>(q[row_bytes * r + kk / 2]);
-                  byte |= static_cast<std::uint8_t>((c & 0x0f) << ((kk & 1) ? 4 : 0));
-                }
-              }
+            std::vector<int> code(static_cast<std::size_t>(n) * k);
+            for (int& c : code) {
+              const int pick = std::uniform_int_distribution<int>(0, 9)(rng);
+              c = pick == 0 ? lo : pick == 1 ? hi : std::uniform_int_distribution<int>(lo, hi)(rng);
+            }
+            const std::size_t row_bytes = test::canonical_int_row_bytes(bits, k);
+            const std::vector<std::int8_t> q = test::canonical_int_codes(bits, n, k, code);
             const int source_groups = bits == 8 ? 1 : (k + group - 1) / group;
             std::vector<float> row_scales(static_cast<std::size_t>(n) * source_groups);
             for (float& v : row_scales) v = std::uniform_real_distribution<float>(1e-4f, 0.05f)(rng);
