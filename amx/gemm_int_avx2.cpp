@@ -10,6 +10,9 @@
 // The sums are exact and are scaled as the portable kernel scales them (per group, then by the
 // row's scale, each multiply and add rounded on its own): the avx2 table gives the portable
 // table's bits.
+//
+// Blocking as in the AVX-512 kernels: up to 4 rows, and at 1 or 2 rows 4 or 2 panels side by side;
+// panels grouped so that a group's codes stay in L2 while every row group passes over them.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -25,90 +28,110 @@ namespace {
 
 constexpr int kMaxRows = 4;  // rows that share each quad row's codes while it is in registers
 
-// Quad row r of a packed block as two ymm, columns 0-7 and 8-15 (byte c*4 + p = Q[c][4r + p]):
-// int8 codes, or int4 nibbles (the code plus 8).
+// Quad rows 2j and 2j + 1 of a packed block as two ymm each, columns 0-7 and 8-15 (byte c*4 + p =
+// Q[c][4r + p]): int8 codes, or int4 nibbles (the code plus 8; one 64-byte line holds both quad
+// rows, the even one in the low nibbles).
 template <int Bits>
-inline void quad_row(const std::uint8_t* block, int r, __m256i (&w)[2]) {
+inline void quad_row_pair(const std::uint8_t* block, int j, __m256i (&even)[2], __m256i (&odd)[2]) {
   if constexpr (Bits == 8) {
-    w[0] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + r * 64));
-    w[1] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + r * 64 + 32));
+    for (int h = 0; h < 2; ++h) {
+      even[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2 * j * 64 + 32 * h));
+      odd[h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (2 * j + 1) * 64 + 32 * h));
+    }
   } else {
-    const std::uint8_t* raw = block + (r / 2) * 64;
     const __m256i low = _mm256_set1_epi8(0x0f);
     for (int h = 0; h < 2; ++h) {
-      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(raw + 32 * h));
-      if (r & 1) v = _mm256_srli_epi16(v, 4);
-      w[h] = _mm256_and_si256(v, low);
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + j * 64 + 32 * h));
+      even[h] = _mm256_and_si256(v, low);
+      odd[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
   }
 }
 
-// group_sums (int4): [row][group] sums of the rows' codes, for the nibbles' offset.
+// acc[i][h] += the products of one quad row's codes w (16 columns) with row i's quad at a_quad[i].
 template <int R, int Bits>
-void row_group(const GemmIntArgs& g, int row0, const std::int32_t* group_sums) {
-  const PackedIntShape& s = g.shape;
+inline void add_quad_row(__m256i (&acc)[R][2], const __m256i (&w)[2], const std::int8_t* const (&a_quad)[R]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int nb = g.panel_begin; nb < g.panel_end; ++nb) {
-    const std::uint8_t* panel = g.b.codes + static_cast<std::size_t>(nb) * s.panel_bytes();
-    const float* scales = g.b.scales + static_cast<std::size_t>(nb) * s.groups * 16;
-    __m256 sum[R][2];
-    __m256i acc[R][2];
-    for (int i = 0; i < R; ++i) {
-      sum[i][0] = sum[i][1] = _mm256_setzero_ps();
-      acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+  __m256i w_abs[2];
+  if constexpr (Bits == 8) w_abs[0] = _mm256_abs_epi8(w[0]), w_abs[1] = _mm256_abs_epi8(w[1]);
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    std::int32_t quad;
+    std::memcpy(&quad, a_quad[i], 4);
+    const __m256i a = _mm256_set1_epi32(quad);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256i pairs;
+      if constexpr (Bits == 8)
+        pairs = _mm256_maddubs_epi16(w_abs[h], _mm256_sign_epi8(a, w[h]));
+      else
+        pairs = _mm256_maddubs_epi16(w[h], a);
+      acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
     }
-    int group = 0;
-    auto flush = [&] {
-      for (int i = 0; i < R; ++i) {
-        if constexpr (Bits == 4) {
-          const __m256i offset = _mm256_set1_epi32(8 * group_sums[static_cast<std::size_t>(row0 + i) * s.groups + group]);
-          acc[i][0] = _mm256_sub_epi32(acc[i][0], offset);
-          acc[i][1] = _mm256_sub_epi32(acc[i][1], offset);
-        }
-      }
-      for (int h = 0; h < 2; ++h) {
-        const __m256 scale = _mm256_loadu_ps(scales + group * 16 + 8 * h);
-        for (int i = 0; i < R; ++i) {
-          sum[i][h] = _mm256_add_ps(sum[i][h], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[i][h]), scale));
-          acc[i][h] = _mm256_setzero_si256();
-        }
-      }
-    };
-    const std::int8_t* a_rows[R];
-    for (int i = 0; i < R; ++i) a_rows[i] = g.a + g.lda * static_cast<std::size_t>(row0 + i);
-    for (int kb = 0; kb < s.kblocks; ++kb) {
-      const std::uint8_t* block = panel + static_cast<std::size_t>(kb) * s.block_bytes();
-      for (int r = 0; r < 16; ++r) {
-        const int quad_group = (kb * kIntBlockK + 4 * r) / s.group;  // groups hold whole quads
-        if (quad_group != group) {
-          flush();
-          group = quad_group;
-        }
-        __m256i w[2];
-        quad_row<Bits>(block, r, w);
-        __m256i w_abs[2];
-        if constexpr (Bits == 8) w_abs[0] = _mm256_abs_epi8(w[0]), w_abs[1] = _mm256_abs_epi8(w[1]);
-        for (int i = 0; i < R; ++i) {
-          std::int32_t quad;
-          std::memcpy(&quad, a_rows[i] + kb * kIntBlockK + 4 * r, 4);
-          const __m256i a = _mm256_set1_epi32(quad);
-          for (int h = 0; h < 2; ++h) {
-            __m256i pairs;
-            if constexpr (Bits == 8)
-              pairs = _mm256_maddubs_epi16(w_abs[h], _mm256_sign_epi8(a, w[h]));
-            else
-              pairs = _mm256_maddubs_epi16(w[h], a);
-            acc[i][h] = _mm256_add_epi32(acc[i][h], _mm256_madd_epi16(pairs, ones));
-          }
+  }
+}
+
+// Rows row0 .. row0 + R - 1 against panels panel .. panel + P - 1. The k loop runs group by group
+// (a scale group is a whole number of 8-quad half blocks: groups are multiples of 32 codes, int8's
+// one group is k_padded), so no division or group test sits in the quad rows' loop. At one or two
+// rows, several panels side by side keep several streams of codes in flight: one stream left a
+// Zen 3 core waiting on its loads (int8 at 1 token: the loads held most of the kernel's samples).
+// group_sums (int4): [row][group] sums of the rows' codes, for the nibbles' offset.
+template <int R, int P, int Bits>
+void block(const GemmIntArgs& g, int row0, int panel, const std::int32_t* group_sums) {
+  const PackedIntShape& s = g.shape;
+  constexpr int kHalfQuads = 8, kBlockQuads = kIntBlockK / 4;
+  const int quads = s.k_padded / 4, group_quads = s.group / 4;
+  const std::uint8_t* codes[P];
+  for (int p = 0; p < P; ++p) codes[p] = g.b.codes + static_cast<std::size_t>(panel + p) * s.panel_bytes();
+  __m256 sum[P][R][2];
+  for (int p = 0; p < P; ++p)
+    for (int i = 0; i < R; ++i) sum[p][i][0] = sum[p][i][1] = _mm256_setzero_ps();
+  for (int grp = 0; grp < s.groups; ++grp) {
+    __m256i acc[P][R][2];
+    for (int p = 0; p < P; ++p)
+      for (int i = 0; i < R; ++i) acc[p][i][0] = acc[p][i][1] = _mm256_setzero_si256();
+    const int q_end = std::min(quads, (grp + 1) * group_quads);
+    for (int q = grp * group_quads; q < q_end; q += kHalfQuads) {
+      const std::size_t at = static_cast<std::size_t>(q / kBlockQuads) * s.block_bytes();
+      const int half = (q % kBlockQuads) / kHalfQuads;
+      const std::int8_t* a_at[R];
+      for (int i = 0; i < R; ++i) a_at[i] = g.a + g.lda * static_cast<std::size_t>(row0 + i) + 4 * q;
+#pragma GCC unroll 4
+      for (int j = 0; j < kHalfQuads / 2; ++j) {
+        const std::int8_t* a_even[R];
+        const std::int8_t* a_odd[R];
+        for (int i = 0; i < R; ++i) a_even[i] = a_at[i] + 8 * j, a_odd[i] = a_at[i] + 8 * j + 4;
+#pragma GCC unroll 4
+        for (int p = 0; p < P; ++p) {
+          __m256i even[2], odd[2];
+          quad_row_pair<Bits>(codes[p] + at, half * (kHalfQuads / 2) + j, even, odd);
+          add_quad_row<R, Bits>(acc[p], even, a_even);
+          add_quad_row<R, Bits>(acc[p], odd, a_odd);
         }
       }
     }
-    flush();
-    for (int i = 0; i < R; ++i) {
-      const __m256 row_scale = _mm256_set1_ps(g.a_scale[row0 + i]);
-      float* out = g.c + g.ldc * static_cast<std::size_t>(row0 + i) + (nb - g.panel_begin) * 16;
+    for (int p = 0; p < P; ++p) {
+      if constexpr (Bits == 4) {
+        for (int i = 0; i < R; ++i) {
+          const __m256i offset = _mm256_set1_epi32(8 * group_sums[static_cast<std::size_t>(row0 + i) * s.groups + grp]);
+          acc[p][i][0] = _mm256_sub_epi32(acc[p][i][0], offset);
+          acc[p][i][1] = _mm256_sub_epi32(acc[p][i][1], offset);
+        }
+      }
+      const float* scales = g.b.scales + (static_cast<std::size_t>(panel + p) * s.groups + grp) * 16;
       for (int h = 0; h < 2; ++h) {
-        __m256 v = _mm256_mul_ps(row_scale, sum[i][h]);
+        const __m256 scale = _mm256_loadu_ps(scales + 8 * h);
+        for (int i = 0; i < R; ++i) sum[p][i][h] = _mm256_add_ps(sum[p][i][h], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[p][i][h]), scale));
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    const __m256 row_scale = _mm256_set1_ps(g.a_scale[row0 + i]);
+    for (int p = 0; p < P; ++p) {
+      float* out = g.c + g.ldc * static_cast<std::size_t>(row0 + i) + (panel + p - g.panel_begin) * 16;
+      for (int h = 0; h < 2; ++h) {
+        __m256 v = _mm256_mul_ps(row_scale, sum[p][i][h]);
         if (g.accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out + 8 * h), v);
         _mm256_storeu_ps(out + 8 * h, v);
       }
@@ -116,15 +139,32 @@ void row_group(const GemmIntArgs& g, int row0, const std::int32_t* group_sums) {
   }
 }
 
+using BlockFn = void (*)(const GemmIntArgs&, int, int, const std::int32_t*);
+constexpr int max_panels(int rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
+
+// kBlocks<Bits>[R - 1][P - 1]; P up to max_panels(R) (the rest repeat the widest).
+template <int Bits>
+constexpr BlockFn kBlocks[kMaxRows][4] = {
+    {block<1, 1, Bits>, block<1, 2, Bits>, block<1, 3, Bits>, block<1, 4, Bits>},
+    {block<2, 1, Bits>, block<2, 2, Bits>, block<2, 2, Bits>, block<2, 2, Bits>},
+    {block<3, 1, Bits>, block<3, 1, Bits>, block<3, 1, Bits>, block<3, 1, Bits>},
+    {block<4, 1, Bits>, block<4, 1, Bits>, block<4, 1, Bits>, block<4, 1, Bits>},
+};
+
+// Panels are grouped so that one group's codes stay in L2 while every row group passes over them.
+constexpr std::size_t kGroupBytes = 256 * 1024;
+
 template <int Bits>
 void rows_by_groups(const GemmIntArgs& g, const std::int32_t* group_sums) {
-  int row = 0;
-  for (; row + kMaxRows <= g.m; row += kMaxRows) row_group<kMaxRows, Bits>(g, row, group_sums);
-  switch (g.m - row) {
-    case 3: row_group<3, Bits>(g, row, group_sums); break;
-    case 2: row_group<2, Bits>(g, row, group_sums); break;
-    case 1: row_group<1, Bits>(g, row, group_sums); break;
-    default: break;
+  const std::size_t panel_bytes = std::max<std::size_t>(g.shape.panel_bytes(), 1);
+  const int width = static_cast<int>(std::max<std::size_t>(4, kGroupBytes / panel_bytes));
+  for (int p0 = g.panel_begin; p0 < g.panel_end; p0 += width) {
+    const int p1 = std::min(g.panel_end, p0 + width);
+    for (int row = 0; row < g.m; row += kMaxRows) {
+      const int rows = std::min(kMaxRows, g.m - row);
+      const int step = max_panels(rows);
+      for (int p = p0; p < p1; p += step) kBlocks<Bits>[rows - 1][std::min(step, p1 - p) - 1](g, row, p, group_sums);
+    }
   }
 }
 

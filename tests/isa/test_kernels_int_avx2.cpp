@@ -19,10 +19,13 @@ TEST_CASE("the avx2 integer product gives the portable product's bits") {
   for (int bits : {8, 4}) {
     for (int group : bits == 8 ? std::vector<int>{0} : std::vector<int>{32, 64, 128}) {
       for (int m : {1, 2, 3, 4, 5, 9}) {
-        for (int k : {64, 100, 257}) {
-          for (int variant = 0; variant < 3; ++variant) {
-            const int n = 37;
-            const bool accumulate = variant == 1, second = variant == 2;
+        // k = 8200: panels of more than 64 KiB, so the kernel's L2 groups of panels hold one to
+        // three of them and the row groups pass over several groups.
+        for (int k : {64, 100, 257, 8200}) {
+          for (int variant = 0; variant < 4; ++variant) {
+            const int n = k > 4096 ? 70 : 37;
+            // variant 3: a range of panels that starts past the first (decode's split of columns).
+            const bool accumulate = variant == 1, second = variant == 2, from_second_panel = variant == 3;
             INFO("bits " << bits << " group " << group << " m " << m << " k " << k << " variant " << variant);
             const PackedIntShape s = packed_int_shape(bits, n, k, bits == 8 ? 0 : group);
             // Codes over the whole range, edges included: -128 is outside the quantizer's range
@@ -71,7 +74,7 @@ TEST_CASE("the avx2 integer product gives the portable product's bits") {
             args.a_scale = a_scale.data();
             args.shape = s;
             args.b = PackedIntView{codes.data(), scales.data(), colsums.data()};
-            args.panel_begin = 0;
+            args.panel_begin = from_second_panel ? 1 : 0;
             args.panel_end = s.panels;
             args.ldc = ldc;
             args.accumulate = accumulate;
