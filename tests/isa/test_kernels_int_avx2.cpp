@@ -19,8 +19,8 @@ TEST_CASE("the avx2 integer product gives the portable product's bits") {
   for (int bits : {8, 4}) {
     for (int group : bits == 8 ? std::vector<int>{0} : std::vector<int>{32, 64, 128}) {
       for (int m : {1, 2, 3, 4, 5, 9}) {
-        // k = 8200: panels of more than 64 KiB, so the kernel's L2 groups of panels hold one to
-        // three of them and the row groups pass over several groups.
+        // k = 8200: panels of more than 64 KiB, so the kernel's L2 groups of panels hold their least
+        // (4 panels) and n = 70 (5 panels) spans two groups that the row groups pass over in turn.
         for (int k : {64, 100, 257, 8200}) {
           for (int variant = 0; variant < 4; ++variant) {
             const int n = k > 4096 ? 70 : 37;
