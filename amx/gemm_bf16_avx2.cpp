@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "amx/gemm_bf16.hpp"
 #include "amx/pack_bf16.hpp"
@@ -36,8 +37,57 @@ inline __m256 widen8(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
 }
 
+// The accumulators as a flat array indexed only by template constants (row i, half j = 2 p + h
+// at [i * 2P + j]): GCC's scalar replacement then keeps them in registers. Indexed by loop
+// variables, even fully unrolled ones, it kept the registers and also stored every one back to the
+// stack at each k-pair.
 template <int R, int P>
-inline void accumulate(__m256 (&acc)[R][P][2], ARows a, const bf16* panel0, std::size_t panel_stride, int kblocks) {
+using Acc = __m256[R * P * 2];
+
+// acc[I][J] += even * w0 + odd * w1, in the portable kernel's order of roundings.
+inline __m256 add_pair(__m256 acc, __m256 even, __m256 odd, __m256 w0, __m256 w1) {
+  return _mm256_add_ps(acc, _mm256_add_ps(_mm256_mul_ps(even, w0), _mm256_mul_ps(odd, w1)));
+}
+
+// One panel (3-4 rows): the k-pair's two weight rows held (four registers), each row's values
+// broadcast in turn; holding every row's values instead needs 2R registers and spills at 4 rows.
+template <int R, std::size_t... I>
+inline void step_one_panel(Acc<R, 1>& acc, const float (&x)[R][kBlockK], int r, const bf16* row, std::index_sequence<I...>) {
+  const __m256i wa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+  const __m256i wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16));
+  const __m256 a0 = low_half_f32(wa), a1 = high_half_f32(wa), b0 = low_half_f32(wb), b1 = high_half_f32(wb);
+  (
+      [&] {
+        const __m256 even = _mm256_broadcast_ss(&x[I][2 * r]), odd = _mm256_broadcast_ss(&x[I][2 * r + 1]);
+        acc[2 * I] = add_pair(acc[2 * I], even, odd, a0, a1);
+        acc[2 * I + 1] = add_pair(acc[2 * I + 1], even, odd, b0, b1);
+      }(),
+      ...);
+}
+
+// One half of one panel (J = 2 p + h) for every row, the rows' values already broadcast.
+template <int R, int P, int J, std::size_t... I>
+inline void step_half(Acc<R, P>& acc, const __m256 (&even)[R], const __m256 (&odd)[R], const bf16* row, std::index_sequence<I...>) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+  const __m256 w0 = low_half_f32(w), w1 = high_half_f32(w);
+  ((acc[I * 2 * P + J] = add_pair(acc[I * 2 * P + J], even[I], odd[I], w0, w1)), ...);
+}
+
+// Several panels (1-2 rows): the rows' values held, each panel's weight rows loaded in turn.
+template <int R, int P, std::size_t... J>
+inline void step_panels(Acc<R, P>& acc, const float (&x)[R][kBlockK], int r, const bf16* row0, std::size_t panel_stride,
+                        std::index_sequence<J...>) {
+  __m256 even[R], odd[R];
+  for (int i = 0; i < R; ++i) {
+    even[i] = _mm256_broadcast_ss(&x[i][2 * r]);
+    odd[i] = _mm256_broadcast_ss(&x[i][2 * r + 1]);
+  }
+  (step_half<R, P, static_cast<int>(J)>(acc, even, odd, row0 + (J / 2) * panel_stride + (J % 2) * 16, std::make_index_sequence<R>{}),
+   ...);
+}
+
+template <int R, int P>
+inline void accumulate(Acc<R, P>& acc, ARows a, const bf16* panel0, std::size_t panel_stride, int kblocks) {
   // A's rows of one k-block as f32, so that each k-pair's values are broadcast straight from L1
   // (load ports) rather than built from bf16 with three vector ALU operations a row: at 4 rows
   // those were a quarter of the loop's ALU work.
@@ -45,66 +95,43 @@ inline void accumulate(__m256 (&acc)[R][P][2], ARows a, const bf16* panel0, std:
   for (int kb = 0; kb < kblocks; ++kb) {
     const bf16* block = panel0 + static_cast<std::size_t>(kb) * kBlockElements;
     const bf16* ak = a.p + static_cast<std::size_t>(kb) * a.kblock_stride;
-#pragma GCC unroll 4
     for (int i = 0; i < R; ++i)
-#pragma GCC unroll 4
       for (int q = 0; q < kBlockK; q += 8) _mm256_store_ps(&x[i][q], widen8(ak + i * a.row_stride + q));
 #pragma GCC unroll 4
     for (int r = 0; r < kBlockK / 2; ++r) {
-      if constexpr (P == 1) {
-        // One panel (3-4 rows): the k-pair's two weight rows held, each row's values broadcast in
-        // turn; holding all rows' values instead would need 2 R registers and spill at 4 rows.
-        const bf16* row = block + r * 32;
-        __m256 w0[2], w1[2];
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * h));
-          w0[h] = low_half_f32(w);
-          w1[h] = high_half_f32(w);
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) {
-          const __m256 even = _mm256_broadcast_ss(&x[i][2 * r]), odd = _mm256_broadcast_ss(&x[i][2 * r + 1]);
-#pragma GCC unroll 2
-          for (int h = 0; h < 2; ++h) {
-            const __m256 s = _mm256_add_ps(_mm256_mul_ps(even, w0[h]), _mm256_mul_ps(odd, w1[h]));
-            acc[i][0][h] = _mm256_add_ps(acc[i][0][h], s);
-          }
-        }
-      } else {
-        // Several panels (1-2 rows): the rows' values held, each panel's weight rows loaded in turn.
-        __m256 even[R], odd[R];
-#pragma GCC unroll 4
-        for (int i = 0; i < R; ++i) {
-          even[i] = _mm256_broadcast_ss(&x[i][2 * r]);
-          odd[i] = _mm256_broadcast_ss(&x[i][2 * r + 1]);
-        }
-#pragma GCC unroll 4
-        for (int p = 0; p < P; ++p) {
-          const bf16* row = block + p * panel_stride + r * 32;
-#pragma GCC unroll 2
-          for (int h = 0; h < 2; ++h) {
-            const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * h));
-            const __m256 w0 = low_half_f32(w), w1 = high_half_f32(w);
-#pragma GCC unroll 4
-            for (int i = 0; i < R; ++i) {
-              const __m256 s = _mm256_add_ps(_mm256_mul_ps(even[i], w0), _mm256_mul_ps(odd[i], w1));
-              acc[i][p][h] = _mm256_add_ps(acc[i][p][h], s);
-            }
-          }
-        }
-      }
+      if constexpr (P == 1)
+        step_one_panel<R>(acc, x, r, block + r * 32, std::make_index_sequence<R>{});
+      else
+        step_panels<R, P>(acc, x, r, block + r * 32, panel_stride, std::make_index_sequence<2 * P>{});
     }
   }
+}
+
+// C's rows from the accumulators (J runs over all R x 2P of them, row-major).
+template <int R, int P, std::size_t... J>
+inline void store_c(const GemmBf16Args& g, int row0, int panel, const Acc<R, P>& acc, std::index_sequence<J...>) {
+  float* c0 = g.c + row0 * g.ldc + (panel - g.panel_begin) * kPanelColumns;
+  (
+      [&] {
+        float* out = c0 + (J / (2 * P)) * g.ldc + 8 * (J % (2 * P));
+        __m256 v = acc[J];
+        if (g.accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out), v);
+        _mm256_storeu_ps(out, v);
+      }(),
+      ...);
+}
+
+template <std::size_t... J>
+inline void zero(__m256 (&acc)[sizeof...(J)], std::index_sequence<J...>) {
+  ((acc[J] = _mm256_setzero_ps()), ...);
 }
 
 // R rows starting at row0 times P panels starting at panel (absolute index).
 template <int R, int P>
 void block(const GemmBf16Args& g, int row0, int panel) {
   const int kblocks = g.k_padded / kBlockK;
-  __m256 acc[R][P][2];
-  for (int i = 0; i < R; ++i)
-    for (int p = 0; p < P; ++p) acc[i][p][0] = acc[i][p][1] = _mm256_setzero_ps();
+  Acc<R, P> acc;
+  zero(acc, std::make_index_sequence<R * P * 2>{});
 
   const std::size_t stride = static_cast<std::size_t>(kblocks) * kBlockElements;
   accumulate<R, P>(acc, a_rows(g, row0), g.packed_b + panel * stride, stride, kblocks);
@@ -113,18 +140,7 @@ void block(const GemmBf16Args& g, int row0, int panel) {
     const std::size_t stride2 = second_panel_stride(g.k2_padded, g.b2_panel_stride);
     accumulate<R, P>(acc, ARows{g.a2 + row0 * g.lda2, g.lda2, kBlockK}, g.packed_b2 + panel * stride2, stride2, kblocks2);
   }
-
-  for (int i = 0; i < R; ++i) {
-    float* ci = g.c + (row0 + i) * g.ldc + (panel - g.panel_begin) * kPanelColumns;
-    for (int p = 0; p < P; ++p) {
-      for (int h = 0; h < 2; ++h) {
-        float* out = ci + p * kPanelColumns + 8 * h;
-        __m256 v = acc[i][p][h];
-        if (g.accumulate) v = _mm256_add_ps(_mm256_loadu_ps(out), v);
-        _mm256_storeu_ps(out, v);
-      }
-    }
-  }
+  store_c<R, P>(g, row0, panel, acc, std::make_index_sequence<R * P * 2>{});
 }
 
 using BlockFn = void (*)(const GemmBf16Args&, int, int);
