@@ -34,7 +34,7 @@ using PackTransposedFn = void (*)(const bf16* packed_w, int panels, int kblocks,
 
 void pack_transposed_kblock_portable(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                      std::size_t dst_panel_stride);
-// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+// Only where isa_available(Isa::avx2). The same bits as the portable version.
 void pack_transposed_kblock_avx2(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                  std::size_t dst_panel_stride);
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-F/BW).
