@@ -56,7 +56,7 @@ using PackTransposedIntFn = void (*)(const PackedIntShape& s, const PackedIntVie
                                      std::size_t dst_panel_stride);
 void pack_transposed_kblock_int_portable(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                          std::size_t dst_panel_stride);
-// The portable kernel compiled for AVX2 + FMA + F16C; only where isa_available(Isa::avx2).
+// Only where isa_available(Isa::avx2). The same bits as the portable version.
 void pack_transposed_kblock_int_avx2(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                      std::size_t dst_panel_stride);
 // Only where isa_available(Isa::avx512_bf16). The same bits as the portable version.
