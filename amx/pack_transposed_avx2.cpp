@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include "amx/pack_transposed.hpp"
+#include "amx/prefetch.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -57,6 +58,10 @@ void pack_transposed_kblock_avx2(const bf16* packed_w, int panels, int kblocks, 
   const std::size_t panel_step = static_cast<std::size_t>(kblocks) * kBlockElements;
   const bf16* src = packed_w + static_cast<std::size_t>(kb) * kBlockElements;
   const int tkblocks = transposed_kblocks(panels);
+  // A call reads one block of every panel, the panels kblocks KiB apart (a new page each time, where
+  // the hardware prefetchers start over), and the next call the block after each: asked for into
+  // L2 here, they no longer wait on memory one by one.
+  const bool prefetch_next = kb + 1 < kblocks;
   for (int j = 0; j < tkblocks; ++j) {
     bf16* out0 = dst + static_cast<std::size_t>(j) * kBlockElements;
     bf16* out1 = out0 + dst_panel_stride;
@@ -70,6 +75,7 @@ void pack_transposed_kblock_avx2(const bf16* packed_w, int panels, int kblocks, 
         continue;
       }
       const bf16* block = src + nb * panel_step;
+      if (prefetch_next) prefetch_tile_block_l2(block + kBlockElements);
       transpose_half(block, o0);                       // k-pairs 0..7: W's k-columns 0..15
       transpose_half(block + kBlockElements / 2, o1);  // k-pairs 8..15: 16..31
     }
