@@ -9,6 +9,7 @@
 // interleaved pair of one column.
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -24,12 +25,15 @@ inline std::uint32_t load_u32(const std::uint8_t* p) {
 }
 
 // W[h][kk0 .. kk0 + 15] as f32: columns 0-7 in half[0], 8-15 in half[1].
-inline void dequantize_16(const PackedIntShape& s, const PackedIntView& w, int h, int kk0, __m256 (&half)[2]) {
+// Returns whether the row's scale is finite: the products are then never NaN (an Inf scale times a
+// zero code is).
+inline bool dequantize_16(const PackedIntShape& s, const PackedIntView& w, int h, int kk0, __m256 (&half)[2]) {
   const int nb = h / kPanelColumns, c = h % kPanelColumns;
   const int kbi = kk0 / kIntBlockK, r0 = (kk0 % kIntBlockK) / 4;
   const std::uint8_t* block = w.codes + (static_cast<std::size_t>(nb) * s.kblocks + kbi) * s.block_bytes();
   const int g = s.bits == 8 ? 0 : kk0 / s.group;
-  const __m256 scale = _mm256_set1_ps(w.scales[(static_cast<std::size_t>(nb) * s.groups + g) * kPanelColumns + c]);
+  const float scale_value = w.scales[(static_cast<std::size_t>(nb) * s.groups + g) * kPanelColumns + c];
+  const __m256 scale = _mm256_set1_ps(scale_value);
   __m256i codes[2];
   if (s.bits == 8) {
     const std::uint8_t* p = block + static_cast<std::size_t>(r0) * 64 + c * 4;
@@ -49,6 +53,7 @@ inline void dequantize_16(const PackedIntShape& s, const PackedIntView& w, int h
   }
   half[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(codes[0]), scale);
   half[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(codes[1]), scale);
+  return std::isfinite(scale_value);
 }
 
 // float_to_bf16 of each lane (round to nearest even, NaN kept quiet), in the lane's low 16 bits.
@@ -59,6 +64,16 @@ inline __m256i bf16_lanes(__m256 f) {
   const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
   return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+// Both lanes' float_to_bf16, even's in the low and odd's in the high 16 bits, for lanes without NaN
+// (round to nearest even: bits + 0x7fff + the kept part's lowest bit, then the top 16 bits).
+inline __m256i bf16_pairs_no_nan(__m256 even, __m256 odd) {
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+  const __m256i ue = _mm256_castps_si256(even), uo = _mm256_castps_si256(odd);
+  const __m256i te = _mm256_add_epi32(ue, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(ue, 16), one)));
+  const __m256i to = _mm256_add_epi32(uo, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(uo, 16), one)));
+  return _mm256_or_si256(_mm256_srli_epi32(te, 16), _mm256_and_si256(to, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
 }  // namespace
@@ -89,9 +104,10 @@ void pack_transposed_kblock_int_avx2(const PackedIntShape& s, const PackedIntVie
         if (hl < rows) {
           const int h = nb0 * kPanelColumns + hl;
           __m256 even[2], odd[2];
-          dequantize_16(s, w, h, kk0, even);
-          dequantize_16(s, w, h + 1, kk0, odd);
-          for (int i = 0; i < 2; ++i) pairs[i] = _mm256_or_si256(bf16_lanes(even[i]), _mm256_slli_epi32(bf16_lanes(odd[i]), 16));
+          const bool finite = dequantize_16(s, w, h, kk0, even) & dequantize_16(s, w, h + 1, kk0, odd);
+          for (int i = 0; i < 2; ++i)
+            pairs[i] = finite ? bf16_pairs_no_nan(even[i], odd[i])
+                              : _mm256_or_si256(bf16_lanes(even[i]), _mm256_slli_epi32(bf16_lanes(odd[i]), 16));
         }
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 32), pairs[0]);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 32 + 16), pairs[1]);
