@@ -8,9 +8,11 @@
 // one instruction, interleave their words.
 #include "amx/immintrin_gcc12.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "amx/bf16_avx512.hpp"
 #include "amx/pack_transposed.hpp"
 
 namespace tilemoe::kernels {
@@ -22,13 +24,15 @@ inline std::uint32_t load_u32(const std::uint8_t* p) {
   return v;
 }
 
-// W[h][kk0 .. kk0 + 15] as f32.
-inline __m512 dequantize_16(const PackedIntShape& s, const PackedIntView& w, int h, int kk0) {
+// W[h][kk0 .. kk0 + 15] as f32; `subnormal` is set when the row's scale is subnormal, the only
+// case in which a product (code x scale) is: VCVTNE2PS2BF16 would flush those to zero.
+inline __m512 dequantize_16(const PackedIntShape& s, const PackedIntView& w, int h, int kk0, bool& subnormal) {
   const int nb = h / kPanelColumns, c = h % kPanelColumns;
   const int kbi = kk0 / kIntBlockK, r0 = (kk0 % kIntBlockK) / 4;
   const std::uint8_t* block = w.codes + (static_cast<std::size_t>(nb) * s.kblocks + kbi) * s.block_bytes();
   const int g = s.bits == 8 ? 0 : kk0 / s.group;
   const float scale = w.scales[(static_cast<std::size_t>(nb) * s.groups + g) * kPanelColumns + c];
+  subnormal = subnormal || std::fpclassify(scale) == FP_SUBNORMAL;
   __m512i codes;
   if (s.bits == 8) {
     const std::uint8_t* p = block + static_cast<std::size_t>(r0) * 64 + c * 4;
@@ -65,9 +69,15 @@ void pack_transposed_kblock_int_avx512(const PackedIntShape& s, const PackedIntV
         __m512i row = _mm512_setzero_si512();
         if (hl < rows) {
           const int h = nb0 * kPanelColumns + hl;
-          const __m512bh both = _mm512_cvtne2ps_pbh(dequantize_16(s, w, h + 1, kk0), dequantize_16(s, w, h, kk0));
+          bool subnormal = false;
+          const __m512 even = dequantize_16(s, w, h, kk0, subnormal), odd = dequantize_16(s, w, h + 1, kk0, subnormal);
           __m512i words;
-          std::memcpy(&words, &both, sizeof words);
+          if (!subnormal) {
+            const __m512bh both = _mm512_cvtne2ps_pbh(odd, even);
+            std::memcpy(&words, &both, sizeof words);
+          } else {  // float_to_bf16's rounding of subnormals (bf16_avx512.hpp)
+            words = _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(even)), to_bf16(odd), 1);
+          }
           row = _mm512_permutexvar_epi16(pair, words);
         }
         _mm512_storeu_si512(out + r * 32, row);

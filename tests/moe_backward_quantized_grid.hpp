@@ -4,6 +4,7 @@
 // dequantized k-block by k-block, against the reference backward on the dequantized weights. The forward's activation
 // quantization is the only difference between the two (the backward treats it as the identity,
 // the straight-through estimator), so the bars sit a little above the bf16 path's.
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 
@@ -121,6 +122,37 @@ inline void check_transposed_int_matches_bf16(kernels::PackTransposedIntFn trans
         }
       }
     }
+}
+
+// Non-finite and huge scales (which no quantizer writes, but a kernel must not turn into other
+// bits): a vector repack gives the portable repack's bits, NaN (a NaN scale, an Inf scale times a
+// zero code), Inf and overflow included, for int8 and int4 codes of every value.
+inline void check_transposed_int_nonfinite_scales(kernels::PackTransposedIntFn transpose) {
+  std::mt19937 rng(91);
+  for (int bits : {8, 4}) {
+    INFO("bits " << bits);
+    const kernels::PackedIntShape s = kernels::packed_int_shape(bits, 48, 256, bits == 8 ? 0 : 64);
+    std::vector<std::uint8_t> codes(s.code_bytes());
+    for (auto& c : codes) c = static_cast<std::uint8_t>(rng());
+    std::vector<float> scales(s.scale_count());
+    std::normal_distribution<float> dist(0.0f, 0.02f);
+    for (auto& v : scales) v = dist(rng);
+    // NaNs with full payloads: rounding their bits as a number's would carry into the exponent.
+    const float specials[] = {std::nanf(""), std::bit_cast<float>(0x7fffffffu), std::bit_cast<float>(0xffbfffffu), INFINITY, -INFINITY,
+                              3.0e38f, -2.9e38f, 1e-45f, 0.0f};
+    for (std::size_t i = 0; i < scales.size(); i += 5) scales[i] = specials[(i / 5) % 9];
+    const kernels::PackedIntView v{codes.data(), scales.data()};
+    const std::size_t stride = static_cast<std::size_t>(kernels::transposed_kblocks(s.panels)) * kernels::kBlockElements;
+    std::vector<bf16> got(2 * stride), want(2 * stride);
+    for (int kb = 0; kb < s.k_padded / kernels::kBlockK; ++kb) {
+      INFO("kb " << kb);
+      std::fill(got.begin(), got.end(), bf16{0x7777});
+      std::fill(want.begin(), want.end(), bf16{0x7777});
+      transpose(s, v, 0, s.panels, kb, got.data(), stride);
+      kernels::pack_transposed_kblock_int_portable(s, v, 0, s.panels, kb, want.data(), stride);
+      REQUIRE(got == want);
+    }
+  }
 }
 
 }  // namespace tilemoe::test

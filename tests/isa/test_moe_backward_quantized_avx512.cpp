@@ -8,3 +8,6 @@ TEST_CASE("avx512 fine-tuning through int8/int4 base weights equals the referenc
 TEST_CASE("avx512 transposed repack of int weights equals the bf16 repack of their dequantized values", "[backward][quantized][avx512]") {
   test::check_transposed_int_matches_bf16(kernels::pack_transposed_kblock_int_avx512);
 }
+TEST_CASE("avx512 transposed repack of int weights gives the portable bits for non-finite and huge scales", "[backward][quantized][avx512]") {
+  test::check_transposed_int_nonfinite_scales(kernels::pack_transposed_kblock_int_avx512);
+}
