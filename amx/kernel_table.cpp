@@ -51,7 +51,7 @@ constexpr KernelTable kAvx2{Isa::avx2,              gemm_bf16_avx2,
                             lora_grad_outer_avx2,   lora_project_rows_avx2, lora_expand_rows_add_avx2,
                             pack_strided_portable,
                             convert_to_bf16_avx2,   combine_bf16_rows_avx2, gemm_int_avx2,
-                            quantize_rows_avx2,     dequantize_mxfp4_blocks_portable, gemm_mxfp4_rows_portable, nullptr, nullptr, adamw_update_avx2, 0, 1};
+                            quantize_rows_avx2,     dequantize_mxfp4_blocks_avx2, nullptr, nullptr, nullptr, adamw_update_avx2, 0, 1};
 constexpr KernelTable kAvx512{Isa::avx512_bf16,       gemm_bf16_avx512,
                               silu_mul_bf16_avx512,   silu_mul_backward_avx512, keep_clamp_sides_avx512,
                               pack_transposed_kblock_avx512, pack_transposed_kblock_int_avx512,

@@ -45,7 +45,8 @@ struct KernelTable {
   GemmIntFn gemm_int;              // int8/int4 weights (W8A8, W4A8)
   QuantizeRowsFn quantize_rows;    // activations to int8 per row for gemm_int
   DequantizeMxfp4Fn dequantize_mxfp4;  // MXFP4 weights into gemm_bf16's layout (gemm_mxfp4.hpp)
-  GemmMxfp4RowsFn gemm_mxfp4_rows;     // MXFP4 weights' decode rows, dequantized in registers
+  GemmMxfp4RowsFn gemm_mxfp4_rows;     // MXFP4 weights' decode rows, dequantized in registers (null: decode
+                                       // runs the dequantized chunks, as 5-15 rows do)
   GemmMxfp4FewRowsFn gemm_mxfp4_few_rows;  // MXFP4 weights for one row tile (null: no tiles)
   GemmMxfp4PairFirstBlockFn gemm_mxfp4_pair_first_block;  // and a pair's first 32 rows (null: no tiles)
   AdamWUpdateFn adamw_update;      // the optimizer step over the caller's LoRA arrays

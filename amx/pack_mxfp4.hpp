@@ -81,6 +81,9 @@ using DequantizeMxfp4Fn = void (*)(const PackedMxfp4Shape& s, const PackedMxfp4V
                                    bf16* out);
 void dequantize_mxfp4_blocks_portable(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
                                       bf16* out);
+// Only where isa_available(Isa::avx2). The same bits as the portable one.
+void dequantize_mxfp4_blocks_avx2(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
+                                  bf16* out);
 // Only where isa_available(Isa::avx512_bf16) (it needs AVX512-BW). The same bits as the portable one.
 void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
                                     bf16* out);

@@ -18,7 +18,7 @@
 namespace tilemoe::kernels::test {
 
 inline DequantizeMxfp4Fn raw_dequantize_mxfp4(Isa isa) {
-  return isa == Isa::portable || isa == Isa::avx2 ? dequantize_mxfp4_blocks_portable : dequantize_mxfp4_blocks_avx512;
+  return isa == Isa::portable ? dequantize_mxfp4_blocks_portable : isa == Isa::avx2 ? dequantize_mxfp4_blocks_avx2 : dequantize_mxfp4_blocks_avx512;
 }
 inline GemmMxfp4RowsFn raw_gemm_mxfp4_rows(Isa isa) { return isa == Isa::portable || isa == Isa::avx2 ? gemm_mxfp4_rows_portable : gemm_mxfp4_rows_avx512; }
 inline GemmMxfp4FewRowsFn raw_gemm_mxfp4_few_rows(Isa isa) { return isa == Isa::amx_bf16 ? gemm_mxfp4_few_rows_amx : nullptr; }
