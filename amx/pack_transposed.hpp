@@ -9,6 +9,7 @@
 // Wᵀ packed by the same rules has panels over K and k-blocks over N (padded to 32):
 //   block (q', j)[r*32 + c*2 + p] = Wᵀ[q'*16 + c][j*32 + 2r + p] = W[j*32 + 2r + p][q'*16 + c]
 #include <cstddef>
+#include <cstring>
 
 #include "amx/pack_bf16.hpp"
 #include "tilemoe/bf16.hpp"
@@ -44,6 +45,7 @@ void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks
 }  // namespace tilemoe::kernels
 
 #include "amx/pack_int.hpp"
+#include "amx/prefetch.hpp"
 
 namespace tilemoe::kernels {
 
@@ -62,5 +64,41 @@ void pack_transposed_kblock_int_avx2(const PackedIntShape& s, const PackedIntVie
 // Only where isa_available(Isa::avx512_bf16). The same bits as the portable version.
 void pack_transposed_kblock_int_avx512(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                        std::size_t dst_panel_stride);
+
+// For the vector repacks: asks for the codes that the next call (k-block kb + 1) reads from W's
+// panels [nb_first, nb_last) into L2. A call reads kBlockK codes of every panel, the panels a
+// panel's bytes apart (a new page each time, where the hardware prefetchers start over), and the
+// next call the kBlockK codes after them: asked for here, they no longer wait on memory one by one.
+// A panel's codes are in k order (kIntBlockK-blocks of k-quad rows), so k-block kb + 1 starts
+// (kb + 1) * kBlockK * 16 * bits / 8 bytes into the panel.
+inline void prefetch_next_kblock_int(const PackedIntShape& s, const PackedIntView& w, int nb_first, int nb_last, int kb) {
+  if ((kb + 1) * kBlockK >= s.k_padded) return;
+  const std::size_t kb_bytes = static_cast<std::size_t>(kBlockK) * kPanelColumns * s.bits / 8;
+  for (int nb = nb_first; nb < nb_last; ++nb)
+    prefetch_range_l2(w.codes + static_cast<std::size_t>(nb) * s.panel_bytes() + (kb + 1) * kb_bytes, kb_bytes);
+}
+
+// The vector repacks' walk over one call's blocks: for each Wᵀ panel q (W columns kk0 .. kk0 +
+// 15) and each Wᵀ k-block j (W panels nb0 + 2j and nb0 + 2j + 1), pack_panel_rows(nb, kk0, out)
+// writes the 8 block rows (32 bf16 each) that W's panel nb gives, at out. The second half of the
+// last k-block is zero at an odd panel count. The next call's codes are asked for on the way.
+template <class PackPanelRows>
+inline void walk_transposed_int_kblock(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
+                                       std::size_t dst_panel_stride, PackPanelRows&& pack_panel_rows) {
+  const int tkblocks = transposed_kblocks(nb1 - nb0);
+  for (int q = 0; q < 2; ++q) {
+    const int kk0 = kb * kBlockK + q * kPanelColumns;
+    for (int j = 0; j < tkblocks; ++j) {
+      const int nb = nb0 + 2 * j;
+      if (q == 0) prefetch_next_kblock_int(s, w, nb, nb + 2 < nb1 ? nb + 2 : nb1, kb);
+      bf16* out = dst + q * dst_panel_stride + static_cast<std::size_t>(j) * kBlockElements;
+      pack_panel_rows(nb, kk0, out);
+      if (nb + 1 < nb1)
+        pack_panel_rows(nb + 1, kk0, out + kBlockElements / 2);
+      else
+        std::memset(static_cast<void*>(out + kBlockElements / 2), 0, kBlockElements / 2 * sizeof(bf16));
+    }
+  }
+}
 
 }  // namespace tilemoe::kernels

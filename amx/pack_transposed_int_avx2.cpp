@@ -2,59 +2,21 @@
 // weight byte of the backward, and element by element (the portable loop, a packed_int_code call a
 // code) it took 98 % of an int8 fine-tuning step on a Zen 3.
 //
-// As in pack_transposed_int_avx512.cpp: one output row of a Wᵀ block is 16 W columns (kk0 .. kk0 +
-// 15) of two W rows h, h + 1, interleaved; those 16 codes of one row are 4 k-quads at a 64-byte
-// stride and share one scale. Here each row's 16 values are two ymm of f32, rounded to bf16 in the
-// low half of every 32-bit lane, so that row h's lane OR row h + 1's lane shifted up is already the
-// interleaved pair of one column.
+// As in pack_transposed_int_avx512.cpp: the 8 block rows that one W panel gives a Wᵀ block are its
+// 16 columns' codes for 16 k (kk0 .. kk0 + 15), 4 k-quad rows of 64 bytes (int4: 2 rows of nibble
+// pairs). A 4 x 4 transpose of dwords in each 128-bit lane turns them into 16 bytes a column (its
+// k in order); each column's 16 codes are widened to two ymm of f32, scaled by the column's scale
+// and rounded to bf16 in the low half of every 32-bit lane, so that column c's lane OR column
+// c + 1's lane shifted up is already the interleaved pair of one block row.
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "amx/pack_transposed.hpp"
 
 namespace tilemoe::kernels {
 namespace {
-
-inline std::uint32_t load_u32(const std::uint8_t* p) {
-  std::uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// W[h][kk0 .. kk0 + 15] as f32: columns 0-7 in half[0], 8-15 in half[1].
-// Returns whether the row's scale is finite: the products are then never NaN (an Inf scale times a
-// zero code is).
-inline bool dequantize_16(const PackedIntShape& s, const PackedIntView& w, int h, int kk0, __m256 (&half)[2]) {
-  const int nb = h / kPanelColumns, c = h % kPanelColumns;
-  const int kbi = kk0 / kIntBlockK, r0 = (kk0 % kIntBlockK) / 4;
-  const std::uint8_t* block = w.codes + (static_cast<std::size_t>(nb) * s.kblocks + kbi) * s.block_bytes();
-  const int g = s.bits == 8 ? 0 : kk0 / s.group;
-  const float scale_value = w.scales[(static_cast<std::size_t>(nb) * s.groups + g) * kPanelColumns + c];
-  const __m256 scale = _mm256_set1_ps(scale_value);
-  __m256i codes[2];
-  if (s.bits == 8) {
-    const std::uint8_t* p = block + static_cast<std::size_t>(r0) * 64 + c * 4;
-    const __m128i bytes = _mm_set_epi32(static_cast<int>(load_u32(p + 192)), static_cast<int>(load_u32(p + 128)),
-                                        static_cast<int>(load_u32(p + 64)), static_cast<int>(load_u32(p)));
-    codes[0] = _mm256_cvtepi8_epi32(bytes);
-    codes[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8));
-  } else {
-    // Quad rows r0, r0 + 1 share byte row r0 / 2 (low, high nibble); r0 + 2, r0 + 3 the next.
-    const std::uint8_t* p = block + static_cast<std::size_t>(r0 / 2) * 64 + c * 4;
-    const std::uint32_t d0 = load_u32(p), d1 = load_u32(p + 64), m = 0x0f0f0f0fu;
-    const __m128i nibbles = _mm_set_epi32(static_cast<int>((d1 >> 4) & m), static_cast<int>(d1 & m), static_cast<int>((d0 >> 4) & m),
-                                          static_cast<int>(d0 & m));
-    const __m256i eight = _mm256_set1_epi32(8);
-    codes[0] = _mm256_sub_epi32(_mm256_cvtepu8_epi32(nibbles), eight);
-    codes[1] = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(nibbles, 8)), eight);
-  }
-  half[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(codes[0]), scale);
-  half[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(codes[1]), scale);
-  return std::isfinite(scale_value);
-}
 
 // float_to_bf16 of each lane (round to nearest even, NaN kept quiet), in the lane's low 16 bits.
 inline __m256i bf16_lanes(__m256 f) {
@@ -76,44 +38,79 @@ inline __m256i bf16_pairs_no_nan(__m256 even, __m256 odd) {
   return _mm256_or_si256(_mm256_srli_epi32(te, 16), _mm256_and_si256(to, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
+inline __m256i load_256(const std::uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The signed codes of k-quad rows r0 .. r0 + 3 of a block, columns 8h .. 8h + 7 (32 bytes each).
+inline void load_quad_rows(const PackedIntShape& s, const std::uint8_t* block, int r0, int h, __m256i (&quad)[4]) {
+  const int column_byte = h * 32;
+  if (s.bits == 8) {
+    for (int i = 0; i < 4; ++i) quad[i] = load_256(block + (r0 + i) * 64 + column_byte);
+    return;
+  }
+  // int4: quad rows r0, r0 + 1 are the low and high nibbles of byte row r0 / 2, r0 + 2, r0 + 3 of
+  // the next; stored as code + 8.
+  const __m256i nibble = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
+  for (int i = 0; i < 2; ++i) {
+    const __m256i bytes = load_256(block + (r0 / 2 + i) * 64 + column_byte);
+    quad[2 * i] = _mm256_sub_epi8(_mm256_and_si256(bytes, nibble), eight);
+    quad[2 * i + 1] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble), eight);
+  }
+}
+
+// Dword i of every 128-bit lane of quad[0..3] gathered into one lane: column[i] lane L holds column
+// 4L + i's 16 codes, k in order.
+inline void transpose_quads(const __m256i (&quad)[4], __m256i (&column)[4]) {
+  const __m256i ab_lo = _mm256_unpacklo_epi32(quad[0], quad[1]), ab_hi = _mm256_unpackhi_epi32(quad[0], quad[1]);
+  const __m256i cd_lo = _mm256_unpacklo_epi32(quad[2], quad[3]), cd_hi = _mm256_unpackhi_epi32(quad[2], quad[3]);
+  column[0] = _mm256_unpacklo_epi64(ab_lo, cd_lo);
+  column[1] = _mm256_unpackhi_epi64(ab_lo, cd_lo);
+  column[2] = _mm256_unpacklo_epi64(ab_hi, cd_hi);
+  column[3] = _mm256_unpackhi_epi64(ab_hi, cd_hi);
+}
+
+// The 8 block rows (32 bf16 each, at out) of W's panel nb for W columns kk0 .. kk0 + 15: row r
+// interleaves the panel's columns 2r and 2r + 1.
+inline void pack_panel_rows(const PackedIntShape& s, const PackedIntView& w, int nb, int kk0, bf16* out) {
+  const std::uint8_t* block =
+      w.codes + (static_cast<std::size_t>(nb) * s.kblocks + kk0 / kIntBlockK) * s.block_bytes();
+  const int r0 = (kk0 % kIntBlockK) / 4;
+  const int g = s.bits == 8 ? 0 : kk0 / s.group;  // groups hold 32 k or more: one for all 16
+  const float* scales = w.scales + (static_cast<std::size_t>(nb) * s.groups + g) * kPanelColumns;
+  for (int h = 0; h < 2; ++h) {  // columns 8h .. 8h + 7: block rows 4h .. 4h + 3
+    __m256i quad[4], column[4];
+    load_quad_rows(s, block, r0, h, quad);
+    transpose_quads(quad, column);
+    alignas(32) std::int8_t codes[4][32];
+    for (int i = 0; i < 4; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), column[i]);
+    for (int pair = 0; pair < 4; ++pair) {
+      const int lane = pair / 2, i = (pair % 2) * 2;  // columns 8h + 4 lane + i and + 1
+      const int c = 8 * h + 2 * pair;
+      const float scale_even = scales[c], scale_odd = scales[c + 1];
+      const std::int8_t* even_codes = codes[i] + 16 * lane;
+      const std::int8_t* odd_codes = codes[i + 1] + 16 * lane;
+      bf16* row = out + (4 * h + pair) * 32;
+      const bool finite = std::isfinite(scale_even) && std::isfinite(scale_odd);
+      for (int half = 0; half < 2; ++half) {  // k 8 half .. 8 half + 7
+        const auto widen = [&](const std::int8_t* p, float scale) {
+          const __m128i eight_codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * half));
+          return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight_codes)), _mm256_set1_ps(scale));
+        };
+        const __m256 even = widen(even_codes, scale_even), odd = widen(odd_codes, scale_odd);
+        // A finite scale never makes a NaN (an Inf scale times a zero code does).
+        const __m256i pairs =
+            finite ? bf16_pairs_no_nan(even, odd) : _mm256_or_si256(bf16_lanes(even), _mm256_slli_epi32(bf16_lanes(odd), 16));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + half * 16), pairs);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void pack_transposed_kblock_int_avx2(const PackedIntShape& s, const PackedIntView& w, int nb0, int nb1, int kb, bf16* dst,
                                      std::size_t dst_panel_stride) {
-  const int panels = nb1 - nb0;
-  const int tkblocks = transposed_kblocks(panels);
-  const int rows = panels * kPanelColumns;
-  // A call reads kBlockK codes of every panel, the panels a panel's bytes apart (a new page each
-  // time, where the hardware prefetchers start over), and the next call the next kBlockK of each:
-  // asked for into L2 here, they no longer wait on memory one by one.
-  const std::size_t kb_bytes = static_cast<std::size_t>(kBlockK) * kPanelColumns * s.bits / 8;
-  const bool prefetch_next = (kb + 1) * kBlockK < s.k_padded;
-  for (int q = 0; q < 2; ++q) {
-    const int kk0 = kb * kBlockK + q * kPanelColumns;
-    for (int j = 0; j < tkblocks; ++j) {
-      if (q == 0 && prefetch_next) {
-        for (int nb = nb0 + 2 * j; nb < nb1 && nb < nb0 + 2 * j + 2; ++nb) {
-          const std::uint8_t* next = w.codes + static_cast<std::size_t>(nb) * s.panel_bytes() + (kb + 1) * kb_bytes;
-          for (std::size_t line = 0; line < kb_bytes; line += 64) __builtin_prefetch(next + line, 0, 2);
-        }
-      }
-      bf16* out = dst + q * dst_panel_stride + static_cast<std::size_t>(j) * kBlockElements;
-      for (int r = 0; r < kBlockK / 2; ++r) {
-        const int hl = j * kBlockK + 2 * r;  // rows is a multiple of 16: hl and hl + 1 are both in or both out
-        __m256i pairs[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-        if (hl < rows) {
-          const int h = nb0 * kPanelColumns + hl;
-          __m256 even[2], odd[2];
-          const bool finite = dequantize_16(s, w, h, kk0, even) & dequantize_16(s, w, h + 1, kk0, odd);
-          for (int i = 0; i < 2; ++i)
-            pairs[i] = finite ? bf16_pairs_no_nan(even[i], odd[i])
-                              : _mm256_or_si256(bf16_lanes(even[i]), _mm256_slli_epi32(bf16_lanes(odd[i]), 16));
-        }
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 32), pairs[0]);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * 32 + 16), pairs[1]);
-      }
-    }
-  }
+  walk_transposed_int_kblock(s, w, nb0, nb1, kb, dst, dst_panel_stride,
+                             [&](int nb, int kk0, bf16* out) { pack_panel_rows(s, w, nb, kk0, out); });
 }
 
 }  // namespace tilemoe::kernels

@@ -16,6 +16,15 @@ inline void prefetch_range(const void* p, std::size_t bytes) {
   __builtin_prefetch(last);
 }
 
+// The same into L2 only: for what the next call of a kernel reads, not this one.
+inline void prefetch_range_l2(const void* p, std::size_t bytes) {
+  if (bytes == 0) return;
+  const char* first = static_cast<const char*>(p);
+  const char* last = first + bytes - 1;
+  for (const char* q = first; q < last; q += 64) __builtin_prefetch(q, 0, 2);
+  __builtin_prefetch(last, 0, 2);
+}
+
 // Asks for the 16 lines of one tile-sized block (16 rows of 64 bytes: a packed B block of the
 // tile kernels), into L1 or only into L2.
 inline constexpr int kTileBlockBytes = 1024;
