@@ -54,6 +54,8 @@ inline constexpr int kMxfp4ChunkKBlocks = 8;
 // factor 64 of it stay exact. A block holding an infinity or NaN may make its row's C all NaN.
 using GemmMxfp4RowsFn = void (*)(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 void gemm_mxfp4_rows_portable(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
+// Only where isa_available(Isa::avx2).
+void gemm_mxfp4_rows_avx2(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 // Only where isa_available(Isa::avx512_bf16).
 void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w);
 

@@ -24,8 +24,8 @@
 #include <cstring>
 #include <limits>
 
-#include "amx/aligned_vector.hpp"
 #include "amx/gemm_mxfp4.hpp"
+#include "amx/mxfp4_row_digits.hpp"
 
 namespace tilemoe::kernels {
 namespace {
@@ -37,31 +37,13 @@ constexpr int kPrefetchBlocks = 2;
 // loop waited for. On this repository's AMX machine (2 vCPUs, KVM) mxfp4 at 1 token went from
 // 1.19-1.20 to 1.05-1.08 ms, at 16 tokens 3-6 % faster; 4 and 16 k-blocks ahead did about as well.
 constexpr int kExponentAheadBlocks = 8;
-constexpr int kDigitBytes = 64;  // a row's k-block: 32 high digits, then 32 low digits
-constexpr int kWeightOffset = 12;
 
 // Panels a block call reads at once: four streams for one row, two where more rows' sums take the
 // registers (two int32 sums and one f32 sum a row and panel).
 template <int R>
 constexpr int kPanelsFor = R == 1 ? 4 : 2;
 
-// One row's activations as the kernel reads them.
-struct RowDigits {
-  std::int8_t* digits;       // kblocks x kDigitBytes
-  float* steps;              // kblocks: step / 2 (the weights are looked up doubled)
-  std::int32_t* corrections;  // kblocks: 12 * sum q
-};
-
-// 2^p for p in [-149, 127], from the bits (std::ldexp is a library call, and this runs for every
-// k-block of every row a decode call reads).
-inline float power_of_two(int p) {
-  const std::uint32_t bits = p >= -126 ? static_cast<std::uint32_t>(p + 127) << 23 : std::uint32_t{1} << (p + 149);
-  float v;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
-
-// k-block kb of x as RowDigits (see the top); reads x's 32 values there.
+// k-block kb of x as Mxfp4RowDigits (see the top); reads x's 32 values there.
 inline void write_block_digits(const bf16* x, int kb, std::int8_t* digits, float* steps, std::int32_t* corrections) {
   // Within each group of 8 inputs, the order of the weight lanes' bytes: low nibbles, then high.
   const __m512i lane_order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
@@ -74,9 +56,9 @@ inline void write_block_digits(const bf16* x, int kb, std::int8_t* digits, float
                                            _mm512_and_si512(_mm512_castps_si512(x1), magnitude));
   // Magnitudes order as unsigned integers; a NaN's bits are above every finite value's.
   const int e = static_cast<int>(_mm512_reduce_max_epu32(largest) >> 23);
-  std::int8_t* d = digits + static_cast<std::size_t>(kb) * kDigitBytes;
+  std::int8_t* d = digits + static_cast<std::size_t>(kb) * kMxfp4DigitBytes;
   if (e == 255) {
-    std::memset(d, 0, kDigitBytes);
+    std::memset(d, 0, kMxfp4DigitBytes);
     steps[kb] = std::numeric_limits<float>::quiet_NaN();
     corrections[kb] = 0;
     return;
@@ -88,16 +70,9 @@ inline void write_block_digits(const bf16* x, int kb, std::int8_t* digits, float
   _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(q1, 7)));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32), _mm512_cvtepi32_epi8(_mm512_and_si512(q0, low7)));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 48), _mm512_cvtepi32_epi8(_mm512_and_si512(q1, low7)));
-  steps[kb] = power_of_two(e - 141);
-  corrections[kb] = kWeightOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  steps[kb] = mxfp4_power_of_two(e - 141);
+  corrections[kb] = kMxfp4WeightOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
-
-// Rows whose digits a block call writes as it goes (the first call on new rows), with the copy of
-// their bf16 values the cache compares later calls against.
-struct RowsToWrite {
-  const bf16* a[kMaxRows];
-  bf16* source[kMaxRows];
-};
 
 struct Decoder {
   // 2 * E2M1 + 12 for each code: 0..7 the positive values, 8..15 the negative ones.
@@ -124,7 +99,7 @@ inline __m512i broadcast_digits(const std::int8_t* p) {
 
 template <int R, int P>
 __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d,
-                                     const RowDigits* rows, const RowsToWrite* write, int panel) {
+                                     const Mxfp4RowDigits* rows, const Mxfp4RowsToWrite* write, int panel) {
   __m512 acc[R][P];
 #pragma GCC unroll 4
   for (int i = 0; i < R; ++i)
@@ -146,7 +121,7 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
     if (write != nullptr) {
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
-        const RowDigits& r = rows[i];
+        const Mxfp4RowDigits& r = rows[i];
         write_block_digits(write->a[i], kb, r.digits, r.steps, r.corrections);
         std::memcpy(write->source[i] + static_cast<std::size_t>(kb) * kBlockK, write->a[i] + static_cast<std::size_t>(kb) * kBlockK,
                     kBlockK * sizeof(bf16));
@@ -167,7 +142,7 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
         const __m512i lo = d.low(line), hi = d.high(line);
 #pragma GCC unroll 4
         for (int i = 0; i < R; ++i) {
-          const std::int8_t* digit = rows[i].digits + static_cast<std::size_t>(kb) * kDigitBytes + 8 * j;
+          const std::int8_t* digit = rows[i].digits + static_cast<std::size_t>(kb) * kMxfp4DigitBytes + 8 * j;
           high_sum[i][p] = _mm512_dpbusd_epi32(high_sum[i][p], lo, broadcast_digits(digit));
           high_sum[i][p] = _mm512_dpbusd_epi32(high_sum[i][p], hi, broadcast_digits(digit + 4));
           low_sum[i][p] = _mm512_dpbusd_epi32(low_sum[i][p], lo, broadcast_digits(digit + 32));
@@ -181,7 +156,7 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
       const __m512 scale = d.scales(exponents + p * exponent_stride);
 #pragma GCC unroll 4
       for (int i = 0; i < R; ++i) {
-        const RowDigits& r = rows[i];
+        const Mxfp4RowDigits& r = rows[i];
         const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(high_sum[i][p], 7), low_sum[i][p]),
                                              _mm512_set1_epi32(r.corrections[kb]));
         const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(r.steps[kb]));
@@ -199,8 +174,8 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
 }
 
 template <int R>
-void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, const RowDigits* rows,
-             const RowsToWrite* write) {
+void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w, const Decoder& d, const Mxfp4RowDigits* rows,
+             const Mxfp4RowsToWrite* write) {
   constexpr int kPanels = kPanelsFor<R>;
   int panel = g.panel_begin;
   // The first block call writes the digits (write != nullptr), the others read them.
@@ -217,61 +192,19 @@ void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4
   }
 }
 
-// The rows' digits, kept by each thread with the bf16 rows they were made from: the calls of a
-// decode item (gate, then up, on the same rows) make them once.
-struct RowDigitsCache {
-  int m = 0, kblocks = 0;
-  AlignedVector<bf16> source;  // m x kblocks * 32
-  AlignedVector<std::int8_t> digits;
-  AlignedVector<float> steps;
-  AlignedVector<std::int32_t> corrections;
-
-  bool holds(const GemmBf16Args& g, int kb) const {
-    if (g.m != m || kb != kblocks) return false;
-    const std::size_t k = static_cast<std::size_t>(kb) * kBlockK;
-    for (int i = 0; i < m; ++i) {
-      const bf16* a = g.a + static_cast<std::size_t>(i) * g.lda;
-      const bf16* b = source.data() + static_cast<std::size_t>(i) * k;
-      for (std::size_t q = 0; q < k; q += kBlockK)
-        if (_mm512_cmpneq_epi32_mask(_mm512_loadu_si512(a + q), _mm512_loadu_si512(b + q)) != 0) return false;
-    }
-    return true;
-  }
-
-  // Sized for g's rows, which the first block call then writes (RowsToWrite).
-  void prepare(const GemmBf16Args& g, int kb, RowsToWrite& write) {
-    const std::size_t k = static_cast<std::size_t>(kb) * kBlockK, blocks = static_cast<std::size_t>(kb);
-    grow_to(source, static_cast<std::size_t>(g.m) * k);
-    grow_to(digits, static_cast<std::size_t>(g.m) * blocks * kDigitBytes);
-    grow_to(steps, static_cast<std::size_t>(g.m) * blocks);
-    grow_to(corrections, static_cast<std::size_t>(g.m) * blocks);
-    for (int i = 0; i < g.m; ++i) {
-      write.a[i] = g.a + static_cast<std::size_t>(i) * g.lda;
-      write.source[i] = source.data() + static_cast<std::size_t>(i) * k;
-    }
-    m = g.m;
-    kblocks = kb;
-  }
-
-  RowDigits row(int i) {
-    const std::size_t blocks = static_cast<std::size_t>(kblocks);
-    return {digits.data() + static_cast<std::size_t>(i) * blocks * kDigitBytes, steps.data() + i * blocks, corrections.data() + i * blocks};
-  }
-};
-
 }  // namespace
 
 void gemm_mxfp4_rows_avx512(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
-  thread_local RowDigitsCache cache;
-  RowsToWrite to_write;
-  const RowsToWrite* write = nullptr;
+  thread_local Mxfp4RowDigitsCache cache;
+  Mxfp4RowsToWrite to_write;
+  const Mxfp4RowsToWrite* write = nullptr;
   if (g.panel_begin < g.panel_end && !cache.holds(g, s.kblocks)) {
     // The first block call makes the digits a k-block at a time, beside its weights' stream, so
     // the stream does not wait for them.
     cache.prepare(g, s.kblocks, to_write);
     write = &to_write;
   }
-  RowDigits rows[kMaxRows];
+  Mxfp4RowDigits rows[kMaxRows];
   for (int i = 0; i < g.m; ++i) rows[i] = cache.row(i);
   const Decoder d;
   switch (g.m) {

@@ -42,16 +42,17 @@ constexpr KernelTable kPortable{Isa::portable,          gemm_bf16_portable,
                                 pack_strided_portable,
                                 convert_to_bf16_portable, combine_bf16_rows_portable, gemm_int_portable,
                                 quantize_rows_portable,  dequantize_mxfp4_blocks_portable, gemm_mxfp4_rows_portable, nullptr, nullptr, adamw_update_portable, 0, 1};
-// AVX2: the bf16 and integer GEMMs have files of their own (*_avx2.cpp), the other portable
-// kernels are compiled a second time for AVX2 (CMakeLists.txt); the packing and MXFP4 entries that
-// are not among them stay the portable ones. Every entry gives the portable entry's bits.
+// AVX2: the kernels with files of their own (*_avx2.cpp: the GEMMs, the backward's repacks, MXFP4),
+// the other portable kernels compiled a second time for AVX2 (CMakeLists.txt); the packing entries
+// not among them stay the portable ones. Every entry gives the portable entry's bits but the MXFP4
+// rows kernel, which rounds activations as gemm_mxfp4.hpp allows (as AVX-512's does).
 constexpr KernelTable kAvx2{Isa::avx2,              gemm_bf16_avx2,
                             silu_mul_bf16_avx2,     silu_mul_backward_avx2, keep_clamp_sides_avx2,
                             pack_transposed_kblock_avx2, pack_transposed_kblock_int_avx2,
                             lora_grad_outer_avx2,   lora_project_rows_avx2, lora_expand_rows_add_avx2,
                             pack_strided_portable,
                             convert_to_bf16_avx2,   combine_bf16_rows_avx2, gemm_int_avx2,
-                            quantize_rows_avx2,     dequantize_mxfp4_blocks_avx2, nullptr, nullptr, nullptr, adamw_update_avx2, 0, 1};
+                            quantize_rows_avx2,     dequantize_mxfp4_blocks_avx2, gemm_mxfp4_rows_avx2, nullptr, nullptr, adamw_update_avx2, 0, 1};
 constexpr KernelTable kAvx512{Isa::avx512_bf16,       gemm_bf16_avx512,
                               silu_mul_bf16_avx512,   silu_mul_backward_avx512, keep_clamp_sides_avx512,
                               pack_transposed_kblock_avx512, pack_transposed_kblock_int_avx512,

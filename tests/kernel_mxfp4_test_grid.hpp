@@ -20,7 +20,9 @@ namespace tilemoe::kernels::test {
 inline DequantizeMxfp4Fn raw_dequantize_mxfp4(Isa isa) {
   return isa == Isa::portable ? dequantize_mxfp4_blocks_portable : isa == Isa::avx2 ? dequantize_mxfp4_blocks_avx2 : dequantize_mxfp4_blocks_avx512;
 }
-inline GemmMxfp4RowsFn raw_gemm_mxfp4_rows(Isa isa) { return isa == Isa::portable || isa == Isa::avx2 ? gemm_mxfp4_rows_portable : gemm_mxfp4_rows_avx512; }
+inline GemmMxfp4RowsFn raw_gemm_mxfp4_rows(Isa isa) {
+  return isa == Isa::portable ? gemm_mxfp4_rows_portable : isa == Isa::avx2 ? gemm_mxfp4_rows_avx2 : gemm_mxfp4_rows_avx512;
+}
 inline GemmMxfp4FewRowsFn raw_gemm_mxfp4_few_rows(Isa isa) { return isa == Isa::amx_bf16 ? gemm_mxfp4_few_rows_amx : nullptr; }
 inline GemmMxfp4PairFirstBlockFn raw_gemm_mxfp4_pair_first_block(Isa isa) {
   return isa == Isa::amx_bf16 ? gemm_mxfp4_pair_first_block_amx : nullptr;
@@ -279,8 +281,10 @@ inline void check_mxfp4_rows_reuse(const Mxfp4Kernels& kernels) {
   auto run = [&](int m, const Mxfp4Kernels* with) {
     std::vector<float> c(m * ldc, kUnwritten);
     GemmBf16Args g = gemm_args(a.data(), lda, m, s.k_padded, with ? nullptr : dequantized.data(), 0, s.panels, c.data(), ldc);
+    // The reference is the portable bf16 kernel: VDPBF16PS and the tiles take subnormal values as
+    // zero, where the rows kernels (and PyTorch) keep them.
     if (with) gemm_mxfp4(g, s, w.view(), *with);
-    else kernels.gemm(g);
+    else gemm_bf16_portable(g);
     return c;
   };
   auto check = [&](int m, const char* what) {
@@ -292,7 +296,7 @@ inline void check_mxfp4_rows_reuse(const Mxfp4Kernels& kernels) {
     for (int i = 0; i < m; ++i)
       for (int col = 0; col < n; ++col) {
         const float g = got[i * ldc + col], r = want[i * ldc + col];
-        INFO("C[" << i << "][" << col << "] = " << g << ", bf16 kernel " << r);
+        INFO("C[" << i << "][" << col << "] = " << g << ", portable bf16 kernel " << r);
         if (std::isnan(r)) {
           REQUIRE(std::isnan(g));
         } else {
@@ -313,6 +317,10 @@ inline void check_mxfp4_rows_reuse(const Mxfp4Kernels& kernels) {
     a[lda + q] = float_to_bf16(std::ldexp(bf16_to_float(a[lda + q]), 100));
   }
   check(2, "rows scaled by 2^-100 and 2^100");
+  // Subnormal values: a rows kernel that scales a k-block to integers by 2^(140 - its largest
+  // exponent) must reach 2^140, which is no f32.
+  for (int q = 0; q < k; ++q) a[q] = float_to_bf16(std::ldexp(bf16_to_float(a[q]), -30));
+  check(2, "row 0 subnormal");
   for (int q = 0; q < k; ++q) a[q] = bf16{0};
   check(1, "a zero row");
 }
