@@ -21,7 +21,6 @@
 namespace tilemoe::kernels {
 namespace {
 
-constexpr int kMaxRows = kMxfp4RowsMaxRows;
 // Each stream asks for its codes 8 blocks (2 KiB) ahead: on a Zen 3 (2 vCPUs, KVM) at the AVX-512
 // kernel's 2 blocks one token took 1.8-2.0 ms (V2-Lite's shape), at 8 1.2-1.7, at 16 about as 8.
 constexpr int kPrefetchBlocks = 8;
@@ -145,15 +144,7 @@ __attribute__((noinline)) void block(const GemmBf16Args& g, const PackedMxfp4Sha
         _mm_prefetch(reinterpret_cast<const char*>(exponents0[h] + static_cast<std::size_t>(kb + kExponentAheadBlocks) * kMxfp4BlockExponentBytes),
                      _MM_HINT_T0);
     }
-    if (write != nullptr) {
-#pragma GCC unroll 4
-      for (int i = 0; i < R; ++i) {
-        const Mxfp4RowDigits& r = rows[i];
-        write_block_digits(write->a[i], kb, r.digits, r.steps, r.corrections);
-        std::memcpy(write->source[i] + static_cast<std::size_t>(kb) * kBlockK, write->a[i] + static_cast<std::size_t>(kb) * kBlockK,
-                    kBlockK * sizeof(bf16));
-      }
-    }
+    write_rows_block<R, write_block_digits>(rows, write, kb);
     __m256i sum[R][H];
 #pragma GCC unroll 4
     for (int i = 0; i < R; ++i)
@@ -216,23 +207,10 @@ void rows_of(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4
 
 void gemm_mxfp4_rows_avx2(const GemmBf16Args& g, const PackedMxfp4Shape& s, const PackedMxfp4View& w) {
   thread_local Mxfp4RowDigitsCache cache;
-  Mxfp4RowsToWrite to_write;
-  const Mxfp4RowsToWrite* write = nullptr;
-  if (g.panel_begin < g.panel_end && !cache.holds(g, s.kblocks)) {
-    // The first block call makes the digits a k-block at a time, beside its weights' stream.
-    cache.prepare(g, s.kblocks, to_write);
-    write = &to_write;
-  }
-  Mxfp4RowDigits rows[kMaxRows];
-  for (int i = 0; i < g.m; ++i) rows[i] = cache.row(i);
   const Decoder d;
-  switch (g.m) {
-    case 4: rows_of<4>(g, s, w, d, rows, write); break;
-    case 3: rows_of<3>(g, s, w, d, rows, write); break;
-    case 2: rows_of<2>(g, s, w, d, rows, write); break;
-    case 1: rows_of<1>(g, s, w, d, rows, write); break;
-    default: break;
-  }
+  run_mxfp4_rows(g, s.kblocks, cache, [&](auto rows_count, const Mxfp4RowDigits* rows, const Mxfp4RowsToWrite* write) {
+    rows_of<decltype(rows_count)::value>(g, s, w, d, rows, write);
+  });
 }
 
 }  // namespace tilemoe::kernels

@@ -1,11 +1,12 @@
 #pragma once
 // What the integer MXFP4 decode rows kernels (gemm_mxfp4_rows_avx512.cpp, _avx2.cpp) make of their
-// activation rows, and the per-thread cache that keeps it between the calls of a decode item (gate,
-// then up, on the same rows). The digits' meaning is gemm_mxfp4_rows_avx512.cpp's (its top comment):
+// activation rows, the per-thread cache that keeps it between the calls of a decode item (gate,
+// then up, on the same rows), and the entry both kernels share around their ISA's block calls. The digits' meaning is gemm_mxfp4_rows_avx512.cpp's (its top comment):
 // each k-block of a row as integers q = x / step, q = 128 h + l, the high digits h then the low
 // digits l in the weight lanes' input order, with step / 2 and 12 * sum q beside them.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "amx/aligned_vector.hpp"
 #include "amx/gemm_mxfp4.hpp"
@@ -76,5 +77,42 @@ struct Mxfp4RowDigitsCache {
             corrections.data() + i * blocks};
   }
 };
+
+// A block call's step at k-block kb when it is the first on new rows (write != nullptr): each of
+// its R rows' digits there, made by the ISA's WriteBlockDigits(x, kb, digits, steps, corrections)
+// beside the weights' stream so the stream does not wait for them, and the bf16 values they came
+// from, which later calls compare against.
+template <int R, auto WriteBlockDigits>
+inline void write_rows_block(const Mxfp4RowDigits* rows, const Mxfp4RowsToWrite* write, int kb) {
+  if (write == nullptr) return;
+  const std::size_t at = static_cast<std::size_t>(kb) * kBlockK;
+#pragma GCC unroll 4
+  for (int i = 0; i < R; ++i) {
+    const Mxfp4RowDigits& r = rows[i];
+    WriteBlockDigits(write->a[i], kb, r.digits, r.steps, r.corrections);
+    std::memcpy(write->source[i] + at, write->a[i] + at, kBlockK * sizeof(bf16));
+  }
+}
+
+// A rows kernel's entry: finds g's rows in the thread's cache, or has the first block call write
+// them, then calls rows_of(std::integral_constant<int, R>, rows, write) for g's R = g.m rows.
+template <typename RowsOf>
+inline void run_mxfp4_rows(const GemmBf16Args& g, int kblocks, Mxfp4RowDigitsCache& cache, RowsOf rows_of) {
+  Mxfp4RowsToWrite to_write;
+  const Mxfp4RowsToWrite* write = nullptr;
+  if (g.panel_begin < g.panel_end && !cache.holds(g, kblocks)) {
+    cache.prepare(g, kblocks, to_write);
+    write = &to_write;
+  }
+  Mxfp4RowDigits rows[kMxfp4RowsMaxRows];
+  for (int i = 0; i < g.m; ++i) rows[i] = cache.row(i);
+  switch (g.m) {
+    case 4: rows_of(std::integral_constant<int, 4>{}, rows, write); break;
+    case 3: rows_of(std::integral_constant<int, 3>{}, rows, write); break;
+    case 2: rows_of(std::integral_constant<int, 2>{}, rows, write); break;
+    case 1: rows_of(std::integral_constant<int, 1>{}, rows, write); break;
+    default: break;
+  }
+}
 
 }  // namespace tilemoe::kernels
