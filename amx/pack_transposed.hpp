@@ -42,6 +42,27 @@ void pack_transposed_kblock_avx2(const bf16* packed_w, int panels, int kblocks, 
 void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                    std::size_t dst_panel_stride);
 
+// The vector repacks' walk over one call's blocks: for each Wᵀ k-block j and each of W's panels
+// nb = 2j + b (b = 0, 1) in it, transpose_panel(nb, o0, o1) writes W's panel nb's two halves of
+// the forward block (k-pairs 0..7 and 8..15) as the 8 rows at o0 (Wᵀ panel 0) and o1 (panel 1).
+// The second halves of the last k-block are zero at an odd panel count.
+template <class TransposePanel>
+inline void walk_transposed_kblock(int panels, bf16* dst, std::size_t dst_panel_stride, TransposePanel&& transpose_panel) {
+  constexpr int kHalf = kBlockElements / 2;
+  const int tkblocks = transposed_kblocks(panels);
+  for (int j = 0; j < tkblocks; ++j) {
+    bf16* out0 = dst + static_cast<std::size_t>(j) * kBlockElements;
+    bf16* out1 = out0 + dst_panel_stride;
+    transpose_panel(2 * j, out0, out1);
+    if (2 * j + 1 < panels) {
+      transpose_panel(2 * j + 1, out0 + kHalf, out1 + kHalf);
+    } else {
+      std::memset(static_cast<void*>(out0 + kHalf), 0, kHalf * sizeof(bf16));
+      std::memset(static_cast<void*>(out1 + kHalf), 0, kHalf * sizeof(bf16));
+    }
+  }
+}
+
 }  // namespace tilemoe::kernels
 
 #include "amx/pack_int.hpp"

@@ -46,40 +46,22 @@ inline void transpose_half(const bf16* in, bf16* out) {
   transpose_quarter(in, out, 4, 1);
 }
 
-inline void zero_half(bf16* out) {
-#pragma GCC unroll 16
-  for (int n = 0; n < 16; ++n) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + n * 16), _mm256_setzero_si256());
-}
-
 }  // namespace
 
 void pack_transposed_kblock_avx2(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
                                  std::size_t dst_panel_stride) {
   const std::size_t panel_step = static_cast<std::size_t>(kblocks) * kBlockElements;
   const bf16* src = packed_w + static_cast<std::size_t>(kb) * kBlockElements;
-  const int tkblocks = transposed_kblocks(panels);
   // A call reads one block of every panel, the panels kblocks KiB apart (a new page each time, where
   // the hardware prefetchers start over), and the next call the block after each: asked for into
   // L2 here, they no longer wait on memory one by one.
   const bool prefetch_next = kb + 1 < kblocks;
-  for (int j = 0; j < tkblocks; ++j) {
-    bf16* out0 = dst + static_cast<std::size_t>(j) * kBlockElements;
-    bf16* out1 = out0 + dst_panel_stride;
-    for (int b = 0; b < 2; ++b) {
-      const int nb = 2 * j + b;
-      bf16* o0 = out0 + b * (kBlockElements / 2);
-      bf16* o1 = out1 + b * (kBlockElements / 2);
-      if (nb >= panels) {  // odd panel count: the second half of the last k-block is padding
-        zero_half(o0);
-        zero_half(o1);
-        continue;
-      }
-      const bf16* block = src + nb * panel_step;
-      if (prefetch_next) prefetch_tile_block_l2(block + kBlockElements);
-      transpose_half(block, o0);                       // k-pairs 0..7: W's k-columns 0..15
-      transpose_half(block + kBlockElements / 2, o1);  // k-pairs 8..15: 16..31
-    }
-  }
+  walk_transposed_kblock(panels, dst, dst_panel_stride, [&](int nb, bf16* o0, bf16* o1) {
+    const bf16* block = src + nb * panel_step;
+    if (prefetch_next) prefetch_tile_block_l2(block + kBlockElements);
+    transpose_half(block, o0);                       // k-pairs 0..7: W's k-columns 0..15
+    transpose_half(block + kBlockElements / 2, o1);  // k-pairs 8..15: 16..31
+  });
 }
 
 }  // namespace tilemoe::kernels

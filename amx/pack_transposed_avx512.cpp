@@ -59,11 +59,6 @@ inline void transpose_half(const bf16* in, bf16* out) {
   }
 }
 
-inline void zero_half(bf16* out) {
-#pragma GCC unroll 8
-  for (int n = 0; n < 8; ++n) _mm512_storeu_si512(out + n * 32, _mm512_setzero_si512());
-}
-
 }  // namespace
 
 void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks, int kb, bf16* dst,
@@ -71,25 +66,12 @@ void pack_transposed_kblock_avx512(const bf16* packed_w, int panels, int kblocks
   const std::size_t panel_step = static_cast<std::size_t>(kblocks) * kBlockElements;
   const bf16* src = packed_w + static_cast<std::size_t>(kb) * kBlockElements;
   for (int p = 0; p < kPrefetchPanels && p < panels; ++p) prefetch_tile_block_l1(src + p * panel_step);
-  const int tkblocks = transposed_kblocks(panels);
-  for (int j = 0; j < tkblocks; ++j) {
-    bf16* out0 = dst + static_cast<std::size_t>(j) * kBlockElements;
-    bf16* out1 = out0 + dst_panel_stride;
-    for (int b = 0; b < 2; ++b) {
-      const int nb = 2 * j + b;
-      bf16* o0 = out0 + b * (kBlockElements / 2);
-      bf16* o1 = out1 + b * (kBlockElements / 2);
-      if (nb >= panels) {  // odd panel count: the second half of the last k-block is padding
-        zero_half(o0);
-        zero_half(o1);
-        continue;
-      }
-      if (nb + kPrefetchPanels < panels) prefetch_tile_block_l1(src + (nb + kPrefetchPanels) * panel_step);
-      const bf16* block = src + nb * panel_step;
-      transpose_half(block, o0);                        // k-pairs 0..7: W's k-columns 0..15
-      transpose_half(block + kBlockElements / 2, o1);   // k-pairs 8..15: 16..31
-    }
-  }
+  walk_transposed_kblock(panels, dst, dst_panel_stride, [&](int nb, bf16* o0, bf16* o1) {
+    if (nb + kPrefetchPanels < panels) prefetch_tile_block_l1(src + (nb + kPrefetchPanels) * panel_step);
+    const bf16* block = src + nb * panel_step;
+    transpose_half(block, o0);                       // k-pairs 0..7: W's k-columns 0..15
+    transpose_half(block + kBlockElements / 2, o1);  // k-pairs 8..15: 16..31
+  });
 }
 
 }  // namespace tilemoe::kernels
