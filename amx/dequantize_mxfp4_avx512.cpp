@@ -14,15 +14,8 @@ namespace tilemoe::kernels {
 void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
                                     bf16* out) {
   const Mxfp4LineLookup lookup;
-  const int kbs = kb1 - kb0;
-  for (int nb = nb0; nb < nb1; ++nb) {
-    const std::size_t first = static_cast<std::size_t>(nb) * s.kblocks + kb0;
-    const std::uint8_t* src = w.codes + first * kMxfp4BlockCodeBytes;
-    const std::uint8_t* ex = w.exponents + first * kMxfp4BlockExponentBytes;
-    bf16* dst = out + static_cast<std::size_t>(nb - nb0) * kbs * kBlockElements;
-    for (int b = 0; b < kbs; ++b, src += kMxfp4BlockCodeBytes, ex += kMxfp4BlockExponentBytes, dst += kBlockElements)
-      lookup.block(src, ex, dst);
-  }
+  walk_mxfp4_blocks(s, w, nb0, nb1, kb0, kb1, out,
+                    [&](const std::uint8_t* codes, const std::uint8_t* exponents, bf16* dst) { lookup.block(codes, exponents, dst); });
 }
 
 }  // namespace tilemoe::kernels

@@ -71,17 +71,11 @@ bf16 mxfp4_value_bf16(int code, int exponent) {
 
 void dequantize_mxfp4_blocks_portable(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
                                       bf16* out) {
-  const int kbs = kb1 - kb0;
-  for (int nb = nb0; nb < nb1; ++nb)
-    for (int kb = kb0; kb < kb1; ++kb) {
-      const std::size_t block = static_cast<std::size_t>(nb) * s.kblocks + kb;
-      const std::uint8_t* src = w.codes + block * kMxfp4BlockCodeBytes;
-      const std::uint8_t* ex = w.exponents + block * kMxfp4BlockExponentBytes;
-      bf16* dst = out + (static_cast<std::size_t>(nb - nb0) * kbs + (kb - kb0)) * kBlockElements;
-      for (int r = 0; r < kBlockK / 2; ++r)
-        for (int c = 0; c < kPanelColumns; ++c)
-          for (int p = 0; p < 2; ++p) dst[r * 32 + c * 2 + p] = mxfp4_scaled_bits(mxfp4_block_code(src, r, c, p), ex[c]);
-    }
+  walk_mxfp4_blocks(s, w, nb0, nb1, kb0, kb1, out, [](const std::uint8_t* codes, const std::uint8_t* exponents, bf16* dst) {
+    for (int r = 0; r < kBlockK / 2; ++r)
+      for (int c = 0; c < kPanelColumns; ++c)
+        for (int p = 0; p < 2; ++p) dst[r * 32 + c * 2 + p] = mxfp4_scaled_bits(mxfp4_block_code(codes, r, c, p), exponents[c]);
+  });
 }
 
 }  // namespace tilemoe::kernels

@@ -88,6 +88,23 @@ void dequantize_mxfp4_blocks_avx2(const PackedMxfp4Shape& s, const PackedMxfp4Vi
 void dequantize_mxfp4_blocks_avx512(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1,
                                     bf16* out);
 
+// The walk every dequantize_mxfp4_blocks_* takes: dequantize_block(codes, exponents, out) for each
+// block, with the block's kMxfp4BlockCodeBytes codes, its 16 columns' exponents and its place in
+// the layout above.
+template <class DequantizeBlock>
+inline void walk_mxfp4_blocks(const PackedMxfp4Shape& s, const PackedMxfp4View& w, int nb0, int nb1, int kb0, int kb1, bf16* out,
+                              DequantizeBlock&& dequantize_block) {
+  const int kbs = kb1 - kb0;
+  for (int nb = nb0; nb < nb1; ++nb) {
+    const std::size_t first = static_cast<std::size_t>(nb) * s.kblocks + kb0;
+    const std::uint8_t* codes = w.codes + first * kMxfp4BlockCodeBytes;
+    const std::uint8_t* exponents = w.exponents + first * kMxfp4BlockExponentBytes;
+    bf16* dst = out + static_cast<std::size_t>(nb - nb0) * kbs * kBlockElements;
+    for (int b = 0; b < kbs; ++b, codes += kMxfp4BlockCodeBytes, exponents += kMxfp4BlockExponentBytes, dst += kBlockElements)
+      dequantize_block(codes, exponents, dst);
+  }
+}
+
 // E2M1 code times 2^(exponent - 127), rounded to bf16 (exact in the range above).
 bf16 mxfp4_value_bf16(int code, int exponent);
 
