@@ -1,9 +1,10 @@
 #pragma once
 // What the integer MXFP4 decode rows kernels (gemm_mxfp4_rows_avx512.cpp, _avx2.cpp) make of their
 // activation rows, the per-thread cache that keeps it between the calls of a decode item (gate,
-// then up, on the same rows), and the entry both kernels share around their ISA's block calls. The digits' meaning is gemm_mxfp4_rows_avx512.cpp's (its top comment):
-// each k-block of a row as integers q = x / step, q = 128 h + l, the high digits h then the low
-// digits l in the weight lanes' input order, with step / 2 and 12 * sum q beside them.
+// then up, on the same rows), and the entry both kernels share around their ISA's block calls.
+// The digits' meaning is gemm_mxfp4_rows_avx512.cpp's (its top comment): each k-block of a row as
+// integers q = x / step, q = 128 h + l, the high digits h then the low digits l in the weight
+// lanes' input order, with step / 2 and 12 * sum q beside them.
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
