@@ -63,7 +63,27 @@ void compact_packed_panels(const bf16* packed, int n, int k, bf16* compact) {
 
 void pack_bf16_weights(const bf16* w, int n, int k, std::size_t ldw, bf16* packed) {
   check_ld(n, k, ldw, "pack_bf16_weights");
-  pack_weights_with(n, k, packed, [&](int col, int kk) { return w[static_cast<std::size_t>(col) * ldw + kk]; });
+  // Whole blocks (every block of a layer but its last panel's and last k-block's, if ragged) are
+  // 16 x 16 transposes of k-pairs: each W row's 64 bytes read in order, each pair stored as one
+  // 32-bit word. The element loop, with its bounds tests and 2-byte moves, packed a DeepSeek-V2-Lite
+  // layer (1.1 GB) at about 120 MB/s a thread on a Zen 3.
+  const PackedShape s = packed_shape(n, k);
+  const int whole_panels = n / kPanelColumns, whole_kblocks = k / kBlockK;
+  const auto load = [&](int col, int kk) { return w[static_cast<std::size_t>(col) * ldw + kk]; };
+  bf16* out = packed;
+  for (int nb = 0; nb < s.panels; ++nb) {
+    for (int kb = 0; kb < s.kblocks; ++kb, out += kBlockElements) {
+      if (nb >= whole_panels || kb >= whole_kblocks) {
+        pack_block_with(n, k, nb, kb, out, load);
+        continue;
+      }
+      const bf16* rows = w + static_cast<std::size_t>(nb) * kPanelColumns * ldw + static_cast<std::size_t>(kb) * kBlockK;
+      for (int c = 0; c < kPanelColumns; ++c) {
+        const bf16* row = rows + static_cast<std::size_t>(c) * ldw;
+        for (int r = 0; r < kBlockK / 2; ++r) std::memcpy(out + r * 2 * kPanelColumns + c * 2, row + 2 * r, 2 * sizeof(bf16));
+      }
+    }
+  }
 }
 
 void pack_f32_weights_to_bf16(const float* w, int n, int k, std::size_t ldw, bf16* packed) {

@@ -79,23 +79,26 @@ void store_row_tile(const bf16* const* src, int count, int n, int k_padded, bf16
 // called only inside the unpadded matrix. For factors read in another orientation or pieced
 // together from several arrays (the LoRA terms of the backward). Walks the packed layout in
 // storage order, so writes are sequential.
+// Block (nb, kb) of that layout, at out, zero where it pads the matrix.
+template <typename Load>
+void pack_block_with(int n, int k, int nb, int kb, bf16* out, Load& load) {
+  for (int r = 0; r < kBlockK / 2; ++r) {
+    const int kk = kb * kBlockK + 2 * r;
+    for (int c = 0; c < kPanelColumns; ++c) {
+      const int col = nb * kPanelColumns + c;
+      const bool in_n = col < n;
+      *out++ = (in_n && kk < k) ? load(col, kk) : bf16{0};
+      *out++ = (in_n && kk + 1 < k) ? load(col, kk + 1) : bf16{0};
+    }
+  }
+}
+
 template <typename Load>
 void pack_weights_with(int n, int k, bf16* packed, Load load) {
   const PackedShape s = packed_shape(n, k);
   bf16* out = packed;
-  for (int nb = 0; nb < s.panels; ++nb) {
-    for (int kb = 0; kb < s.kblocks; ++kb) {
-      for (int r = 0; r < kBlockK / 2; ++r) {
-        const int kk = kb * kBlockK + 2 * r;
-        for (int c = 0; c < kPanelColumns; ++c) {
-          const int col = nb * kPanelColumns + c;
-          const bool in_n = col < n;
-          *out++ = (in_n && kk < k) ? load(col, kk) : bf16{0};
-          *out++ = (in_n && kk + 1 < k) ? load(col, kk + 1) : bf16{0};
-        }
-      }
-    }
-  }
+  for (int nb = 0; nb < s.panels; ++nb)
+    for (int kb = 0; kb < s.kblocks; ++kb, out += kBlockElements) pack_block_with(n, k, nb, kb, out, load);
 }
 
 }  // namespace tilemoe::kernels
