@@ -75,11 +75,8 @@ inline bf16* tile_row(bf16* tiles, int k_padded, int i, int kb) {
 // blocks are written in address order; rows [count, 16) are left unwritten.
 void store_row_tile(const bf16* const* src, int count, int n, int k_padded, bf16* tile);
 
-// Packs W[n][k] given element by element: `load(col, kk)` returns W[col][kk] as bf16 and is
-// called only inside the unpadded matrix. For factors read in another orientation or pieced
-// together from several arrays (the LoRA terms of the backward). Walks the packed layout in
-// storage order, so writes are sequential.
-// Block (nb, kb) of that layout, at out, zero where it pads the matrix.
+// Block (nb, kb) of the packed layout of W[n][k], at out, from `load(col, kk)` as below; zero
+// where it pads the matrix.
 template <typename Load>
 void pack_block_with(int n, int k, int nb, int kb, bf16* out, Load& load) {
   for (int r = 0; r < kBlockK / 2; ++r) {
@@ -93,6 +90,10 @@ void pack_block_with(int n, int k, int nb, int kb, bf16* out, Load& load) {
   }
 }
 
+// Packs W[n][k] given element by element: `load(col, kk)` returns W[col][kk] as bf16 and is
+// called only inside the unpadded matrix. For factors read in another orientation or pieced
+// together from several arrays (the LoRA terms of the backward). Walks the packed layout in
+// storage order, so writes are sequential.
 template <typename Load>
 void pack_weights_with(int n, int k, bf16* packed, Load load) {
   const PackedShape s = packed_shape(n, k);
