@@ -1,8 +1,3 @@
-#if defined(TILEMOE_CATCH_V3)
-#include <catch2/catch_session.hpp>
-#else
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-#endif
+#include "catch_runner.hpp"
 
-int main(int argc, char** argv) { return Catch::Session().run(argc, argv); }
+int main(int argc, char** argv) { return run_catch_session(argc, argv); }

@@ -3,12 +3,7 @@
 #include <cstdio>
 
 #include "amx/isa.hpp"
-#if defined(TILEMOE_CATCH_V3)
-#include <catch2/catch_session.hpp>
-#else
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-#endif
+#include "catch_runner.hpp"
 
 int main(int argc, char** argv) {
   using namespace tilemoe::kernels;
@@ -30,5 +25,5 @@ int main(int argc, char** argv) {
     return 77;
   }
 #endif
-  return Catch::Session().run(argc, argv);
+  return run_catch_session(argc, argv);
 }
