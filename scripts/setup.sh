@@ -2,7 +2,7 @@
 # Everything from a fresh Debian 12 clone:
 #   scripts/setup.sh demo   install, build, run `tilemoe demo` (a DeepSeek-V2-Lite-shaped layer)
 #   scripts/setup.sh test   install, build, run every test, then again under ASan + UBSan with the
-#                           AMX kernels on emulated tiles, and the async API's test under ThreadSanitizer
+#                           AMX kernels on emulated tiles, and the threaded tests (async API, pool, layers) under ThreadSanitizer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-demo}"
@@ -37,12 +37,16 @@ case "$mode" in
        ctest --output-on-failure -j "$jobs")
     # ThreadSanitizer: the async API's test, where threads meet (submits, syncs, the queue),
     # TokenCodes', where gather units race to quantize the same tokens, the thread pool's, whose
-    # linked pools lend each other idle helpers, and ItemCountdowns', items waiting for others.
+    # linked pools lend each other idle helpers, and ItemCountdowns', items waiting for others; then
+    # the layers whose forward and backward share out items on the pool's threads (bf16, int8, int4,
+    # tensor-parallel slices) and the public API around them: about 3 minutes more here.
+    tsan_tests=(test_runtime_async test_token_codes test_thread_pool test_item_countdowns test_api test_moe_forward
+                test_moe_backward test_moe_forward_quantized test_moe_backward_quantized test_tensor_parallel)
     mkdir -p build-tsan
     cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${sanitizer_flags[@]}" -DTILEMOE_TSAN=ON > build-tsan/configure.log 2>&1 ||
       { cat build-tsan/configure.log; exit 1; }
-    cmake --build build-tsan -j "$jobs" --target test_runtime_async test_token_codes test_thread_pool test_item_countdowns
-    for t in test_runtime_async test_token_codes test_thread_pool test_item_countdowns; do
+    cmake --build build-tsan -j "$jobs" --target "${tsan_tests[@]}"
+    for t in "${tsan_tests[@]}"; do
       TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "./build-tsan/tests/$t"
     done
     ;;
