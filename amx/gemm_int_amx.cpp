@@ -19,6 +19,7 @@
 // group 32 to the AVX512-VNNI kernel.
 //
 // A by rows or in tile order (pack_int.hpp), where each A tile load is one contiguous 1 KiB.
+// The flush (scaling, DeferredFlush) is in int_flush_amx.hpp, int4's unpacking in int4_unpack_amx.hpp.
 //
 // The bf16 second product (a LoRA term) runs on the same tiles once a block's integer sums are
 // out of them, with the same configuration (64-byte rows: 32 bf16 or 64 int8), and is added in
@@ -41,8 +42,9 @@
 #include "amx/immintrin_gcc12.hpp"
 
 #include "amx/aligned_vector.hpp"
-#include "amx/bf16_avx512.hpp"
 #include "amx/gemm_int.hpp"
+#include "amx/int4_unpack_amx.hpp"
+#include "amx/int_flush_amx.hpp"
 #include "amx/isa.hpp"
 #include "amx/kernel_errors.hpp"
 #include "amx/pack_bf16.hpp"
@@ -62,8 +64,6 @@ constexpr std::size_t kBlockBytes = kTileBlockBytes;  // one int8 B tile (prefet
 // Panel groups: the codes of one group (int8 form) are re-read by every 32-row block.
 constexpr std::size_t kGroupBytes = 512 * 1024;
 
-struct DeferredFlush;
-
 struct Job {
   const GemmIntArgs* g;
   const std::uint8_t* b;     // int8 blocks; panel `b_panel0` first
@@ -73,133 +73,6 @@ struct Job {
   const float* scales;  // [panel][group][16]
   int groups;
   DeferredFlush* deferred = nullptr;  // one scale group: each block's flush runs in the next block
-};
-
-// dst (row stride ld) = (or +=, with add) sa[i] * scale * sums[i] for a tile's rows. The loop
-// reads only locals besides sums and dst: through the job the compiler had to reload every field
-// after each store (a store to C may alias it), ~20 instructions a row instead of 5.
-// `extra` (16 floats a row, or null) is added too: the bf16 second product's tile.
-__attribute__((always_inline)) inline void scale_sums_into(const std::int32_t* sums, int rows, __m512 scale, const float* sa, float* dst,
-                                                           std::size_t ld, bool add, const float* extra) {
-  for (int i = 0; i < rows; ++i) {
-    const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(sa[i]));
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f);
-    if (extra) v = _mm512_add_ps(v, _mm512_load_ps(extra + i * 16));
-    if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(dst + i * ld));
-    _mm512_storeu_ps(dst + i * ld, v);
-  }
-}
-
-// The same written as bf16 into y's rows (ldy apart), as GemmIntArgs::y asks: one conversion on the
-// way out instead of an f32 C that a pass of its own reads again.
-__attribute__((always_inline)) inline void scale_sums_into_bf16(const std::int32_t* sums, int rows, __m512 scale, const float* sa,
-                                                                bf16* y, std::size_t ldy, const float* extra) {
-  for (int i = 0; i < rows; ++i) {
-    const __m512 f = _mm512_mul_ps(scale, _mm512_set1_ps(sa[i]));
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + i * 16)), f);
-    if (extra) v = _mm512_add_ps(v, _mm512_load_ps(extra + i * 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * ldy), to_bf16(v));
-  }
-}
-
-// One C tile's scaled write: dst rows (ld apart) = (or +=) sa[i] * scale * sums[i] (+ extra[i]),
-// or, with y, the same as bf16 into y's rows.
-struct TileFlush {
-  const std::int32_t* sums;
-  const float* scale;  // the panel's 16 column scales
-  const float* sa;
-  float* dst;
-  const float* extra;
-  int rows;
-  bf16* y = nullptr;
-};
-
-// One scale group: a block's flush (AVX-512) runs during the next block's first k-steps, one C
-// tile a step, so that it overlaps that block's tile products instead of following its own
-// stores. The sums and the LoRA's tiles wait in one of two slots meanwhile. The blocks write
-// disjoint parts of C, so the order of the writes does not change a bit. On the device (call 4 of
-// session 24, the two forms taking turns call by call in one process, two rounds), 4096 tokens of
-// DeepSeek-V2-Lite: int8 r=0 60.0 / 55.1 -> 56.5 / 53.0 ms, r=16 68.5 / 62.5 -> 62.7 / 58.8, int4
-// g128 r=0 56.3 / 58.8 -> 55.5 / 56.8; 512 and 1024 tokens did not change beyond the noise.
-struct DeferredFlush {
-  alignas(64) std::int32_t sums[2][4][kTileRows * 16];
-  alignas(64) float extra[2][4][kTileRows * 16];
-  TileFlush pending[4];
-  int count = 0, next = 0;
-  int slot = 0;  // the slot the next block stores into
-  std::size_t ld = 0, ldy = 0;
-  bool add = false;
-
-  void run_one() {
-    const TileFlush& f = pending[next++];
-    if (f.y) return scale_sums_into_bf16(f.sums, f.rows, _mm512_loadu_ps(f.scale), f.sa, f.y, ldy, f.extra);
-    scale_sums_into(f.sums, f.rows, _mm512_loadu_ps(f.scale), f.sa, f.dst, ld, add, f.extra);
-  }
-  void run_all() {
-    while (next < count) run_one();
-    count = next = 0;
-  }
-};
-
-// Block (p, kb) of an int4 matrix as one int8 block (nibble - 8), in the int8 packed order; with
-// `multiples` (pack_int.hpp, decompose_int4_scales), each code times its group's multiple, so that
-// one scale per column applies to a sum over all of K. VPMULLW multiplies two codes of one column
-// at once: as nibbles n = code + 8, n * m <= 240 never carries into the next byte, and
-// (n * m - 8 * m) mod 256 is code * m in [-128, 112].
-void unpack_int4_block(const PackedIntShape& s, const std::uint8_t* codes, const std::uint8_t* multiples, int p, int kb,
-                       std::uint8_t* out) {
-  const __m512i low = _mm512_set1_epi8(0x0f);
-  const std::uint8_t* in = codes + static_cast<std::size_t>(p) * s.panel_bytes() + static_cast<std::size_t>(kb) * 512;
-  if (multiples == nullptr) {
-    const __m512i eight = _mm512_set1_epi8(8);
-    for (int rp = 0; rp < 8; ++rp) {
-      const __m512i raw = _mm512_loadu_si512(in + rp * 64);
-      _mm512_storeu_si512(out + (2 * rp) * 64, _mm512_sub_epi8(_mm512_and_si512(raw, low), eight));
-      _mm512_storeu_si512(out + (2 * rp + 1) * 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), low), eight));
-    }
-    return;
-  }
-  __m512i m16 = _mm512_setzero_si512(), m8 = m16;
-  int group = -1;
-  for (int rp = 0; rp < 8; ++rp) {
-    // Quad rows 2rp and 2rp+1 cover k offsets [8 rp, 8 rp + 8): one group (groups are >= 32).
-    const int g = (kb * kIntBlockK + 8 * rp) / s.group;
-    if (g != group) {
-      group = g;
-      const __m512i m = _mm512_cvtepu8_epi32(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(multiples + (static_cast<std::size_t>(p) * s.groups + g) * 16)));
-      m16 = _mm512_or_si512(m, _mm512_slli_epi32(m, 16));      // m in both 16-bit halves of a column's 4 bytes
-      m8 = _mm512_mullo_epi32(m, _mm512_set1_epi32(0x08080808));  // 8 m in each of its 4 bytes
-    }
-    const __m512i raw = _mm512_loadu_si512(in + rp * 64);
-    const __m512i lo = _mm512_and_si512(raw, low), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-    _mm512_storeu_si512(out + (2 * rp) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(lo, m16), m8));
-    _mm512_storeu_si512(out + (2 * rp + 1) * 64, _mm512_sub_epi8(_mm512_mullo_epi16(hi, m16), m8));
-  }
-}
-
-// One int4 panel pair (or last single panel) unpacked a k-block at a time into its int8 panels:
-// by the pair's first row block, block kb + 1 during k-step kb, so that the tiles multiply while
-// the vector units unpack (gemm_mxfp4_amx.cpp does the same for MXFP4).
-struct PairUnpack {
-  const PackedIntShape* s = nullptr;
-  const std::uint8_t* codes = nullptr;
-  const std::uint8_t* multiples = nullptr;
-  std::uint8_t* out = nullptr;  // panel p0's blocks, then p0 + 1's
-  int p0 = 0;
-  bool two = false;
-
-  // Block kb of each panel, asking for the codes kCodeAheadBlocks blocks on (a prefetch past
-  // the matrix never faults).
-  void block(int kb) const {
-    constexpr std::size_t kCodeAheadBlocks = 2, kCodeBlockBytes = 512;
-    const std::size_t panel = static_cast<std::size_t>(s->kblocks) * kBlockBytes;
-    for (int q = 0; q < (two ? 2 : 1); ++q) {
-      const std::uint8_t* ahead = codes + static_cast<std::size_t>(p0 + q) * s->panel_bytes() + (kb + kCodeAheadBlocks) * kCodeBlockBytes;
-      for (std::size_t line = 0; line < kCodeBlockBytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + line), _MM_HINT_T0);
-      unpack_int4_block(*s, codes, multiples, p0 + q, kb, out + q * panel + static_cast<std::size_t>(kb) * kBlockBytes);
-    }
-  }
 };
 
 // int8 B blocks are prefetched into L2 this many k-blocks ahead on the first pass over a panel
@@ -365,26 +238,6 @@ void tile_block(const Job& job, int row0, int rows0, int rows1, int panel, bool 
   };
   for_each_c_tile<TwoRowTiles, TwoPanels>(write_one);
 }
-
-// int4's codes, unpacked into int8 panels at `out` (panel p0 first: a panel group's, or one pair's)
-// pair by pair by the first row block that meets each pair.
-struct Int4Unpack {
-  const PackedIntShape* shape;
-  const std::uint8_t* codes;
-  const std::uint8_t* multiples;  // or null: unpack without them
-  std::uint8_t* out;
-  int p0;
-
-  // Pair p (one panel unless `two`): its first k-block now, the others by the tile_block given
-  // the result.
-  PairUnpack start_pair(int p, bool two) const {
-    const std::size_t panel = static_cast<std::size_t>(shape->kblocks) * kBlockBytes;
-    const PairUnpack unpack{shape, codes, multiples, out + static_cast<std::size_t>(p - p0) * panel, p, two};
-    if (shape->kblocks > 0) unpack.block(0);
-    __asm__ volatile("" ::: "memory");
-    return unpack;
-  }
-};
 
 // Row blocks outside, panel pairs inside, as in gemm_bf16_amx.cpp: on the device (4096 tokens, the
 // same process taking turns) the gate_up phase went from 37.8 / 34.6 to 34.2 / 34.4 ms for int8
