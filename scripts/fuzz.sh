@@ -18,7 +18,7 @@ command -v clang++ > /dev/null || { echo "fuzz.sh: clang++ not found (apt-get in
 mkdir -p "$out/obj" "$out/corpus" "$out/work" "$out/crashes"
 
 flags=(-g -O1 -std=c++20 -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -I. -Iinclude)
-sources=(src/io/*.cpp src/model/*.cpp src/lora/*.cpp src/quant/*.cpp numa/thread_pool.cpp numa/topology.cpp numa/node_memory.cpp
+sources=(src/error.cpp src/io/*.cpp src/model/*.cpp src/lora/*.cpp src/quant/*.cpp numa/thread_pool.cpp numa/topology.cpp numa/node_memory.cpp
          tests/fuzz/fuzz_loaders.cpp)
 # Every object is rebuilt: one kept because it is newer than its .cpp may predate a header it
 # includes, and a stale object linked beside fresh ones gives false findings.
