@@ -38,30 +38,7 @@ elif [ "$fixture" != original_moe_tiny ]; then
   exit 1
 fi
 export TILEMOE_FUZZ_FIXTURE="$fx"
-seed() { { printf "\\$(printf %03o "$1")"; cat "$2"; } > "$out/corpus/seed_$1_$(echo "$2" | tr / _)"; }
-rm -rf "$out/seed_dir" && mkdir -p "$out/seed_dir"
-build/tilemoe convert-lora --adapter "$fx/adapter" --model "$fx/model" --output "$out/seed_dir/lora.safetensors" > /dev/null
-build/tilemoe quantize --model "$fx/model" --output "$out/seed_dir/quantized" --weights int8 > /dev/null
-build/tilemoe quantize --model "$fx/model" --output "$out/seed_dir/quantized_mxfp4" --weights mxfp4 > /dev/null
-seed 0 "$fx/adapter/adapter_model.safetensors"
-for c in tests/data/*/model/config.json "$fx/model/config.json"; do seed 1 "$c"; done
-seed 2 "$fx/adapter/adapter_config.json"
-seed 3 "$fx/adapter/adapter_model.safetensors"
-seed 4 "$out/seed_dir/lora.safetensors"
-seed 5 "$fx/model/model.safetensors"
-seed 6 "$out/seed_dir/quantized/quantization.json"
-seed 7 "$(ls "$out"/seed_dir/quantized/layer_*.safetensors | head -1)"
-seed 8 "$out/seed_dir/quantized_mxfp4/quantization.json"
-seed 9 "$(ls "$out"/seed_dir/quantized_mxfp4/layer_*.safetensors | head -1)"
-# The stacked forms: transformers v5's experts.gate_up_proj, PEFT's target_parameters LoRA.
-python3 scripts/fuzz_stacked_seeds.py "$fx" "$out/seed_dir"
-seed 3 "$out/seed_dir/stacked_adapter.safetensors"
-seed 5 "$out/seed_dir/stacked_model.safetensors"
-mkdir -p "$out/seed_dir/stacked_adapter"
-cp "$fx/adapter/adapter_config.json" "$out/seed_dir/stacked_adapter/"
-cp "$out/seed_dir/stacked_adapter.safetensors" "$out/seed_dir/stacked_adapter/adapter_model.safetensors"
-build/tilemoe convert-lora --adapter "$out/seed_dir/stacked_adapter" --model "$fx/model" --output "$out/seed_dir/stacked_lora.safetensors" > /dev/null
-seed 4 "$out/seed_dir/stacked_lora.safetensors"
+bash scripts/fuzz_seeds.sh build/tilemoe "$fx" "$out/corpus" "$out/seed_dir"
 
 parallel=()
 [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
