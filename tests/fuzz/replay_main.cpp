@@ -5,6 +5,7 @@
 // A loader may refuse an input only by throwing tilemoe::Error (the target catches it); anything
 // else aborts this program or trips the sanitizers.
 //   fuzz_loaders_replay MUTATIONS SEED...
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
