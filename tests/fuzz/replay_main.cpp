@@ -29,7 +29,7 @@ struct Xorshift {
   std::size_t below(std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(next() % n); }
 };
 
-// Mutation i of a seed: the selector byte is kept, so the input reaches the same loader.
+// The next mutation of a seed: the selector byte is kept, so the input reaches the same loader.
 std::vector<std::uint8_t> mutate(const std::vector<std::uint8_t>& seed, Xorshift& rng) {
   std::vector<std::uint8_t> m = seed;
   const std::size_t body = m.size() - 1;
